@@ -1,0 +1,121 @@
+"""Requests and their sequences: the plain objects all scheduling state lives on.
+
+A sequence's progress is one rule (as in vLLM v1): `num_computed` catches up with `num_tokens`.
+A prefill chunk, a decode step and a recompute after preemption are all the same thing: run the
+tokens in [num_computed, num_tokens). The step in which a sequence catches up gives its logits.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+
+import torch
+
+from minivllm.detokenizer import IncrementalDetokenizer
+from minivllm.sampling.beam_search import BeamSearchState
+from minivllm.sampling.params import SamplingParams
+from minivllm.stop_strings import StopStringMatcher
+
+
+class RequestStatus(str, enum.Enum):
+    WAITING = "WAITING"
+    PREFILL = "PREFILL"
+    DECODE = "DECODE"
+    PREEMPTED = "PREEMPTED"
+    FINISHED = "FINISHED"
+
+
+_seq_ids = itertools.count()
+
+
+@dataclass(eq=False)
+class Sequence:
+    request: "Request"
+    token_ids: list[int]
+    num_prompt_tokens: int
+    parent_seq_id: int | None = None
+    sample_index: int = 0  # which of the request's n samples this is
+    seq_id: int = field(default_factory=lambda: next(_seq_ids))
+    num_computed: int = 0
+    generator: torch.Generator | None = None
+    detokenizer: IncrementalDetokenizer | None = None
+    stop_matcher: StopStringMatcher | None = None
+    text: str = ""
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    cumulative_logprob: float = 0.0
+    reported_text_len: int = 0  # how much of `text` / tokens earlier outputs already carried
+    reported_tokens: int = 0
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_remaining(self) -> int:
+        return self.num_tokens - self.num_computed
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return self.num_tokens - self.num_prompt_tokens
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float
+    max_tokens: int = 16  # params.max_tokens, or what max_model_len leaves when that is None
+    priority: int = 0  # lower runs first, as in vLLM
+    status: RequestStatus = RequestStatus.WAITING
+    seqs: list[Sequence] = field(default_factory=list)  # live sequences
+    finished_seqs: list[Sequence] = field(default_factory=list)
+    beam: BeamSearchState | None = None
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    finish_reason: str | None = None
+    num_cached_prompt_tokens: int = 0
+    num_preemptions: int = 0
+    num_generated_events: int = 0  # tokens reported so far, over all sequences
+    preview: str = ""  # first characters of the prompt, for display
+    forked: bool = False  # n > 1 requests fork their samples once the prompt is computed
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def width(self) -> int:
+        """How many sequences this request runs at once once forked."""
+        p = self.params
+        return (p.beam_width or p.n) if p.use_beam_search else p.n
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == RequestStatus.FINISHED
+
+    @property
+    def num_remaining_tokens(self) -> int:
+        return sum(s.num_remaining for s in self.seqs)
+
+    @property
+    def sort_key(self) -> tuple[int, float]:
+        return (self.priority, self.arrival_time)
+
+    def all_seqs(self) -> list[Sequence]:
+        return self.seqs + self.finished_seqs

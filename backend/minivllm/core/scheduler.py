@@ -1,0 +1,215 @@
+"""Continuous-batching scheduler: one token budget per step, chunked prefill, recompute preemption.
+
+There are no phases: every live sequence wants to run the tokens in [num_computed, num_tokens).
+Each step, running requests go first (highest priority, oldest first), then waiting ones, until
+the token budget or the sequence cap is used up. A request that cannot get the blocks it needs
+preempts the lowest-priority, newest running request (which frees all its blocks and goes back
+to the waiting queue) until it fits or is itself the lowest. Requests that can never fit are
+rejected when they are added, so nothing waits forever at the head of the queue.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import Callable
+
+from minivllm.core.block_manager import BlockManager
+from minivllm.core.request import Request, RequestStatus, Sequence
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_batched_tokens: int = 512
+    max_num_seqs: int = 64
+    max_model_len: int = 2048
+
+
+@dataclass
+class ScheduledSeq:
+    seq: Sequence
+    start: int  # num_computed before this step
+    num_tokens: int
+
+    @property
+    def completes(self) -> bool:
+        """This chunk reaches the end of the sequence, so its logits are sampled."""
+        return self.start + self.num_tokens == self.seq.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    copies: list[tuple[int, int]] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    admitted: list[Request] = field(default_factory=list)
+    budget_used: int = 0
+    queue_head: Request | None = None
+    queue_head_reason: str | None = None
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+StatusSetter = Callable[[Request, RequestStatus, str], None]
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, set_status: StatusSetter):
+        self.config = config
+        self.bm = block_manager
+        self.set_status = set_status
+        self.waiting: list[Request] = []  # sorted by (priority, arrival): preempted ones re-enter in front
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+
+    # ---- queue management -------------------------------------------------------------------
+
+    def add(self, request: Request) -> None:
+        bisect.insort(self.waiting, request, key=lambda r: r.sort_key)
+
+    def remove(self, request: Request) -> None:
+        """Drop a request from either queue and free its blocks (finish or abort)."""
+        for queue in (self.waiting, self.running):
+            if request in queue:
+                queue.remove(request)
+        for seq in request.all_seqs():
+            self.bm.free_seq(seq.seq_id)
+
+    @property
+    def num_running_seqs(self) -> int:
+        return sum(len(r.seqs) for r in self.running)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- one step -----------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        for request in sorted(self.running, key=lambda r: r.sort_key):
+            if budget <= 0:
+                break
+            if request in self.running:  # not preempted by an earlier request this step
+                budget -= self._schedule_running(request, budget, out)
+        if not out.preempted:  # as vLLM: no admissions in a step that had to preempt
+            budget = self._admit_waiting(budget, out)
+        elif self.waiting:
+            out.queue_head, out.queue_head_reason = self.waiting[0], "running requests were preempted this step"
+        out.budget_used = self.config.max_num_batched_tokens - budget
+        return out
+
+    def _schedule_running(self, request: Request, budget: int, out: SchedulerOutput) -> int:
+        chunks = self._chunks(request, budget)
+        if not any(chunks):
+            return 0
+        while self._blocks_needed(request, chunks) > self.bm.num_free_blocks:
+            victim = max(self.running, key=lambda r: r.sort_key)
+            self._preempt(victim, out, reason=f"out of KV blocks (needed by {request.request_id})")
+            if victim is request:
+                return 0
+        self._commit(request, chunks, out)
+        return sum(chunks)
+
+    def _admit_waiting(self, budget: int, out: SchedulerOutput) -> int:
+        while self.waiting and budget > 0:
+            request = self.waiting[0]
+            if self.num_running_seqs + len(request.seqs) > self.config.max_num_seqs:
+                out.queue_head, out.queue_head_reason = request, f"max_num_seqs ({self.config.max_num_seqs}) reached"
+                return budget
+            reason = self._try_admit(request, budget, out)
+            if reason is not None:
+                out.queue_head, out.queue_head_reason = request, reason
+                return budget
+            budget -= sum(s.num_tokens for s in out.scheduled if s.seq.request is request)
+        if self.waiting:
+            out.queue_head, out.queue_head_reason = self.waiting[0], "token budget used up"
+        return budget
+
+    def _try_admit(self, request: Request, budget: int, out: SchedulerOutput) -> str | None:
+        """Admit the request if its first chunks fit; returns why not otherwise (state unchanged)."""
+        cached = {s.seq_id: self.bm.find_cached_prefix(s.token_ids) for s in request.seqs}
+        for seq in request.seqs:
+            seq.num_computed = len(cached[seq.seq_id]) * self.bm.block_size
+        chunks = self._chunks(request, budget)
+        needed = sum(self._new_blocks(s, c) + self._free_cached(cached[s.seq_id])
+                     for s, c in zip(request.seqs, chunks))
+        if not any(chunks) or needed > self.bm.num_free_blocks:
+            for seq in request.seqs:
+                seq.num_computed = 0
+            return (f"out of KV blocks: needs {needed}, {self.bm.num_free_blocks} free"
+                    if any(chunks) else "token budget used up")
+        for seq in request.seqs:
+            seq.num_computed = self.bm.allocate_seq(seq.seq_id, request.request_id, seq.token_ids)
+        self.waiting.remove(request)
+        self.running.append(request)
+        out.admitted.append(request)
+        self._admitted_status(request)
+        self._commit(request, chunks, out)
+        return None
+
+    def _admitted_status(self, request: Request) -> None:
+        cached = sum(s.num_computed for s in request.seqs)
+        if request.status == RequestStatus.PREEMPTED:
+            self.set_status(request, RequestStatus.WAITING, "resuming after preemption: blocks available")
+        else:
+            request.num_cached_prompt_tokens = cached
+        self.set_status(request, RequestStatus.PREFILL,
+                        f"admitted: {request.num_remaining_tokens} tokens to compute, {cached} from prefix cache")
+
+    # ---- helpers ------------------------------------------------------------------------------
+
+    def _chunks(self, request: Request, budget: int) -> list[int]:
+        """Tokens to run per live sequence. Sequences of a multi-sequence request (forks, beams) are
+        sampled together, so unless all of them can finish this step none may reach its end."""
+        remaining = [s.num_remaining for s in request.seqs]
+        if sum(remaining) <= budget:
+            return remaining
+        chunks = []
+        for r in remaining:
+            take = min(r if len(remaining) == 1 else r - 1, budget)
+            chunks.append(max(take, 0))
+            budget -= chunks[-1]
+        return chunks
+
+    def _new_blocks(self, seq: Sequence, chunk: int) -> int:
+        if not self.bm.has_seq(seq.seq_id):
+            have = seq.num_computed // self.bm.block_size
+            return max(0, -(-(seq.num_computed + chunk) // self.bm.block_size) - have)
+        needed = self.bm.blocks_needed(seq.seq_id, seq.num_computed + chunk)
+        return needed + int(chunk > 0 and self._write_needs_copy(seq))
+
+    def _free_cached(self, block_ids: list[int]) -> int:
+        """Cached blocks that are free count against the free pool when reattached."""
+        return sum(1 for b in block_ids if self.bm.blocks[b].ref_count == 0)
+
+    def _write_needs_copy(self, seq: Sequence) -> bool:
+        table = self.bm.block_table(seq.seq_id)
+        index = seq.num_computed // self.bm.block_size
+        return index < len(table) and self.bm.blocks[table[index]].ref_count > 1
+
+    def _blocks_needed(self, request: Request, chunks: list[int]) -> int:
+        return sum(self._new_blocks(s, c) for s, c in zip(request.seqs, chunks))
+
+    def _commit(self, request: Request, chunks: list[int], out: SchedulerOutput) -> None:
+        for seq, chunk in zip(request.seqs, chunks):
+            if chunk == 0:
+                continue
+            copy = self.bm.prepare_write(seq.seq_id, seq.num_computed)
+            if copy is not None:
+                out.copies.append(copy)
+            assert self.bm.ensure_capacity(seq.seq_id, seq.num_computed + chunk), "checked before commit"
+            out.scheduled.append(ScheduledSeq(seq, seq.num_computed, chunk))
+
+    def _preempt(self, request: Request, out: SchedulerOutput, reason: str) -> None:
+        self.running.remove(request)
+        for seq in request.seqs:
+            self.bm.free_seq(seq.seq_id)
+            seq.num_computed = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        out.preempted.append(request)
+        self.set_status(request, RequestStatus.PREEMPTED, f"preempted: {reason}")
+        self.add(request)

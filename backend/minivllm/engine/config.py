@@ -1,0 +1,59 @@
+"""Engine configuration and KV-pool sizing."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+
+from minivllm.model.attention import KVCache
+from minivllm.model.config import LlamaConfig
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+
+def parse_memory(text: str | int) -> int:
+    """'2GiB', '512MB', '1.5 GiB', 1000 -> bytes."""
+    if isinstance(text, int):
+        return text
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"cannot parse memory size {text!r}; use e.g. '2GiB', '512MiB' or '1GB'")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    block_size: int = 16
+    num_blocks: int | None = None  # set directly, or derived from kv_cache_memory
+    kv_cache_memory: str | int = "512MiB"
+    max_num_batched_tokens: int = 512
+    max_num_seqs: int = 64
+    max_model_len: int | None = None  # default: the model's max_position_embeddings (capped at 8192)
+    enable_prefix_caching: bool = True
+    metrics_interval_s: float = 0.5
+
+    def with_changes(self, **changes) -> "EngineConfig":
+        return replace(self, **changes)
+
+    def resolved_max_model_len(self, model: LlamaConfig) -> int:
+        limit = min(model.max_position_embeddings, 8192)
+        if self.max_model_len is not None and self.max_model_len > model.max_position_embeddings:
+            raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's "
+                             f"max_position_embeddings {model.max_position_embeddings}")
+        return self.max_model_len or limit
+
+    def resolved_num_blocks(self, model: LlamaConfig, dtype) -> int:
+        if self.num_blocks is not None:
+            blocks = self.num_blocks
+        else:
+            per_block = KVCache.bytes_per_block(model.num_hidden_layers, self.block_size,
+                                                model.num_key_value_heads, model.head_dim, dtype)
+            blocks = parse_memory(self.kv_cache_memory) // per_block
+        if blocks < 1:
+            raise ValueError(f"the KV cache needs at least 1 block (got {blocks}); raise --kv-cache-memory or --num-blocks")
+        return blocks
+
+    def validate(self) -> None:
+        for name in ("block_size", "max_num_batched_tokens", "max_num_seqs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -1,0 +1,90 @@
+"""Turns one step's scheduled work into tensors, runs the model, returns logits.
+
+The runner knows nothing about requests or scheduling: it sees sequences as (new tokens, how many
+tokens are already cached, block table) and lays decode tokens first, then prefill chunks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from minivllm.model.attention import AttentionMetadata, KVCache, PrefillChunk
+from minivllm.model.llama import LlamaModel
+
+
+@dataclass
+class SeqWork:
+    """One sequence's share of a step."""
+
+    token_ids: list[int]  # the new tokens to run (1 for a decode)
+    num_computed: int  # tokens of the sequence already in the KV cache
+    block_table: list[int]
+    needs_logits: bool = True  # False for a prefill chunk that does not reach the end of the prompt
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaModel, kv_cache: KVCache):
+        self.model = model
+        self.kv_cache = kv_cache
+        self.block_size = kv_cache.block_size
+        self.device = next(model.parameters()).device
+
+    def execute(self, decodes: list[SeqWork], prefills: list[SeqWork],
+                copies: list[tuple[int, int]] | None = None,
+                hidden_states_out: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """Returns fp32 logits [rows, vocab], one row per sequence with needs_logits, in the
+        order decodes then prefills."""
+        self.kv_cache.copy_blocks(copies or [])
+        input_ids, positions, meta, logit_rows = self._prepare(decodes, prefills)
+        hidden = self.model(input_ids, positions, self.kv_cache, meta, hidden_states_out)
+        return self.model.compute_logits(hidden[logit_rows])
+
+    def _prepare(self, decodes: list[SeqWork], prefills: list[SeqWork]):
+        ids: list[int] = []
+        pos: list[int] = []
+        slots: list[int] = []
+        rows: list[int] = []
+        for work in decodes + prefills:
+            n = len(work.token_ids)
+            start = len(ids)
+            ids.extend(work.token_ids)
+            positions = range(work.num_computed, work.num_computed + n)
+            pos.extend(positions)
+            slots.extend(self._slot(work.block_table, p) for p in positions)
+            if work.needs_logits:
+                rows.append(start + n - 1)
+        dev = self.device
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
+            num_decode_tokens=len(decodes),
+            decode_block_tables=self._padded_tables(decodes),
+            decode_context_lens=(torch.tensor([w.num_computed + 1 for w in decodes], device=dev)
+                                 if decodes else None),
+            prefills=self._prefill_chunks(prefills, offset=len(decodes)),
+        )
+        return (torch.tensor(ids, dtype=torch.long, device=dev),
+                torch.tensor(pos, dtype=torch.long, device=dev), meta,
+                torch.tensor(rows, dtype=torch.long, device=dev))
+
+    def _slot(self, table: list[int], position: int) -> int:
+        return table[position // self.block_size] * self.block_size + position % self.block_size
+
+    def _padded_tables(self, works: list[SeqWork]) -> torch.Tensor | None:
+        if not works:
+            return None
+        width = max((w.num_computed + len(w.token_ids) + self.block_size - 1) // self.block_size
+                    for w in works)
+        rows = [w.block_table[:width] + [0] * (width - min(width, len(w.block_table))) for w in works]
+        return torch.tensor(rows, dtype=torch.long, device=self.device)
+
+    def _prefill_chunks(self, prefills: list[SeqWork], offset: int) -> list[PrefillChunk]:
+        chunks, start = [], offset
+        for w in prefills:
+            end = start + len(w.token_ids)
+            used_blocks = (w.num_computed + len(w.token_ids) + self.block_size - 1) // self.block_size
+            table = torch.tensor(w.block_table[:used_blocks], dtype=torch.long, device=self.device)
+            chunks.append(PrefillChunk(start, end, w.num_computed, table))
+            start = end
+        return chunks

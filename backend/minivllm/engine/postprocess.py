@@ -1,0 +1,87 @@
+"""Appending a sampled token to a sequence: detokenize, check stop conditions, build outputs."""
+
+from __future__ import annotations
+
+from minivllm.core.request import Request, Sequence
+from minivllm.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+
+
+def append_token(seq: Sequence, token_id: int, logprob: float | None,
+                 top: list[tuple[int, float]] | None, eos_ids: frozenset[int], max_model_len: int) -> str:
+    """Adds the token, sets `seq.finish_reason` when it ends the sequence; returns the text to emit."""
+    request, params = seq.request, seq.request.params
+    seq.token_ids.append(token_id)
+    if logprob is not None:
+        seq.cumulative_logprob += logprob
+        if params.logprobs is not None:
+            seq.top_logprobs.append([(token_id, logprob), *(top or [])])
+    delta = seq.detokenizer.append(token_id) if seq.detokenizer else ""
+    text = _stop_or_length(seq, token_id, delta, eos_ids, request.max_tokens, max_model_len)
+    seq.text += text
+    return text
+
+
+def _stop_or_length(seq: Sequence, token_id: int, delta: str, eos_ids: frozenset[int],
+                    max_tokens: int, max_model_len: int) -> str:
+    params = seq.request.params
+    past_min = seq.num_output_tokens >= params.min_tokens
+    if seq.stop_matcher is not None:
+        delta, stopped = seq.stop_matcher.feed(delta)
+        if stopped:
+            seq.finish_reason, seq.stop_reason = "stop", seq.stop_matcher.matched
+            return delta
+    if past_min and not params.ignore_eos and token_id in eos_ids:
+        seq.finish_reason = "stop"
+    elif past_min and token_id in params.stop_token_ids:
+        seq.finish_reason, seq.stop_reason = "stop", token_id
+    elif seq.num_output_tokens >= max_tokens or seq.num_tokens >= max_model_len:
+        seq.finish_reason = "length"
+    if seq.finished:
+        delta += flush_text(seq)
+    return delta
+
+
+def flush_text(seq: Sequence) -> str:
+    """Text held back (incomplete UTF-8, a possible stop-string prefix) once nothing more comes."""
+    tail = seq.detokenizer.flush() if seq.detokenizer else ""
+    if seq.stop_matcher is None:
+        return tail
+    text, _ = seq.stop_matcher.feed(tail)
+    return text + seq.stop_matcher.flush()
+
+
+def completion_of(seq: Sequence) -> CompletionOutput:
+    """Cumulative output plus what is new since the previous call (advances the report marks)."""
+    tokens = seq.output_token_ids
+    out = CompletionOutput(
+        index=seq.sample_index,
+        text=seq.text,
+        token_ids=tokens,
+        cumulative_logprob=seq.cumulative_logprob,
+        logprobs=[dict(entries) for entries in seq.top_logprobs] if seq.request.params.logprobs is not None else None,
+        finish_reason=seq.finish_reason,
+        stop_reason=seq.stop_reason,
+        delta_text=seq.text[seq.reported_text_len:],
+        delta_token_ids=tokens[seq.reported_tokens:],
+    )
+    seq.reported_text_len, seq.reported_tokens = len(seq.text), len(tokens)
+    return out
+
+
+def request_output(request: Request) -> RequestOutput:
+    seqs = sorted(request.all_seqs(), key=lambda s: s.sample_index)
+    return RequestOutput(
+        request_id=request.request_id,
+        prompt=request.prompt,
+        prompt_token_ids=request.prompt_token_ids,
+        outputs=[completion_of(s) for s in seqs],
+        finished=request.is_finished,
+        metrics=RequestMetrics(
+            arrival_time=request.arrival_time,
+            first_scheduled_time=request.first_scheduled_time,
+            first_token_time=request.first_token_time,
+            finished_time=request.finish_time,
+            num_cached_tokens=request.num_cached_prompt_tokens,
+            num_preemptions=request.num_preemptions,
+        ),
+    )

@@ -1,0 +1,77 @@
+"""Translating engine state into wire types: block events, request states, snapshots."""
+
+from __future__ import annotations
+
+from minivllm import events as ev
+from minivllm.core.block_manager import BlockEvent, BlockManager
+from minivllm.core.request import Request, Sequence
+
+
+def block_event(e: BlockEvent, bm: BlockManager) -> ev.Event | None:
+    """BlockManager callback payload -> wire event (tables are read after the change)."""
+    owner, seq_id = e.owner or "", e.seq_id if e.seq_id is not None else -1
+    if e.kind == "allocated":
+        return ev.BlocksAllocated(request_id=owner, seq_id=seq_id, block_ids=e.block_ids,
+                                  table=bm.block_table(seq_id))
+    if e.kind == "shared":
+        return ev.BlocksShared(request_id=owner, seq_id=seq_id, block_ids=e.block_ids, ref_counts=e.ref_counts,
+                               prefix_hit=e.prefix_hit, table=bm.block_table(seq_id))
+    if e.kind in ("freed", "released"):
+        return ev.BlocksFreed(request_id=owner, seq_id=seq_id, block_ids=e.block_ids, ref_counts=e.ref_counts,
+                              whole_table=not bm.has_seq(seq_id))
+    if e.kind == "cached":
+        return ev.BlocksCached(request_id=owner, seq_id=seq_id, block_ids=e.block_ids,
+                               hashes=[ev.hash_hex(h) or "" for h in e.block_hashes or []])
+    if e.kind == "evicted":
+        return ev.BlocksEvicted(block_ids=e.block_ids, hashes=[ev.hash_hex(h) or "" for h in e.block_hashes or []])
+    if e.kind == "copied":
+        return ev.BlocksCopied(request_id=owner, seq_id=seq_id, src_block_ids=e.src_block_ids or [],
+                               block_ids=e.block_ids, ref_counts=e.ref_counts, table=bm.block_table(seq_id))
+    return None
+
+
+def sampling_summary(request: Request) -> dict[str, object]:
+    """The request's non-default decoding settings, for display."""
+    from minivllm.sampling.params import SamplingParams
+
+    defaults = SamplingParams()
+    keys = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+            "frequency_penalty", "seed", "n", "use_beam_search", "beam_width", "length_penalty",
+            "min_tokens", "ignore_eos", "logprobs", "stop")
+    summary: dict[str, object] = {k: getattr(request.params, k) for k in keys
+                                  if getattr(request.params, k) != getattr(defaults, k)}
+    summary["max_tokens"] = request.max_tokens
+    return summary
+
+
+def seq_state(seq: Sequence, bm: BlockManager) -> ev.SeqState:
+    return ev.SeqState(seq_id=seq.seq_id, parent_seq_id=seq.parent_seq_id, num_tokens=seq.num_tokens,
+                       num_prompt_tokens=seq.num_prompt_tokens, num_computed=seq.num_computed,
+                       block_table=bm.block_table(seq.seq_id), finished=seq.finished)
+
+
+def request_state(request: Request, bm: BlockManager, preview: str) -> ev.RequestState:
+    return ev.RequestState(
+        request_id=request.request_id,
+        state=request.status.value,
+        prompt_tokens=request.num_prompt_tokens,
+        max_tokens=request.max_tokens,
+        n=request.params.n,
+        priority=request.priority,
+        arrival_ts=request.arrival_time,
+        sampling=sampling_summary(request),
+        prompt_preview=preview,
+        output_tokens=request.num_generated_events,
+        first_token_ts=request.first_token_time,
+        finish_ts=request.finish_time,
+        finish_reason=request.finish_reason,
+        num_preemptions=request.num_preemptions,
+        seqs=[seq_state(s, bm) for s in request.seqs],
+    )
+
+
+def block_states(bm: BlockManager) -> list[ev.BlockState]:
+    """Hashes are shown only for blocks reachable through the prefix cache."""
+    return [ev.BlockState(block_id=b.block_id, ref_count=b.ref_count,
+                          block_hash=ev.hash_hex(b.block_hash) if bm.is_cached(b.block_id) else None)
+            for b in bm.blocks]

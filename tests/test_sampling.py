@@ -1,0 +1,394 @@
+"""Sampling parameters and the batched sampler."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from minivllm.sampling.params import SamplingParams
+from minivllm.sampling.sampler import (
+    Sampler,
+    SamplingRow,
+    apply_min_p,
+    apply_penalties,
+    apply_top_k_top_p,
+    apply_top_k_top_p_min_p,
+    exponential_race,
+    pad_token_lists,
+)
+
+V = 32
+
+
+def row(params=None, prompt=(1, 2, 3), output=(), generator=None, eos=None, **kw) -> SamplingRow:
+    params = params or SamplingParams(**kw)
+    return SamplingRow(
+        params=params,
+        prompt_token_ids=list(prompt),
+        output_token_ids=list(output),
+        generator=generator,
+        eos_token_id=eos,
+    )
+
+
+def seeded(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+# --------------------------------------------------------------------------- params
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"temperature": -1.0}, "temperature must be >= 0, got -1.0"),
+        ({"top_p": 0.0}, "top_p must be in (0, 1], got 0.0"),
+        ({"top_p": 1.5}, "top_p must be in (0, 1], got 1.5"),
+        ({"top_k": -2}, "top_k must be -1 or 0 (disabled) or >= 1, got -2"),
+        ({"min_p": 1.5}, "min_p must be in [0, 1], got 1.5"),
+        ({"min_p": -0.1}, "min_p must be in [0, 1], got -0.1"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty must be > 0, got 0.0"),
+        ({"presence_penalty": 2.5}, "presence_penalty must be in [-2, 2], got 2.5"),
+        ({"frequency_penalty": -3}, "frequency_penalty must be in [-2, 2], got -3"),
+        ({"n": 0}, "n must be an integer >= 1, got 0"),
+        ({"max_tokens": 0}, "max_tokens must be an integer >= 1 or None, got 0"),
+        ({"min_tokens": -1}, "min_tokens must be an integer >= 0, got -1"),
+        ({"min_tokens": 20, "max_tokens": 10}, "min_tokens must be <= max_tokens=10, got 20"),
+        ({"logprobs": 21}, "logprobs must be in [0, 20] or None, got 21"),
+        ({"logprobs": -1}, "logprobs must be in [0, 20] or None, got -1"),
+        ({"seed": 1.5}, "seed must be an integer or None, got 1.5"),
+        ({"use_beam_search": True, "beam_width": 0}, "beam_width must be an integer >= 1, got 0"),
+        ({"use_beam_search": True, "n": 3, "beam_width": 2}, "n must be <= beam_width=2 for beam search, got 3"),
+        ({"stop": ["ok", ""]}, "stop must not contain empty strings"),
+        ({"stop_token_ids": [-1]}, "stop_token_ids must be non-negative integers"),
+    ],
+)
+def test_validation_messages(kwargs, message):
+    with pytest.raises(ValueError) as exc:
+        SamplingParams(**kwargs)
+    assert message in str(exc.value)
+
+
+def test_validate_catches_later_mutation():
+    p = SamplingParams()
+    p.top_k = -5
+    with pytest.raises(ValueError, match="top_k"):
+        p.validate()
+
+
+def test_params_defaults_and_normalisation():
+    p = SamplingParams()
+    assert (p.n, p.temperature, p.top_p, p.top_k, p.min_p) == (1, 1.0, 1.0, 0, 0.0)
+    assert (p.max_tokens, p.min_tokens, p.logprobs, p.seed) == (16, 0, None, None)
+    assert p.stop == [] and p.stop_token_ids == []
+    assert p.skip_special_tokens and not p.include_stop_str_in_output and not p.ignore_eos
+    assert not p.is_greedy
+    assert SamplingParams(stop="###").stop == ["###"]
+    assert SamplingParams(stop=("a", "b")).stop == ["a", "b"]
+    assert SamplingParams(temperature=0.0).is_greedy
+    assert SamplingParams(temperature=1e-6).is_greedy
+    assert not SamplingParams(temperature=1e-4).is_greedy
+    assert SamplingParams(max_tokens=None).max_tokens is None
+    assert SamplingParams(top_k=-1).effective_top_k == 0
+    beam = SamplingParams(n=3, use_beam_search=True, temperature=0.0)
+    assert beam.beam_width == 3 and not beam.is_greedy
+    assert SamplingParams(n=2, use_beam_search=True, beam_width=4).beam_width == 4
+
+
+# --------------------------------------------------------------------------- filters
+
+
+def test_top_k_never_outside_top_k():
+    torch.manual_seed(0)
+    logits = torch.randn(V)
+    k = 5
+    allowed = set(logits.topk(k).indices.tolist())
+    n = 3000
+    out = Sampler()(logits.expand(n, V).clone(), [row(top_k=k) for _ in range(n)])
+    drawn = set(out.token_ids)
+    assert drawn <= allowed
+    assert drawn == allowed  # and every one of them does get drawn
+
+
+def test_top_p_never_outside_nucleus():
+    torch.manual_seed(1)
+    logits = torch.randn(V) * 2
+    p = 0.7
+    probs = torch.softmax(logits.double(), -1)
+    order = probs.argsort(descending=True)
+    cum = probs[order].cumsum(0)
+    n_keep = int((cum < p).sum()) + 1  # smallest prefix with mass >= p
+    nucleus = set(order[:n_keep].tolist())
+    assert 1 < len(nucleus) < V
+    n = 3000
+    out = Sampler()(logits.expand(n, V).clone(), [row(top_p=p) for _ in range(n)])
+    drawn = set(out.token_ids)
+    assert drawn <= nucleus
+    assert drawn == nucleus
+
+
+def test_min_p_threshold():
+    torch.manual_seed(2)
+    logits = torch.randn(V)
+    mp = 0.2
+    probs = torch.softmax(logits, -1)
+    allowed = set(torch.nonzero(probs >= mp * probs.max()).flatten().tolist())
+    assert 1 < len(allowed) < V
+    n = 3000
+    out = Sampler()(logits.expand(n, V).clone(), [row(min_p=mp) for _ in range(n)])
+    assert set(out.token_ids) == allowed
+
+
+def test_filter_helpers_per_row():
+    logits = torch.tensor([[1.0, 4.0, 3.0, 2.0], [0.0, 0.0, 10.0, 0.0], [1.0, 2.0, 3.0, 4.0]])
+    k = torch.tensor([2, 4, 4])
+    p = torch.tensor([1.0, 0.5, 1.0])
+    out = apply_top_k_top_p(logits, k, p)
+    ninf = float("-inf")
+    assert out[0].tolist() == [ninf, 4.0, 3.0, ninf]
+    assert out[1].tolist() == [ninf, ninf, 10.0, ninf]  # nucleus of one token
+    assert out[2].tolist() == logits[2].tolist()
+    assert torch.equal(logits[0], torch.tensor([1.0, 4.0, 3.0, 2.0]))  # out of place
+    mp = apply_min_p(torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])), torch.tensor([0.5]))
+    assert torch.isinf(mp[0, 2:]).all() and torch.isfinite(mp[0, :2]).all()
+    combined = apply_top_k_top_p_min_p(logits, torch.tensor([3, 3, 3]), None, torch.tensor([0.0, 0.0, 0.3]))
+    assert torch.isinf(combined).sum(dim=1).tolist() == [1, 0, 2]  # row 1: ties at the k-th value kept
+    assert apply_top_k_top_p(logits, None, None) is logits
+
+
+def test_sampling_follows_temperature_scaled_softmax():
+    torch.manual_seed(3)
+    logits = torch.tensor([1.0, 0.0, -1.0, 0.5])
+    temp = 0.7
+    n = 20000
+    out = Sampler()(logits.expand(n, 4).clone(), [row(temperature=temp) for _ in range(n)])
+    freq = torch.bincount(torch.tensor(out.token_ids), minlength=4).double() / n
+    expected = torch.softmax(logits.double() / temp, -1)
+    assert torch.allclose(freq, expected, atol=0.015), (freq, expected)
+
+
+def test_exponential_race_distribution_with_generator():
+    probs = torch.tensor([[0.1, 0.6, 0.3]]).expand(6000, 3).contiguous()
+    g = seeded(7)
+    tokens = exponential_race(probs, [g] + [None] * 5999)
+    freq = torch.bincount(tokens, minlength=3).double() / 6000
+    assert torch.allclose(freq, probs[0].double(), atol=0.03)
+
+
+# --------------------------------------------------------------------------- greedy
+
+
+def test_tiny_temperature_is_greedy_argmax():
+    torch.manual_seed(4)
+    logits = torch.randn(8, V)
+    out = Sampler()(logits, [row(temperature=1e-6) for _ in range(8)])
+    assert out.token_ids == logits.argmax(-1).tolist()
+    # a small but non-greedy temperature makes the argmax overwhelmingly likely too
+    out = Sampler()(logits * 10, [row(temperature=1e-3) for _ in range(8)])
+    assert out.token_ids == logits.argmax(-1).tolist()
+
+
+def test_mixed_greedy_and_sampled_rows():
+    torch.manual_seed(5)
+    logits = torch.randn(6, V)
+    rows = [row(temperature=0.0), row(top_k=1), row(temperature=0.0), row(), row(temperature=0.0), row(top_k=3)]
+    out = Sampler()(logits, rows)
+    arg = logits.argmax(-1).tolist()
+    assert [out.token_ids[i] for i in (0, 1, 2, 4)] == [arg[i] for i in (0, 1, 2, 4)]
+    assert out.token_ids[5] in logits[5].topk(3).indices.tolist()
+
+
+def test_half_precision_logits_are_cast():
+    logits = torch.randn(3, V).half()
+    out = Sampler()(logits, [row(temperature=0.0, logprobs=2) for _ in range(3)])
+    ref = torch.log_softmax(logits.float(), -1)
+    assert out.token_ids == logits.float().argmax(-1).tolist()
+    assert out.logprobs == pytest.approx(ref.max(-1).values.tolist(), abs=1e-5)
+
+
+# --------------------------------------------------------------------------- seeds
+
+
+def _run_steps(rows_factory, logits_seq, index):
+    """Run a few sampler steps with persistent generators; return the tokens of row `index`."""
+    rows = rows_factory()
+    sampler = Sampler()
+    toks = []
+    for logits in logits_seq:
+        out = sampler(logits[: len(rows)].clone(), rows)
+        toks.append(out.token_ids[index])
+        for r, t in zip(rows, out.token_ids):
+            r.output_token_ids = list(r.output_token_ids) + [t]
+    return toks
+
+
+def test_seeded_row_is_reproducible_and_batch_independent():
+    torch.manual_seed(6)
+    steps = [torch.randn(5, V) for _ in range(12)]
+    # the seeded row sees the same logits in every configuration (row 0 of each step)
+    p = SamplingParams(seed=1234, top_p=0.95)
+
+    def alone():
+        return [row(p, generator=seeded(1234))]
+
+    def with_others():
+        return [
+            row(p, generator=seeded(1234)),
+            row(seed=99, generator=seeded(99)),
+            row(),
+            row(temperature=0.0),
+            row(top_k=4),
+        ]
+
+    def other_position():
+        rs = with_others()
+        return [rs[2], rs[0], rs[1]]
+
+    a = _run_steps(alone, steps, 0)
+    torch.manual_seed(123)  # the unseeded rows' shared draw must not matter
+    b = _run_steps(with_others, steps, 0)
+    steps_moved = [torch.cat([s[1:2], s[0:1], s[2:]]) for s in steps]  # keep row logits with the row
+    c = _run_steps(other_position, steps_moved, 1)
+    assert a == b == c
+    # a different seed gives a different stream
+    d = _run_steps(lambda: [row(p, generator=seeded(4321))], steps, 0)
+    assert d != a
+
+
+def test_unseeded_rows_differ_between_calls():
+    logits = torch.zeros(1, 1000)
+    outs = {Sampler()(logits, [row()]).token_ids[0] for _ in range(10)}
+    assert len(outs) > 1
+
+
+# --------------------------------------------------------------------------- penalties
+
+
+def naive_penalties(logits, prompt, output, rep, freq, pres):
+    out = logits.clone()
+    for t in set(prompt) | set(output):
+        out[t] = out[t] / rep if out[t] > 0 else out[t] * rep
+    for t in set(output):
+        c = output.count(t)
+        out[t] -= freq * c + pres
+    return out
+
+
+def test_penalties_match_naive_reference():
+    torch.manual_seed(8)
+    cases = [
+        ([1, 2, 3, 3], [3, 4, 4, 4, 7], 1.3, 0.5, 0.25),
+        ([5], [], 0.8, 1.0, 1.0),
+        ([9, 10, 11, 12, 13, 14, 15], [0, 0, 31], 1.0, -0.7, 1.5),
+        ([2], [2, 2, 20], 2.0, 0.0, -2.0),
+    ]
+    logits = torch.randn(len(cases), V) * 3
+    res = apply_penalties(
+        logits,
+        pad_token_lists([c[0] for c in cases], V),
+        pad_token_lists([c[1] for c in cases], V),
+        torch.tensor([c[2] for c in cases]),
+        torch.tensor([c[3] for c in cases]),
+        torch.tensor([c[4] for c in cases]),
+    )
+    for i, (prompt, output, rep, freq, pres) in enumerate(cases):
+        ref = naive_penalties(logits[i], prompt, output, rep, freq, pres)
+        assert torch.allclose(res[i], ref, atol=1e-6), i
+
+
+def test_sampler_applies_penalties_only_to_rows_that_ask():
+    # greedy rows expose the processed logits through their argmax
+    logits = torch.tensor([[5.0, 4.9, 1.0, -1.0], [5.0, 4.9, 1.0, -1.0], [5.0, 4.9, 1.0, -1.0]])
+    rows = [
+        row(temperature=0.0, repetition_penalty=1.1, prompt=[0]),  # 5/1.1 < 4.9 -> token 1
+        row(temperature=0.0, prompt=[0]),  # no penalty -> token 0
+        row(temperature=0.0, frequency_penalty=0.05, presence_penalty=0.0, prompt=[1], output=[0, 0, 0]),  # 4.85
+    ]
+    out = Sampler()(logits.clone(), rows)
+    assert out.token_ids == [1, 0, 1]
+    # presence penalty pushes a negative logit further down, repetition penalty multiplies it
+    logits2 = torch.tensor([[-1.0, -1.05, -3.0, -4.0]])
+    assert Sampler()(logits2, [row(temperature=0.0, repetition_penalty=1.2, prompt=[0])]).token_ids == [1]
+    assert Sampler()(logits2, [row(temperature=0.0, presence_penalty=0.1, output=[0])]).token_ids == [1]
+
+
+def test_sampler_penalties_against_naive_reference_greedy_batch():
+    torch.manual_seed(9)
+    n = 16
+    logits = torch.randn(n, V) * 2
+    rows, refs = [], []
+    for i in range(n):
+        prompt = torch.randint(0, V, (int(torch.randint(1, 10, ())),)).tolist()
+        output = torch.randint(0, V, (int(torch.randint(0, 12, ())),)).tolist()
+        rep = float(torch.empty(()).uniform_(0.5, 2.0)) if i % 3 else 1.0
+        freq = float(torch.empty(()).uniform_(-1, 1)) if i % 2 else 0.0
+        pres = float(torch.empty(()).uniform_(-1, 1)) if i % 4 else 0.0
+        rows.append(row(temperature=0.0, prompt=prompt, output=output, repetition_penalty=rep,
+                        frequency_penalty=freq, presence_penalty=pres))
+        refs.append(naive_penalties(logits[i], prompt, output, rep, freq, pres))
+    out = Sampler()(logits.clone(), rows)
+    assert out.token_ids == [int(r.argmax()) for r in refs]
+
+
+# --------------------------------------------------------------------------- min_tokens
+
+
+def test_min_tokens_masks_eos_and_stop_ids():
+    logits = torch.tensor([[0.0, 0.0, 9.0, 8.0, 1.0]]).expand(4, 5).clone()
+    eos = 2
+    rows = [
+        row(temperature=0.0, min_tokens=3, output=[4], eos=eos),  # eos masked -> 3
+        row(temperature=0.0, min_tokens=3, stop_token_ids=[3], output=[4], eos=eos),  # eos and 3 masked -> 4
+        row(temperature=0.0, min_tokens=1, output=[4], eos=eos),  # min reached -> eos allowed
+        row(temperature=0.0, min_tokens=3, ignore_eos=True, output=[], eos=eos),  # ignore_eos: not masked
+    ]
+    out = Sampler()(logits, rows)
+    assert out.token_ids == [3, 4, 2, 2]
+    # logprobs still come from the raw distribution
+    raw = torch.log_softmax(logits[0], -1)
+    assert out.logprobs[0] == pytest.approx(float(raw[3]))
+    # sampled rows never pick a masked token either
+    n = 500
+    many = Sampler()(logits[:1].expand(n, 5).clone(), [row(min_tokens=2, eos=eos) for _ in range(n)])
+    assert eos not in many.token_ids
+
+
+# --------------------------------------------------------------------------- logprobs
+
+
+def test_logprobs_match_raw_log_softmax():
+    torch.manual_seed(10)
+    logits = torch.randn(4, V) * 2
+    rows = [
+        row(logprobs=5, temperature=0.5, repetition_penalty=1.5, prompt=[0, 1, 2]),
+        row(logprobs=0),
+        row(temperature=0.0, logprobs=20, top_k=3),
+        row(),
+    ]
+    out = Sampler()(logits.clone(), rows)
+    ref = torch.log_softmax(logits, -1)
+    for i, t in enumerate(out.token_ids):
+        assert out.logprobs[i] == pytest.approx(float(ref[i, t]), abs=1e-5)
+    assert out.top_logprobs is not None
+    assert out.top_logprobs[1] == [] and out.top_logprobs[3] == []
+    for i, n in ((0, 5), (2, 20)):
+        vals, ids = ref[i].topk(n)
+        assert [t for t, _ in out.top_logprobs[i]] == ids.tolist()
+        assert [lp for _, lp in out.top_logprobs[i]] == pytest.approx(vals.tolist(), abs=1e-5)
+    assert math.isclose(sum(math.exp(lp) for _, lp in out.top_logprobs[2]), float(ref[2].exp().topk(20).values.sum()),
+                        rel_tol=1e-5)
+
+
+def test_no_top_logprobs_when_not_requested():
+    out = Sampler()(torch.randn(2, V), [row(), row(logprobs=0)])
+    assert out.top_logprobs is None
+    assert len(out.logprobs) == 2 and all(lp <= 0 for lp in out.logprobs)
+
+
+def test_empty_batch_and_shape_check():
+    out = Sampler()(torch.empty(0, V), [])
+    assert out.token_ids == [] and out.logprobs == []
+    with pytest.raises(ValueError):
+        Sampler()(torch.randn(2, V), [row()])

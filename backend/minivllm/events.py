@@ -9,7 +9,7 @@ Block hashes travel as hex strings: 64-bit integers do not survive JavaScript nu
 
 from __future__ import annotations
 
-from typing import Literal, Union
+from typing import Any, Literal, Union
 
 import msgspec
 
@@ -31,7 +31,7 @@ class RequestArrived(Event, tag="request_arrived"):
     max_tokens: int
     n: int
     priority: int
-    sampling: dict[str, object]  # the request's non-default SamplingParams, for display
+    sampling: dict[str, Any]  # the request's non-default SamplingParams, for display
     prompt_preview: str  # first characters of the prompt
 
 
@@ -215,7 +215,7 @@ class RequestState(msgspec.Struct):
     n: int
     priority: int
     arrival_ts: float
-    sampling: dict[str, object]
+    sampling: dict[str, Any]
     prompt_preview: str
     output_tokens: int = 0
     first_token_ts: float | None = None
@@ -262,6 +262,13 @@ WsMessage = Union[Snapshot, EventBatch, Resync]
 class RecordingHeader(msgspec.Struct, tag_field="type", tag="header"):
     version: int
     created: str  # ISO 8601
+    snapshot: Snapshot
+
+
+class RecordingFooter(msgspec.Struct, tag_field="type", tag="footer"):
+    """Last line of a finished recording: the engine's own snapshot when recording stopped.
+    Folding every event onto the header's snapshot must give this state."""
+
     snapshot: Snapshot
 
 

@@ -114,9 +114,10 @@ class LLMEngine:
                           priority=priority, preview=(prompt or "")[:120])
         request.seqs.append(self._new_seq(request, list(ids), 0))
         self.requests[request_id] = request
-        self.bus.emit(ev.RequestArrived(request_id=request_id, prompt_tokens=len(ids), max_tokens=max_tokens,
-                                        n=params.n, priority=priority, sampling=wire.sampling_summary(request),
-                                        prompt_preview=request.preview))
+        arrived = self.bus.emit(ev.RequestArrived(
+            request_id=request_id, prompt_tokens=len(ids), max_tokens=max_tokens, n=params.n, priority=priority,
+            sampling=wire.sampling_summary(request), prompt_preview=request.preview))
+        request.arrival_time = arrived.ts  # one clock for the engine and the event log
         self._emit_seq_added(request, request.seqs[0])
         self._set_status(request, RequestStatus.WAITING, "arrived")
         self.scheduler.add(request)
@@ -133,7 +134,11 @@ class LLMEngine:
         return True
 
     def has_unfinished_requests(self) -> bool:
-        return any(not r.is_finished for r in self.requests.values())
+        return bool(self.requests)
+
+    def has_work(self) -> bool:
+        """Requests to run or outputs (of aborts) still to hand out."""
+        return bool(self.requests or self._pending)
 
     # ---- one step -----------------------------------------------------------------------------
 
@@ -143,7 +148,7 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         self._emit_step_scheduled(sched)
         if sched.is_empty:
-            self._maybe_emit_metrics()
+            self.emit_metrics_if_due()
             return outputs
         t1 = time.perf_counter()
         decodes = [s for s in sched.scheduled if s.num_tokens == 1]
@@ -249,10 +254,11 @@ class LLMEngine:
     def _emit_token(self, seq: Sequence, token: int, text: str, logprob: float | None) -> None:
         request = seq.request
         request.num_generated_events += 1
-        request.first_token_time = request.first_token_time or self.bus.now()
         self.counters.generation_tokens += 1
-        self.bus.emit(ev.TokenGenerated(request_id=request.request_id, seq_id=seq.seq_id, token_id=token,
-                                        text=text, logprob=logprob))
+        event = self.bus.emit(ev.TokenGenerated(request_id=request.request_id, seq_id=seq.seq_id,
+                                                token_id=token, text=text, logprob=logprob))
+        if request.first_token_time is None:
+            request.first_token_time = event.ts
 
     def _after_sampling(self, request: Request) -> None:
         if request.status == RequestStatus.PREFILL:
@@ -298,9 +304,8 @@ class LLMEngine:
         self.scheduler.remove(request)
         for seq in list(request.seqs):
             self._drop_seq(request, seq, words, keep=True)
-        request.finish_time = self.bus.now()
         request.finish_reason = finish_reason
-        self._set_status(request, RequestStatus.FINISHED, words, finish_reason)
+        request.finish_time = self._set_status(request, RequestStatus.FINISHED, words, finish_reason).ts
         del self.requests[request.request_id]
         self.finished.append(request)
 
@@ -310,10 +315,10 @@ class LLMEngine:
     # ---- events -------------------------------------------------------------------------------
 
     def _set_status(self, request: Request, status: RequestStatus, reason: str,
-                    finish_reason: str | None = None) -> None:
+                    finish_reason: str | None = None) -> ev.RequestStateChanged:
         previous = request.status
         request.status = status
-        self.bus.emit(ev.RequestStateChanged(request_id=request.request_id, state=status.value,
+        return self.bus.emit(ev.RequestStateChanged(request_id=request.request_id, state=status.value,
                                              previous=None if previous == status else previous.value,
                                              reason=reason, finish_reason=finish_reason))
 
@@ -358,9 +363,9 @@ class LLMEngine:
             num_tokens=sum(s.num_tokens for s in sched.scheduled), num_generated=sampled,
             schedule_ms=(t1 - t0) * 1e3, forward_ms=(t2 - t1) * 1e3, sample_ms=(t3 - t2) * 1e3,
             postprocess_ms=(t4 - t3) * 1e3))
-        self._maybe_emit_metrics()
+        self.emit_metrics_if_due()
 
-    def _maybe_emit_metrics(self, force: bool = False) -> None:
+    def emit_metrics_if_due(self, force: bool = False) -> None:
         now = self.bus.now()
         last_t, last_gen, last_prompt = self._last_metrics
         if not force and now - last_t < self.config.metrics_interval_s:

@@ -1,0 +1,169 @@
+"""`minivllm` command line: generate, chat, serve, bench, replay, schema."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from minivllm.engine.config import EngineConfig
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model")
+    g.add_argument("--model", default=None,
+                   help="HF directory, .gguf file, cached hub id or random:<shape> (default: embedded SmolLM2-135M-Instruct)")
+    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    g.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    g.add_argument("--seed", type=int, default=0, help="seed for random:<shape> weights")
+    e = p.add_argument_group("engine")
+    e.add_argument("--kv-cache-memory", default="512MiB", help="KV pool size, e.g. 2GiB (ignored with --num-blocks)")
+    e.add_argument("--num-blocks", type=int, default=None)
+    e.add_argument("--block-size", type=int, default=16)
+    e.add_argument("--max-num-batched-tokens", type=int, default=512)
+    e.add_argument("--max-num-seqs", type=int, default=64)
+    e.add_argument("--max-model-len", type=int, default=None)
+    e.add_argument("--no-prefix-caching", action="store_true")
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(block_size=args.block_size, num_blocks=args.num_blocks,
+                        kv_cache_memory=args.kv_cache_memory, max_num_batched_tokens=args.max_num_batched_tokens,
+                        max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+                        enable_prefix_caching=not args.no_prefix_caching)
+
+
+def build_engine(args: argparse.Namespace):
+    from minivllm.engine.llm_engine import LLMEngine
+    from minivllm.loader import load_model
+
+    loaded = load_model(args.model, dtype=args.dtype, device=args.device, seed=args.seed,
+                        max_model_len=args.max_model_len)
+    return LLMEngine(loaded, engine_config(args))
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sampling")
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--min-p", type=float, default=0.0)
+    g.add_argument("--repetition-penalty", type=float, default=1.0)
+    g.add_argument("--max-tokens", type=int, default=256)
+    g.add_argument("--seed-sampling", dest="sampling_seed", type=int, default=None)
+
+
+def sampling_params(args: argparse.Namespace):
+    from minivllm.sampling.params import SamplingParams
+
+    return SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
+                          repetition_penalty=args.repetition_penalty, max_tokens=args.max_tokens,
+                          seed=args.sampling_seed)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from minivllm.cli_chat import stream_one
+
+    engine = build_engine(args)
+    prompt_ids = None
+    if args.chat_template:
+        from minivllm.tokenizer_utils import load_chat_template_prompt
+
+        prompt_ids = load_chat_template_prompt(engine.tokenizer, [{"role": "user", "content": args.prompt}])
+    stream_one(engine, args.prompt, prompt_ids, sampling_params(args))
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from minivllm.cli_chat import interactive_chat
+
+    interactive_chat(build_engine(args), sampling_params(args), system=args.system)
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from minivllm.server.main import serve
+
+    return serve(args)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from minivllm.bench import run_bench
+
+    return run_bench(args)
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from minivllm.recording import print_summary
+
+    print_summary(args.file)
+    return 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    from minivllm.schema import write_schema
+
+    path = write_schema(args.output)
+    print(f"wrote {path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="minivllm", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("generate", help="generate a completion for one prompt (streams to stdout)")
+    p.add_argument("prompt")
+    p.add_argument("--chat-template", action="store_true", help="wrap the prompt as a user chat message")
+    add_model_args(p), add_sampling_args(p)
+    p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("chat", help="interactive chat in the terminal")
+    p.add_argument("--system", default=None, help="system prompt")
+    add_model_args(p), add_sampling_args(p)
+    p.set_defaults(func=cmd_chat)
+
+    p = sub.add_parser("serve", help="OpenAI-compatible API + dashboard")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=None, help="require this bearer key (or set MINIVLLM_API_KEY)")
+    p.add_argument("--cors-origin", action="append", default=[], help="allowed CORS origin (repeatable)")
+    p.add_argument("--recordings-dir", default="recordings")
+    p.add_argument("--frontend-dist", default=None, help="built dashboard to serve (default: frontend/dist)")
+    add_model_args(p)
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("bench", help="benchmarks that print comparisons side by side")
+    p.add_argument("kind", choices=["single", "throughput"])
+    p.add_argument("--output-dir", default="bench-results")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    p.add_argument("--num-prompts", type=int, default=None, help="prompts per run (default: the concurrency)")
+    p.add_argument("--skip-hf", action="store_true", help="do not run the Hugging Face baselines")
+    p.add_argument("--quick", action="store_true", help="fewer tokens and prompts (smoke test)")
+    add_model_args(p)
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("replay", help="summarise a recording (JSONL)")
+    p.add_argument("file")
+    p.add_argument("--summary", action="store_true", default=True)
+    p.set_defaults(func=cmd_replay)
+
+    p = sub.add_parser("schema", help="write the JSON Schema of every wire type")
+    p.add_argument("--output", default=None, help="default: shared/events.schema.json in the repo")
+    p.set_defaults(func=cmd_schema)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

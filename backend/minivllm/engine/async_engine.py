@@ -1,0 +1,167 @@
+"""The engine loop in its own thread, with an asyncio-facing API.
+
+Everything that touches engine state runs on the engine thread: requests, aborts and arbitrary
+calls (snapshots, reconfiguration) arrive as commands through a queue and are drained between
+steps. Outputs go back to each request's asyncio queue with `call_soon_threadsafe`. A consumer
+that stops iterating (cancelled task, client disconnect) aborts its request; the abort is
+handled before the next step, so the request's blocks are freed within one step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+from minivllm.engine.llm_engine import LLMEngine
+from minivllm.engine.outputs import RequestOutput
+from minivllm.sampling.params import SamplingParams
+
+log = logging.getLogger("minivllm.engine")
+T = TypeVar("T")
+_ids = itertools.count()
+
+
+class EngineDeadError(RuntimeError):
+    pass
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine, idle_poll_s: float = 0.25):
+        self.engine = engine
+        self.idle_poll_s = idle_poll_s
+        self._commands: queue.SimpleQueue[tuple[Callable[[LLMEngine], Any], Future | None]] = queue.SimpleQueue()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._wakeup = threading.Event()
+        self._stopping = False
+        self.dead_reason: str | None = None
+        self._thread = threading.Thread(target=self._run, name="minivllm-engine", daemon=True)
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> "AsyncEngine":
+        self._thread.start()
+        return self
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        self._stopping = True
+        self._wakeup.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    @property
+    def is_alive(self) -> bool:
+        return self._thread.is_alive() and self.dead_reason is None
+
+    # ---- API ------------------------------------------------------------------------------------
+
+    async def call(self, fn: Callable[[LLMEngine], T]) -> T:
+        """Run `fn(engine)` on the engine thread between steps and return its result."""
+        return await asyncio.wrap_future(self.submit(fn))
+
+    def submit(self, fn: Callable[[LLMEngine], T]) -> Future:
+        if not self.is_alive:
+            raise EngineDeadError(self.dead_reason or "the engine is not running")
+        future: Future = Future()
+        self._commands.put((fn, future))
+        self._wakeup.set()
+        return future
+
+    def abort(self, request_id: str) -> None:
+        if self.is_alive:
+            self._commands.put((lambda e: e.abort_request(request_id), None))
+            self._wakeup.set()
+
+    async def generate(self, prompt: str | None, params: SamplingParams | None = None,
+                       request_id: str | None = None, prompt_token_ids: list[int] | None = None,
+                       priority: int = 0) -> AsyncIterator[RequestOutput]:
+        """Streams RequestOutputs (cumulative text plus per-step deltas) until the request finishes.
+        Validation errors are raised before the first output."""
+        request_id = request_id or f"req-{next(_ids)}"
+        loop, outputs = asyncio.get_running_loop(), asyncio.Queue()
+        self._streams[request_id] = (loop, outputs)
+        finished = False
+        try:
+            await self.call(lambda e: e.add_request(request_id, prompt, params, prompt_token_ids, priority))
+            while not finished:
+                out = await outputs.get()
+                if isinstance(out, BaseException):
+                    raise out
+                finished = out.finished
+                yield out
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished:
+                self.abort(request_id)
+
+    # ---- the loop -------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while not self._stopping:
+                self._drain_commands()
+                if self.engine.has_work():
+                    self._step()
+                else:
+                    self.engine.emit_metrics_if_due()
+                    self._wakeup.wait(self.idle_poll_s)
+                    self._wakeup.clear()
+        except BaseException as exc:  # noqa: BLE001 - record why the engine died for /health
+            log.exception("engine thread died")
+            self.dead_reason = f"engine thread died: {exc!r}"
+            self._fail_all(EngineDeadError(self.dead_reason))
+
+    def _drain_commands(self) -> None:
+        while True:
+            try:
+                fn, future = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                result = fn(self.engine)
+            except Exception as exc:  # a bad request fails alone
+                if future is not None:
+                    future.set_exception(exc)
+            else:
+                if future is not None:
+                    future.set_result(result)
+
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:  # noqa: BLE001 - one failed step must not stop the server
+            log.exception("engine step failed; aborting the requests it was running")
+            self._abort_running(exc)
+            return
+        for out in outputs:
+            self._deliver(out.request_id, out)
+
+    def _abort_running(self, exc: Exception) -> None:
+        for request_id in list(self.engine.requests):
+            self.engine.abort_request(request_id)
+            self._deliver(request_id, RuntimeError(f"internal error while running the request: {exc}"))
+
+    def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> None:
+        stream = self._streams.get(request_id)
+        if stream is not None:
+            loop, outputs = stream
+            try:
+                loop.call_soon_threadsafe(outputs.put_nowait, item)
+            except RuntimeError:  # the consumer's loop is closed
+                self._streams.pop(request_id, None)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for request_id in list(self._streams):
+            self._deliver(request_id, exc)
+        while True:
+            try:
+                _, future = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if future is not None:
+                future.set_exception(exc)

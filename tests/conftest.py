@@ -34,3 +34,12 @@ def hf_embedded_model(embedded_path):
     model = AutoModelForCausalLM.from_pretrained(str(embedded_path.parent), gguf_file=embedded_path.name,
                                                  dtype=torch.float32)
     return model.eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    """Seeded random weights of the `tiny` shape with the embedded tokenizer (LoadedModel): fast
+    engine tests that still produce text."""
+    from minivllm.loader import load_model
+
+    return load_model("random:tiny", dtype="float32", device="cpu", seed=0)

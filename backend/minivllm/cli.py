@@ -129,6 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cors-origin", action="append", default=[], help="allowed CORS origin (repeatable)")
     p.add_argument("--recordings-dir", default="recordings")
     p.add_argument("--frontend-dist", default=None, help="built dashboard to serve (default: frontend/dist)")
+    p.add_argument("--ws-queue-limit", type=int, default=20_000,
+                   help="events buffered per WebSocket client before it gets a resync and a fresh snapshot")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     add_model_args(p)
     p.set_defaults(func=cmd_serve)
 

@@ -122,6 +122,8 @@ class AsyncEngine:
                 fn, future = self._commands.get_nowait()
             except queue.Empty:
                 return
+            if future is not None and not future.set_running_or_notify_cancel():
+                continue  # the caller gave up (cancelled) before it ran
             try:
                 result = fn(self.engine)
             except Exception as exc:  # a bad request fails alone

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minivllm.model.attention import AttentionMetadata, KVCache, PrefillChunk
+from minivllm.model.attention import AttentionMetadata, KVCache, PrefillChunk, decode_padding_mask
 from minivllm.model.llama import LlamaModel
 
 
@@ -64,6 +64,9 @@ class ModelRunner:
                                  if decodes else None),
             prefills=self._prefill_chunks(prefills, offset=len(decodes)),
         )
+        if decodes:
+            width = meta.decode_block_tables.shape[1] * self.block_size
+            meta.decode_padding = decode_padding_mask(meta.decode_context_lens, width)
         return (torch.tensor(ids, dtype=torch.long, device=dev),
                 torch.tensor(pos, dtype=torch.long, device=dev), meta,
                 torch.tensor(rows, dtype=torch.long, device=dev))

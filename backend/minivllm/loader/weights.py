@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
 
 import torch
 
 from minivllm.model.config import LlamaConfig
 from minivllm.model.llama import LlamaModel
+from minivllm.model.packed_linear import pack_model
 
 
 class CorruptCheckpointError(ValueError):
@@ -63,17 +65,18 @@ def build_model(cfg: LlamaConfig, hf_tensors: Mapping[str, torch.Tensor], dtype:
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     _materialize_rope(model, cfg, max_positions)
-    return model.to(device).eval()
+    model = model.to(device).eval()
+    if os.environ.get("MINIVLLM_NO_PACK") != "1":  # escape hatch for A/B benchmarks
+        pack_model(model)
+    return model
 
 
 def _materialize_rope(model: LlamaModel, cfg: LlamaConfig, max_positions: int | None) -> None:
     """Non-persistent buffers stay on the meta device after load_state_dict: rebuild them."""
     from minivllm.model.rope import RotaryEmbedding
 
-    rope = RotaryEmbedding(cfg.head_dim, max_positions or cfg.max_position_embeddings,
-                           cfg.rope_theta, cfg.rope_scaling)
-    for layer in model.layers:
-        layer.self_attn.rope = rope
+    model.rotary = RotaryEmbedding(cfg.head_dim, max_positions or cfg.max_position_embeddings,
+                                   cfg.rope_theta, cfg.rope_scaling)
 
 
 def iter_progress(items: Iterable, total: int, desc: str):

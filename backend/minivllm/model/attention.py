@@ -22,6 +22,7 @@ class PrefillChunk:
     end: int
     num_computed: int  # tokens of this sequence already in the cache before this chunk
     block_table: torch.Tensor  # [num_blocks_of_seq] long
+    mask: torch.Tensor | None = None  # [new, context] causal mask over prefix + chunk (None: plain causal)
 
     @property
     def context_len(self) -> int:
@@ -35,6 +36,25 @@ class AttentionMetadata:
     decode_block_tables: torch.Tensor | None  # [num_decode, max_blocks] long, padded with 0
     decode_context_lens: torch.Tensor | None  # [num_decode] long, including the new token
     prefills: list[PrefillChunk]
+    decode_padding: torch.Tensor | None = None  # [num_decode, 1, 1, max_len] True where past the context
+
+    def __post_init__(self) -> None:
+        """Masks are built once per step here, not once per layer."""
+        for chunk in self.prefills:
+            if chunk.num_computed and chunk.mask is None:
+                chunk.mask = _prefix_causal_mask(chunk)
+
+
+def decode_padding_mask(context_lens: torch.Tensor, max_len: int) -> torch.Tensor:
+    span = torch.arange(max_len, device=context_lens.device)
+    return (span[None, :] >= context_lens[:, None])[:, None, None, :]
+
+
+def _prefix_causal_mask(chunk: PrefillChunk) -> torch.Tensor:
+    device = chunk.block_table.device
+    key_pos = torch.arange(chunk.context_len, device=device)
+    query_pos = torch.arange(chunk.num_computed, chunk.context_len, device=device)
+    return key_pos[None, :] <= query_pos[:, None]
 
 
 class KVCache:
@@ -76,8 +96,9 @@ def gather_blocks(pool: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor
 
 
 def decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
-                     block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+                     block_tables: torch.Tensor, padding: torch.Tensor, scale: float) -> torch.Tensor:
     """q: [B, heads, head_dim], one query per sequence -> [B, heads, head_dim].
+    padding: [B, 1, 1, L] True past each sequence's context.
 
     Query heads are grouped per KV head ([B, kv_heads, group, D]) so GQA needs no K/V repeat."""
     batch, heads, dim = q.shape
@@ -85,11 +106,9 @@ def decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor
     values = gather_blocks(v_pool, block_tables)
     kv_heads = keys.shape[2]
     qg = q.view(batch, kv_heads, heads // kv_heads, dim)
-    scores = torch.matmul(qg, keys.permute(0, 2, 3, 1)) * scale  # [B, kv, G, L]
-    span = torch.arange(keys.shape[1], device=q.device)
-    padding = span[None, :] >= context_lens[:, None]  # [B, L]
-    scores.masked_fill_(padding[:, None, None, :], float("-inf"))
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    scores = torch.matmul(qg * scale, keys.permute(0, 2, 3, 1))  # [B, kv, G, L]
+    scores.masked_fill_(padding, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
     out = torch.matmul(probs, values.permute(0, 2, 1, 3))  # [B, kv, G, D]
     return out.reshape(batch, heads, dim)
 
@@ -104,9 +123,7 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk: 
     else:
         keys = gather_blocks(k_pool, chunk.block_table)[: chunk.context_len]
         values = gather_blocks(v_pool, chunk.block_table)[: chunk.context_len]
-        key_pos = torch.arange(chunk.context_len, device=q.device)
-        query_pos = torch.arange(chunk.num_computed, chunk.context_len, device=q.device)
-        mask, causal = key_pos[None, :] <= query_pos[:, None], False
+        mask, causal = chunk.mask, False
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1),
         attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True,
@@ -121,8 +138,10 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pool: t
     parts = []
     nd = meta.num_decode_tokens
     if nd:
-        out = decode_attention(q[:nd], k_pool, v_pool, meta.decode_block_tables,
-                               meta.decode_context_lens, scale)
+        if meta.decode_padding is None:  # the runner precomputes it; direct callers may not
+            width = meta.decode_block_tables.shape[1] * k_pool.shape[1]
+            meta.decode_padding = decode_padding_mask(meta.decode_context_lens, width)
+        out = decode_attention(q[:nd], k_pool, v_pool, meta.decode_block_tables, meta.decode_padding, scale)
         parts.append(out.reshape(nd, -1))
     for chunk in meta.prefills:
         s, e = chunk.start, chunk.end

@@ -13,6 +13,7 @@ from torch import nn
 
 from minivllm.model.attention import AttentionMetadata, KVCache, paged_attention
 from minivllm.model.config import LlamaConfig
+from minivllm.model.packed_linear import PackedLinear
 from minivllm.model.rope import RotaryEmbedding
 
 
@@ -27,22 +28,21 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: LlamaConfig, rope: RotaryEmbedding):
+    def __init__(self, cfg: LlamaConfig):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = (
             cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.qkv_proj = nn.Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=False)
-        self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=False)
-        self.rope = rope
+        self.qkv_proj = PackedLinear(cfg.hidden_size, q_size + 2 * kv_size, bias=False)
+        self.o_proj = PackedLinear(q_size, cfg.hidden_size, bias=False)
         self.scale = self.head_dim**-0.5
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, k_pool: torch.Tensor,
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], k_pool: torch.Tensor,
                 v_pool: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         tokens = x.shape[0]
         qkv = self.qkv_proj(x).view(tokens, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
         # Q and K heads are contiguous, so one rotary call covers both.
-        qk = self.rope(qkv[:, : self.num_heads + self.num_kv_heads], positions)
+        qk = RotaryEmbedding.rotate(qkv[:, : self.num_heads + self.num_kv_heads], *rope)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads:]
         v = qkv[:, self.num_heads + self.num_kv_heads:]
         out = paged_attention(q, k, v, k_pool, v_pool, meta, self.scale)
@@ -53,8 +53,8 @@ class MLP(nn.Module):
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
         self.intermediate = cfg.intermediate_size
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up_proj = PackedLinear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = PackedLinear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
@@ -62,15 +62,15 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: LlamaConfig, rope: RotaryEmbedding):
+    def __init__(self, cfg: LlamaConfig):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, rope)
+        self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, positions, k_pool, v_pool, meta):
-        x = x + self.self_attn(self.input_layernorm(x), positions, k_pool, v_pool, meta)
+    def forward(self, x, rope, k_pool, v_pool, meta):
+        x = x + self.self_attn(self.input_layernorm(x), rope, k_pool, v_pool, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -78,12 +78,12 @@ class LlamaModel(nn.Module):
     def __init__(self, cfg: LlamaConfig, max_positions: int | None = None):
         super().__init__()
         self.config = cfg
-        rope = RotaryEmbedding(cfg.head_dim, max_positions or cfg.max_position_embeddings,
-                               cfg.rope_theta, cfg.rope_scaling)
+        self.rotary = RotaryEmbedding(cfg.head_dim, max_positions or cfg.max_position_embeddings,
+                                      cfg.rope_theta, cfg.rope_scaling)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, rope) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = PackedLinear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
@@ -94,10 +94,11 @@ class LlamaModel(nn.Module):
         is given, it receives every layer's input and then the final normed output (HF's convention
         for `output_hidden_states`)."""
         x = self.embed_tokens(input_ids)
+        rope = self.rotary.tables(positions, x.dtype)
         for i, layer in enumerate(self.layers):
             if hidden_states_out is not None:
                 hidden_states_out.append(x)
-            x = layer(x, positions, kv_cache.k[i], kv_cache.v[i], meta)
+            x = layer(x, rope, kv_cache.k[i], kv_cache.v[i], meta)
         x = self.norm(x)
         if hidden_states_out is not None:
             hidden_states_out.append(x)

@@ -1,0 +1,32 @@
+"""The optional API key: a guard on the /v1, /api and /ws routers (/health and /metrics stay open).
+
+Clients send `Authorization: Bearer KEY` (what the openai client does); browsers cannot set
+headers on a WebSocket, so `?api_key=KEY` is accepted too.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from litestar.connection import ASGIConnection
+from litestar.handlers.base import BaseRouteHandler
+
+from minivllm.server.errors import APIError
+
+
+def presented_key(connection: ASGIConnection) -> str | None:
+    header = connection.headers.get("authorization", "")
+    if header.lower().startswith("bearer "):
+        return header[7:].strip()
+    return connection.headers.get("x-api-key") or connection.query_params.get("api_key")
+
+
+def require_api_key(connection: ASGIConnection, _: BaseRouteHandler) -> None:
+    expected = connection.app.state.server.config.api_key
+    if not expected:
+        return
+    key = presented_key(connection)
+    if key is None:
+        raise APIError(401, "missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
+    if not hmac.compare_digest(key.encode(), expected.encode()):
+        raise APIError(401, "incorrect API key", code="invalid_api_key")

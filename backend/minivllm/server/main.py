@@ -1,0 +1,32 @@
+"""`minivllm serve`: uvicorn running `create_app`, the model loading in the background."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from pathlib import Path
+
+import uvicorn
+
+from minivllm.server.app import create_app
+from minivllm.server.config import ServerConfig
+
+
+def serve(args: argparse.Namespace) -> int:
+    from minivllm.cli import build_engine
+
+    logging.basicConfig(level=getattr(logging, args.log_level.upper()), format="%(levelname)s %(name)s: %(message)s")
+    config = ServerConfig(
+        engine=lambda: build_engine(args),
+        api_key=args.api_key or os.environ.get("MINIVLLM_API_KEY") or None,
+        cors_origins=list(args.cors_origin),
+        recordings_dir=Path(args.recordings_dir),
+        frontend_dist=Path(args.frontend_dist) if args.frontend_dist else None,
+        ws_queue_limit=args.ws_queue_limit,
+    )
+    print(f"[minivllm] serving on http://{args.host}:{args.port} (dashboard at /, API docs at /docs); "
+          "the model loads in the background: GET /health answers 200 when it is ready", flush=True)
+    uvicorn.run(create_app(config), host=args.host, port=args.port, log_level=args.log_level,
+                timeout_graceful_shutdown=5)
+    return 0

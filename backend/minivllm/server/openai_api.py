@@ -1,0 +1,164 @@
+"""The OpenAI-compatible routes: /v1/models, /v1/completions, /v1/chat/completions.
+
+A client that goes away aborts its request: while the handler waits for output it also listens
+for `http.disconnect`, and a streaming body that stops being read is closed, which closes the
+engine's output generator, whose `finally` aborts the request before the next engine step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import contextmanager
+from typing import TypeVar
+
+from litestar import Request, Response, Router, get, post
+from litestar.background_tasks import BackgroundTask
+from litestar.response import Stream
+
+from minivllm.engine.async_engine import AsyncEngine, EngineDeadError
+from minivllm.engine.outputs import RequestOutput
+from minivllm.engine.request_validation import RequestRejectedError
+from minivllm.sampling.params import SamplingParams
+from minivllm.server import openai_protocol as p
+from minivllm.server import openai_serving as s
+from minivllm.server.auth import require_api_key
+from minivllm.server.errors import APIError, bad_request, decode_body
+from minivllm.server.middleware import request_id_of
+from minivllm.server.state import ServerState
+from minivllm.tokenizer_utils import load_chat_template_prompt
+
+T = TypeVar("T")
+
+
+class ClientDisconnected(Exception):
+    pass
+
+
+def _server(request: Request) -> ServerState:
+    return request.app.state.server
+
+
+def _check_model(server: ServerState, model: str | None) -> str:
+    if model and model != server.model_name:
+        raise APIError(404, f"the model `{model}` does not exist; this server serves `{server.model_name}`",
+                       param="model", code="model_not_found")
+    return server.model_name or ""
+
+
+@contextmanager
+def _engine_errors():
+    """Errors raised by the engine for one request, as API errors."""
+    try:
+        yield
+    except RequestRejectedError as exc:
+        raise bad_request(str(exc), exc.param) from None
+    except EngineDeadError as exc:
+        raise APIError(503, str(exc), code="engine_dead") from None
+    except ValueError as exc:
+        raise bad_request(str(exc)) from None
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _until_disconnect(request: Request, awaitable: Awaitable[T]) -> T:
+    """Await `awaitable` unless the client disconnects first (then cancel it)."""
+    task = asyncio.ensure_future(awaitable)
+    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    if task.cancelled():
+        raise ClientDisconnected()
+    return task.result()
+
+
+async def _last(outputs: AsyncIterator[RequestOutput]) -> RequestOutput:
+    final = None
+    async for out in outputs:
+        final = out
+    assert final is not None
+    return final
+
+
+async def _respond(request: Request, server: ServerState, ae: AsyncEngine, job: s.Job, stream: bool,
+                   prompt: str | None, prompt_ids: list[int] | None, priority: int) -> Response:
+    outputs = ae.generate(prompt, job.params, request_id_of(request.scope), prompt_ids, priority)
+    model = job.model
+
+    def on_finished(out: RequestOutput) -> None:
+        server.metrics.observe(model, out)
+
+    try:
+        with _engine_errors():
+            if not stream:
+                final = await _until_disconnect(request, _last(outputs))
+                on_finished(final)
+                return Response(s.full_response(job, final))
+            first = await _until_disconnect(request, outputs.__anext__())
+    except ClientDisconnected:
+        return Response(b"", status_code=400)  # nobody is listening any more
+    body = s.sse_stream(job, first, outputs, on_finished)
+    return Stream(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"},
+                  background=BackgroundTask(body.aclose))  # runs when the client disconnected too
+
+
+@get("/models", summary="List the served model")
+async def list_models(request: Request) -> p.ModelList:
+    server = _server(request)
+    server.engine()
+    name = server.model_name or ""
+    return p.ModelList(data=[p.ModelCard(id=name, created=server.created, root=name,
+                                         max_model_len=server.max_model_len or 0)])
+
+
+@post("/completions", status_code=200, summary="Text completion (OpenAI-compatible)")
+async def completions(request: Request) -> Response:
+    server = _server(request)
+    req = decode_body(await request.body(), p.CompletionRequest)
+    ae = server.engine()
+    model = _check_model(server, req.model)
+    if req.echo or req.suffix:
+        raise bad_request("echo and suffix are not supported", "echo" if req.echo else "suffix")
+    prompt, prompt_ids = s.completion_prompt(req)
+    params = s.sampling_params(req, req.max_tokens, req.logprobs)
+    job = s.Job("completion", f"cmpl-{request_id_of(request.scope)}", model, params, server.token_text,
+                include_usage=bool(req.stream_options and req.stream_options.include_usage))
+    return await _respond(request, server, ae, job, req.stream, prompt, prompt_ids, req.priority)
+
+
+@post("/chat/completions", status_code=200, summary="Chat completion (OpenAI-compatible)")
+async def chat_completions(request: Request) -> Response:
+    server = _server(request)
+    req = decode_body(await request.body(), p.ChatCompletionRequest)
+    ae = server.engine()
+    model = _check_model(server, req.model)
+    params = _chat_params(req)
+    messages = s.chat_messages(req)
+    with _engine_errors():
+        prompt_ids = await ae.call(lambda e: load_chat_template_prompt(e.tokenizer, messages, req.add_generation_prompt))
+    job = s.Job("chat", f"chatcmpl-{request_id_of(request.scope)}", model, params, server.token_text,
+                top_logprobs=req.top_logprobs or 0,
+                include_usage=bool(req.stream_options and req.stream_options.include_usage))
+    return await _respond(request, server, ae, job, req.stream, None, prompt_ids, req.priority)
+
+
+def _chat_params(req: p.ChatCompletionRequest) -> SamplingParams:
+    if req.top_logprobs is not None and not req.logprobs:
+        raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
+    use_completion = req.max_completion_tokens is not None
+    max_tokens = req.max_completion_tokens if use_completion else req.max_tokens
+    names = {"max_tokens": "max_completion_tokens" if use_completion else "max_tokens", "logprobs": "top_logprobs"}
+    return s.sampling_params(req, max_tokens, (req.top_logprobs or 0) if req.logprobs else None, names)
+
+
+def openai_router() -> Router:
+    return Router("/v1", route_handlers=[list_models, completions, chat_completions],
+                  guards=[require_api_key], tags=["OpenAI API"])

@@ -1,0 +1,249 @@
+"""Turning OpenAI requests into engine calls and RequestOutputs into OpenAI responses and chunks."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import msgspec
+
+from minivllm.engine.outputs import CompletionOutput, RequestOutput
+from minivllm.sampling.params import SamplingParams
+from minivllm.server import openai_protocol as p
+from minivllm.server.api_types import RequestTimings
+from minivllm.server.errors import bad_request, error_body
+
+_encoder = msgspec.json.Encoder()
+DONE = b"data: [DONE]\n\n"
+_OPTIONAL = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def sampling_params(req: p.SamplingFields, max_tokens: int | None, logprobs: int | None,
+                    names: dict[str, str] | None = None) -> SamplingParams:
+    """The request's SamplingParams; out-of-range values become a 400 naming the field."""
+    kwargs: dict[str, Any] = dict(
+        n=req.n, stop=req.stop, seed=req.seed, presence_penalty=req.presence_penalty,
+        frequency_penalty=req.frequency_penalty, max_tokens=max_tokens, min_tokens=req.min_tokens,
+        ignore_eos=req.ignore_eos, stop_token_ids=req.stop_token_ids, logprobs=logprobs,
+        use_beam_search=req.use_beam_search, length_penalty=req.length_penalty,
+        skip_special_tokens=req.skip_special_tokens, include_stop_str_in_output=req.include_stop_str_in_output)
+    kwargs.update({k: getattr(req, k) for k in _OPTIONAL if getattr(req, k) is not None})
+    try:
+        return SamplingParams(**kwargs)
+    except ValueError as exc:
+        field_name = str(exc).split(" ", 1)[0]
+        raise bad_request(str(exc), (names or {}).get(field_name, field_name)) from None
+
+
+def chat_messages(req: p.ChatCompletionRequest) -> list[dict[str, str]]:
+    if not req.messages:
+        raise bad_request("messages must contain at least one message", "messages")
+    out = []
+    for i, m in enumerate(req.messages):
+        if isinstance(m.content, list):
+            if any(part.type != "text" for part in m.content):
+                raise bad_request(f"messages[{i}]: only text content parts are supported", "messages")
+            content = "".join(part.text or "" for part in m.content)
+        else:
+            content = m.content or ""
+        out.append({"role": m.role, "content": content})
+    return out
+
+
+def completion_prompt(req: p.CompletionRequest) -> tuple[str | None, list[int] | None]:
+    """A string or a list of token ids; a batch of one is unwrapped, larger batches are refused."""
+    prompt = req.prompt
+    if isinstance(prompt, list) and any(isinstance(x, (str, list)) for x in prompt):
+        if len(prompt) != 1:
+            raise bad_request("batched prompts are not supported: send one request per prompt", "prompt")
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return prompt, None
+    if not all(isinstance(x, int) for x in prompt):
+        raise bad_request("prompt must be a string or a list of token ids", "prompt")
+    return None, list(prompt)
+
+
+# ---- shared pieces ---------------------------------------------------------------------------
+
+
+def timings(out: RequestOutput) -> RequestTimings:
+    m = out.metrics
+    generated = out.num_generated_tokens
+    decode_s = (m.finished_time - m.first_token_time) if m.finished_time and m.first_token_time else None
+    # tokens after each sample's first, per second of decoding
+    rate = (generated - len(out.outputs)) / decode_s if decode_s and generated > len(out.outputs) else None
+    return RequestTimings(ttft_s=m.ttft, queue_s=m.queue_time, e2e_s=m.e2e_latency, tokens_per_s=rate,
+                          prompt_tokens=len(out.prompt_token_ids), cached_prompt_tokens=m.num_cached_tokens,
+                          generated_tokens=generated, num_preemptions=m.num_preemptions)
+
+
+def usage(out: RequestOutput) -> p.Usage:
+    prompt, completion = len(out.prompt_token_ids), out.num_generated_tokens
+    return p.Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+                   prompt_tokens_details=p.PromptTokensDetails(cached_tokens=out.metrics.num_cached_tokens))
+
+
+def finish_reason(o: CompletionOutput) -> str | None:
+    return o.finish_reason
+
+
+def sse(payload: Any) -> bytes:
+    return b"data: " + _encoder.encode(payload) + b"\n\n"
+
+
+class TokenText:
+    """Token id -> its text, for logprobs (cached; the tokenizer's decode is read-only)."""
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+        self.text = lru_cache(maxsize=65536)(self._decode)
+
+    def _decode(self, token_id: int) -> str:
+        if self.tokenizer is None:
+            return f"<{token_id}>"
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+def chat_logprobs(entries: list[dict[int, float]], top_n: int, tokens: TokenText) -> p.ChatLogprobs:
+    content = []
+    for d in entries:
+        items = list(d.items())  # the chosen token first, then the top-N (it may be among them)
+        chosen_id, chosen_lp = items[0]
+        top = sorted(items[1:] if len(items) > top_n else items, key=lambda kv: -kv[1])[:top_n]
+        chosen = tokens.text(chosen_id)
+        content.append(p.TokenLogprob(
+            token=chosen, logprob=chosen_lp, bytes=list(chosen.encode()),
+            top_logprobs=[p.TopLogprob(token=(t := tokens.text(i)), logprob=lp, bytes=list(t.encode()))
+                          for i, lp in top]))
+    return p.ChatLogprobs(content=content)
+
+
+def completion_logprobs(entries: list[dict[int, float]], tokens: TokenText, offset: int = 0) -> p.CompletionLogprobs:
+    out = p.CompletionLogprobs(tokens=[], token_logprobs=[], top_logprobs=[], text_offset=[])
+    for d in entries:
+        chosen_id, chosen_lp = next(iter(d.items()))
+        text = tokens.text(chosen_id)
+        out.tokens.append(text)
+        out.token_logprobs.append(chosen_lp)
+        out.top_logprobs.append({tokens.text(i): lp for i, lp in d.items()})
+        out.text_offset.append(offset)
+        offset += len(text)
+    return out
+
+
+# ---- one request's response ------------------------------------------------------------------
+
+
+@dataclass
+class Job:
+    """What a handler hands to the response builders."""
+
+    kind: str  # "chat" | "completion"
+    response_id: str
+    model: str
+    params: SamplingParams
+    tokens: TokenText
+    top_logprobs: int = 0  # chat: how many alternatives to list
+    include_usage: bool = False
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+def full_response(job: Job, out: RequestOutput) -> p.ChatCompletionResponse | p.CompletionResponse:
+    outputs = [o for o in out.outputs if o.index < job.params.n]
+    if job.kind == "chat":
+        choices = [p.ChatChoice(index=o.index, message=p.ChatResponseMessage(content=o.text),
+                                logprobs=chat_logprobs(o.logprobs, job.top_logprobs, job.tokens) if o.logprobs is not None else None,
+                                finish_reason=finish_reason(o), stop_reason=o.stop_reason) for o in outputs]
+        return p.ChatCompletionResponse(id=job.response_id, created=job.created, model=job.model, choices=choices,
+                                        usage=usage(out), timings=timings(out))
+    choices = [p.CompletionChoice(index=o.index, text=o.text,
+                                  logprobs=completion_logprobs(o.logprobs, job.tokens) if o.logprobs is not None else None,
+                                  finish_reason=finish_reason(o), stop_reason=o.stop_reason) for o in outputs]
+    return p.CompletionResponse(id=job.response_id, created=job.created, model=job.model, choices=choices,
+                                usage=usage(out), timings=timings(out))
+
+
+class StreamState:
+    """Per choice: tokens and text already sent, and whether its finish_reason went out."""
+
+    def __init__(self, n: int):
+        self.sent_tokens = [0] * n
+        self.sent_text = [0] * n
+        self.done = [False] * n
+
+
+def chunks_for(job: Job, out: RequestOutput, state: StreamState) -> list[bytes]:
+    """The SSE chunks for one engine output: one chunk per choice that has news."""
+    if job.params.use_beam_search and not out.finished:
+        return []  # beams are only final when the search ends
+    result = []
+    for o in out.outputs:
+        i = o.index
+        if i >= job.params.n or state.done[i]:
+            continue
+        new_entries = o.logprobs[state.sent_tokens[i]:] if o.logprobs is not None else None
+        text = o.text[state.sent_text[i]:]
+        reason = finish_reason(o)
+        if not text and reason is None and not new_entries:
+            continue
+        state.sent_tokens[i], state.sent_text[i], state.done[i] = len(o.token_ids), len(o.text), reason is not None
+        if job.kind == "chat":
+            logprobs = chat_logprobs(new_entries, job.top_logprobs, job.tokens) if new_entries is not None else None
+            choice = p.ChatChunkChoice(index=i, delta=p.DeltaMessage(content=text), logprobs=logprobs,
+                                       finish_reason=reason)
+            chunk: Any = p.ChatCompletionChunk(id=job.response_id, created=job.created, model=job.model,
+                                               choices=[choice])
+        else:
+            logprobs = completion_logprobs(new_entries, job.tokens, state.sent_text[i] - len(text)) \
+                if new_entries is not None else None
+            choice = p.CompletionChoice(index=i, text=text, logprobs=logprobs, finish_reason=reason,
+                                        stop_reason=o.stop_reason)
+            chunk = p.CompletionChunk(id=job.response_id, created=job.created, model=job.model, choices=[choice])
+        result.append(sse(chunk))
+    return result
+
+
+def role_chunks(job: Job) -> list[bytes]:
+    if job.kind != "chat":
+        return []
+    return [sse(p.ChatCompletionChunk(id=job.response_id, created=job.created, model=job.model,
+                                      choices=[p.ChatChunkChoice(index=i, delta=p.DeltaMessage(role="assistant", content=""))]))
+            for i in range(job.params.n)]
+
+
+def usage_chunk(job: Job, out: RequestOutput) -> bytes:
+    cls = p.ChatCompletionChunk if job.kind == "chat" else p.CompletionChunk
+    return sse(cls(id=job.response_id, created=job.created, model=job.model, choices=[], usage=usage(out),
+                   timings=timings(out)))
+
+
+async def sse_stream(job: Job, first: RequestOutput, rest: AsyncIterator[RequestOutput],
+                     on_finished) -> AsyncIterator[bytes]:
+    """The whole SSE body. Closing this generator closes `rest`, which aborts the request."""
+    state = StreamState(job.params.n)
+    try:
+        for chunk in role_chunks(job):
+            yield chunk
+        out = first
+        while True:
+            for chunk in chunks_for(job, out, state):
+                yield chunk
+            if out.finished:
+                break
+            try:
+                out = await rest.__anext__()
+            except StopAsyncIteration:
+                break
+        if out.finished:
+            on_finished(out)
+        if job.include_usage:
+            yield usage_chunk(job, out)
+    except Exception as exc:  # noqa: BLE001 - the status line is gone: report in the stream
+        yield sse(error_body(500, f"internal error while generating: {exc}"))
+    finally:
+        await rest.aclose()
+    yield DONE

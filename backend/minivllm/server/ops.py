@@ -1,0 +1,34 @@
+"""Operations: GET /health (200 ready, 503 loading / failed / dead) and GET /metrics (Prometheus)."""
+
+from __future__ import annotations
+
+from litestar import Request, Response, get
+
+from minivllm.engine.async_engine import EngineDeadError
+from minivllm.server.metrics import CONTENT_TYPE, EngineGauges
+from minivllm.server.state import ServerState
+
+
+@get("/health", summary="200 when ready; 503 while loading or when the engine died", tags=["Operations"])
+async def health(request: Request) -> Response:
+    server: ServerState = request.app.state.server
+    status = server.status
+    body: dict[str, object] = {"status": status, "model": server.model_name}
+    if status == "failed":
+        body["reason"] = server.load_error
+    elif status == "dead" and server.async_engine is not None:
+        body["reason"] = server.async_engine.dead_reason
+    return Response(body, status_code=200 if status == "ready" else 503)
+
+
+@get("/metrics", summary="Prometheus metrics", tags=["Operations"])
+async def metrics(request: Request) -> Response:
+    server: ServerState = request.app.state.server
+    gauges = None
+    ae = server.async_engine
+    if ae is not None and ae.is_alive:
+        try:
+            gauges = await ae.call(EngineGauges.read)
+        except EngineDeadError:
+            gauges = None
+    return Response(server.metrics.render(gauges), media_type=CONTENT_TYPE)

@@ -1,0 +1,367 @@
+// The dashboard's one reducer: the engine fold (fold.ts) plus what the panels need — timeline
+// segments per request, prefill chunk ticks, scheduler step rows, an event log, metrics history,
+// latency samples, eviction times and the generated tokens. Live view and replay both call
+// `reduce(state, events)`; it is pure (the input state is never changed), so replay checkpoints can
+// be kept and folded forward again.
+import { EngineDraft, stateFromSnapshot, type EngineState, type RequestView } from "./fold";
+import { ring, ringPush, type Ring } from "./ring";
+import type {
+  AnyEvent,
+  FinishReason,
+  MetricsSample,
+  RequestStateName,
+  Snapshot,
+  StepFinished,
+  StepScheduled,
+} from "./wire";
+
+/** A timeline segment's kind: an engine state, ABORTED (finished by an abort), or UNKNOWN (history
+ * from before this dashboard saw the request: it joined through a snapshot). */
+export type SegmentState = RequestStateName | "ABORTED" | "UNKNOWN";
+
+export interface Segment {
+  readonly state: SegmentState;
+  readonly start: number;
+  /** null while open; equal to start for the terminal FINISHED / ABORTED mark. */
+  readonly end: number | null;
+  readonly reason: string;
+}
+
+export interface ChunkTick {
+  readonly ts: number;
+  readonly seq_id: number;
+  readonly start: number;
+  readonly num_tokens: number;
+}
+
+export interface RequestTimeline {
+  readonly request_id: string;
+  readonly arrival_ts: number;
+  readonly segments: readonly Segment[];
+  readonly ticks: readonly ChunkTick[];
+}
+
+export interface TokenEntry {
+  readonly seq_id: number;
+  readonly token_id: number;
+  readonly text: string;
+  readonly logprob: number | null;
+  readonly ts: number;
+}
+
+export interface LatencySample {
+  readonly request_id: string;
+  readonly ts: number;
+  /** First token minus arrival, seconds. */
+  readonly ttft: number | null;
+  /** Mean time per output token after the first (per sequence), seconds. */
+  readonly tpot: number | null;
+  readonly e2e: number;
+  readonly finish_reason: FinishReason | null;
+}
+
+export interface DashboardLimits {
+  /** Finished requests kept (oldest dropped first), as the engine keeps a history for snapshots. */
+  readonly maxFinished: number;
+  readonly maxTokensPerRequest: number;
+  readonly logSize: number;
+  readonly stepRows: number;
+  readonly metricsSamples: number;
+  readonly latencySamples: number;
+}
+
+export const DEFAULT_LIMITS: DashboardLimits = {
+  maxFinished: 256,
+  maxTokensPerRequest: 8192,
+  logSize: 2000,
+  stepRows: 2000,
+  metricsSamples: 3600,
+  latencySamples: 4000,
+};
+
+export interface DashboardState {
+  readonly engine: EngineState;
+  readonly timelines: ReadonlyMap<string, RequestTimeline>;
+  readonly tokens: ReadonlyMap<string, Ring<TokenEntry>>;
+  readonly steps: Ring<StepScheduled>;
+  readonly stepTimes: Ring<StepFinished>;
+  readonly log: Ring<AnyEvent>;
+  readonly metrics: Ring<MetricsSample>;
+  readonly latencies: Ring<LatencySample>;
+  /** Engine time of each block's last eviction (NaN: never). Never written after creation. */
+  readonly evictedAt: Float64Array;
+  /** Time of the first snapshot this state grew from: the left edge of the timeline. */
+  readonly originTs: number;
+  /** Bumped whenever the engine was rebuilt (ConfigChanged) or a snapshot replaced the state. */
+  readonly epoch: number;
+  readonly limits: DashboardLimits;
+}
+
+// ---- from a snapshot ----------------------------------------------------------------------------------
+
+function snapshotTimeline(r: RequestView, at: number, previous?: RequestTimeline): RequestTimeline {
+  const terminal = (): Segment => ({
+    state: r.finish_reason === "abort" ? "ABORTED" : "FINISHED",
+    start: r.finish_ts ?? at,
+    end: r.finish_ts ?? at,
+    reason: r.finish_reason ? `finished: ${r.finish_reason}` : "finished",
+  });
+  if (previous !== undefined) {
+    const segments = previous.segments.slice();
+    const last = segments[segments.length - 1];
+    const lastState = last?.state === "ABORTED" ? "FINISHED" : last?.state;
+    if (last !== undefined && lastState === r.state) return previous;
+    if (last !== undefined && last.end === null) segments[segments.length - 1] = { ...last, end: at };
+    segments.push(r.state === "FINISHED" ? terminal() : { state: r.state, start: at, end: null, reason: "resynced" });
+    return { ...previous, segments };
+  }
+  if (r.state === "WAITING" && r.num_preemptions === 0) {
+    return { request_id: r.request_id, arrival_ts: r.arrival_ts, ticks: [], segments: [
+      { state: "WAITING", start: r.arrival_ts, end: null, reason: "arrived" },
+    ] };
+  }
+  const knownUntil = r.state === "FINISHED" ? (r.finish_ts ?? at) : at;
+  const segments: Segment[] = [
+    { state: "UNKNOWN", start: r.arrival_ts, end: knownUntil, reason: "before the dashboard joined" },
+    r.state === "FINISHED" ? terminal() : { state: r.state, start: at, end: null, reason: "from snapshot" },
+  ];
+  return { request_id: r.request_id, arrival_ts: r.arrival_ts, segments, ticks: [] };
+}
+
+/**
+ * State from a snapshot. With `previous` (a reconnect or resync), the history that a snapshot
+ * cannot carry — timelines, step rows, the log, metrics — is kept and joined to the new state.
+ */
+export function fromSnapshot(
+  snapshot: Snapshot,
+  previous?: DashboardState,
+  limits: DashboardLimits = previous?.limits ?? DEFAULT_LIMITS,
+): DashboardState {
+  const engine = stateFromSnapshot(snapshot);
+  const sameEngine =
+    previous !== undefined && previous.engine.config.num_blocks === engine.config.num_blocks &&
+    previous.engine.config.block_size === engine.config.block_size;
+  const timelines = new Map<string, RequestTimeline>();
+  const tokens = new Map<string, Ring<TokenEntry>>();
+  for (const r of engine.requests.values()) {
+    timelines.set(r.request_id, snapshotTimeline(r, snapshot.ts, sameEngine ? previous.timelines.get(r.request_id) : undefined));
+    const known = sameEngine ? previous.tokens.get(r.request_id) : undefined;
+    if (known !== undefined) tokens.set(r.request_id, known);
+  }
+  const evictedAt = sameEngine ? previous.evictedAt : new Float64Array(engine.config.num_blocks).fill(NaN);
+  return {
+    engine,
+    timelines,
+    tokens,
+    steps: previous?.steps ?? ring(limits.stepRows),
+    stepTimes: previous?.stepTimes ?? ring(limits.stepRows),
+    log: previous?.log ?? ring(limits.logSize),
+    metrics: previous?.metrics ?? ring(limits.metricsSamples),
+    latencies: previous?.latencies ?? ring(limits.latencySamples),
+    evictedAt,
+    originTs: previous?.originTs ?? snapshot.ts,
+    epoch: (previous?.epoch ?? 0) + 1,
+    limits,
+  };
+}
+
+// ---- the reducer --------------------------------------------------------------------------------------
+
+function latencyOf(r: RequestView): LatencySample {
+  const finish = r.finish_ts ?? r.arrival_ts;
+  const perSeq = r.output_tokens / Math.max(1, r.n);
+  const ttft = r.first_token_ts === null ? null : r.first_token_ts - r.arrival_ts;
+  const tpot = r.first_token_ts !== null && perSeq > 1 ? (finish - r.first_token_ts) / (perSeq - 1) : null;
+  return { request_id: r.request_id, ts: finish, ttft, tpot, e2e: finish - r.arrival_ts, finish_reason: r.finish_reason };
+}
+
+class DashboardDraft {
+  readonly engine: EngineDraft;
+  private timelines: Map<string, RequestTimeline>;
+  private tokens: Map<string, Ring<TokenEntry>>;
+  private evictedAt: Float64Array;
+  private epoch: number;
+  private readonly fresh = new WeakSet<object>();
+  private readonly logged: AnyEvent[] = [];
+  private readonly steps: StepScheduled[] = [];
+  private readonly stepTimes: StepFinished[] = [];
+  private readonly metrics: MetricsSample[] = [];
+  private readonly latencies: LatencySample[] = [];
+  private finishedSeen = 0;
+
+  constructor(private readonly base: DashboardState) {
+    this.engine = new EngineDraft(base.engine);
+    this.timelines = base.timelines as Map<string, RequestTimeline>;
+    this.tokens = base.tokens as Map<string, Ring<TokenEntry>>;
+    this.evictedAt = base.evictedAt;
+    this.epoch = base.epoch;
+  }
+
+  private ownTimelines(): Map<string, RequestTimeline> {
+    if (!this.fresh.has(this.timelines)) {
+      this.timelines = new Map(this.timelines);
+      this.fresh.add(this.timelines);
+    }
+    return this.timelines;
+  }
+
+  private ownTokens(): Map<string, Ring<TokenEntry>> {
+    if (!this.fresh.has(this.tokens)) {
+      this.tokens = new Map(this.tokens);
+      this.fresh.add(this.tokens);
+    }
+    return this.tokens;
+  }
+
+  private mutTimeline(id: string): { segments: Segment[]; ticks: ChunkTick[] } | undefined {
+    const current = this.timelines.get(id);
+    if (current === undefined) return undefined;
+    if (this.fresh.has(current)) return current as unknown as { segments: Segment[]; ticks: ChunkTick[] };
+    const copy = { ...current, segments: current.segments.slice(), ticks: current.ticks.slice() };
+    this.fresh.add(copy);
+    this.ownTimelines().set(id, copy);
+    return copy;
+  }
+
+  apply(e: AnyEvent): void {
+    if (!this.engine.apply(e)) return;
+    const ts = e.ts ?? 0;
+    this.logged.push(e);
+    switch (e.type) {
+      case "request_arrived": {
+        const timeline = { request_id: e.request_id, arrival_ts: ts, segments: [] as Segment[], ticks: [] as ChunkTick[] };
+        this.fresh.add(timeline);
+        this.ownTimelines().set(e.request_id, timeline);
+        if (this.tokens.has(e.request_id)) this.ownTokens().delete(e.request_id);
+        break;
+      }
+      case "request_state": {
+        const timeline = this.mutTimeline(e.request_id);
+        if (timeline === undefined) break;
+        const last = timeline.segments[timeline.segments.length - 1];
+        if (last !== undefined && last.end === null) timeline.segments[timeline.segments.length - 1] = { ...last, end: ts };
+        if (e.state === "FINISHED") {
+          const state = e.finish_reason === "abort" ? "ABORTED" : "FINISHED";
+          timeline.segments.push({ state, start: ts, end: ts, reason: e.reason });
+          const request = this.engine.request(e.request_id);
+          if (request !== undefined) this.latencies.push(latencyOf(request));
+          this.finishedSeen++;
+        } else {
+          timeline.segments.push({ state: e.state, start: ts, end: null, reason: e.reason });
+        }
+        break;
+      }
+      case "token": {
+        const current = this.tokens.get(e.request_id) ?? ring<TokenEntry>(this.base.limits.maxTokensPerRequest);
+        const entry: TokenEntry = { seq_id: e.seq_id, token_id: e.token_id, text: e.text, logprob: e.logprob, ts };
+        this.ownTokens().set(e.request_id, ringPush(current, [entry]));
+        break;
+      }
+      case "step_scheduled":
+        this.steps.push(e);
+        for (const chunk of e.prefill) {
+          const timeline = this.mutTimeline(chunk.request_id);
+          timeline?.ticks.push({ ts, seq_id: chunk.seq_id, start: chunk.start, num_tokens: chunk.num_tokens });
+        }
+        break;
+      case "step_finished":
+        this.stepTimes.push(e);
+        break;
+      case "metrics":
+        this.metrics.push(e);
+        break;
+      case "blocks_evicted":
+        if (!this.fresh.has(this.evictedAt)) {
+          this.evictedAt = this.evictedAt.slice();
+          this.fresh.add(this.evictedAt);
+        }
+        for (const b of e.block_ids) if (b >= 0 && b < this.evictedAt.length) this.evictedAt[b] = ts;
+        break;
+      case "config_changed":
+        this.timelines = new Map();
+        this.fresh.add(this.timelines);
+        this.tokens = new Map();
+        this.fresh.add(this.tokens);
+        this.evictedAt = new Float64Array(e.config.num_blocks).fill(NaN);
+        this.fresh.add(this.evictedAt);
+        this.epoch++;
+        break;
+      default:
+        break;
+    }
+  }
+
+  /** Drops the oldest finished requests beyond the limit (with some slack, so not every batch copies). */
+  private prune(): void {
+    if (this.finishedSeen === 0) return;
+    const requests = this.engine.requestMap();
+    let finished = 0;
+    for (const r of requests.values()) if (r.state === "FINISHED") finished++;
+    const limit = this.base.limits.maxFinished;
+    if (finished <= limit + Math.max(8, limit >> 3)) return;
+    let drop = finished - limit;
+    const victims: string[] = [];
+    for (const r of requests.values()) {
+      if (drop === 0) break;
+      if (r.state === "FINISHED") {
+        victims.push(r.request_id);
+        drop--;
+      }
+    }
+    for (const id of victims) {
+      this.engine.deleteRequest(id);
+      if (this.timelines.has(id)) this.ownTimelines().delete(id);
+      if (this.tokens.has(id)) this.ownTokens().delete(id);
+    }
+  }
+
+  result(): DashboardState {
+    if (this.logged.length === 0) return this.base;
+    this.prune();
+    const b = this.base;
+    return {
+      engine: this.engine.result(),
+      timelines: this.timelines,
+      tokens: this.tokens,
+      steps: ringPush(b.steps, this.steps),
+      stepTimes: ringPush(b.stepTimes, this.stepTimes),
+      log: ringPush(b.log, this.logged),
+      metrics: ringPush(b.metrics, this.metrics),
+      latencies: ringPush(b.latencies, this.latencies),
+      evictedAt: this.evictedAt,
+      originTs: b.originTs,
+      epoch: this.epoch,
+      limits: b.limits,
+    };
+  }
+}
+
+/** Folds `events` into `state`. Events at or below the state's sequence number are ignored. */
+export function reduce(state: DashboardState, events: Iterable<AnyEvent>): DashboardState {
+  const draft = new DashboardDraft(state);
+  for (const e of events) draft.apply(e);
+  return draft.result();
+}
+
+/** An empty dashboard for before the first snapshot. */
+export function emptySnapshot(): Snapshot {
+  return {
+    type: "snapshot",
+    seq: 0,
+    ts: 0,
+    step: 0,
+    config: {
+      model: "",
+      max_model_len: 0,
+      num_blocks: 0,
+      block_size: 16,
+      max_num_batched_tokens: 0,
+      max_num_seqs: 0,
+      enable_prefix_caching: false,
+      dtype: "",
+      device: "",
+    },
+    requests: [],
+    blocks: [],
+  };
+}

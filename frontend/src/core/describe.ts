@@ -1,0 +1,53 @@
+// Short human text for events (the event log) and scheduler steps.
+import type { AnyEvent, ScheduledChunk, StepScheduled } from "./wire";
+
+function ids(list: readonly number[], max = 6): string {
+  return list.length <= max ? list.join(",") : `${list.slice(0, max).join(",")}…(+${list.length - max})`;
+}
+
+export function describeEvent(e: AnyEvent): string {
+  switch (e.type) {
+    case "request_arrived":
+      return `${e.request_id}: ${e.prompt_tokens} prompt tokens, max ${e.max_tokens}${e.n > 1 ? `, n=${e.n}` : ""}`;
+    case "request_state":
+      return `${e.request_id}: ${e.previous ?? "∅"} → ${e.state}${e.finish_reason ? ` (${e.finish_reason})` : ""} — ${e.reason}`;
+    case "seq_added":
+      return `${e.request_id}: seq ${e.seq_id}${e.parent_seq_id !== null ? ` forked from ${e.parent_seq_id}` : ""}`;
+    case "seq_removed":
+      return `${e.request_id}: seq ${e.seq_id} removed (${e.reason})`;
+    case "token":
+      return `${e.request_id}/${e.seq_id}: ${JSON.stringify(e.text)}${e.logprob !== null ? ` p=${Math.exp(e.logprob).toFixed(2)}` : ""}`;
+    case "step_scheduled":
+      return `step ${e.step}: ${e.prefill.length} prefill, ${e.decode.length} decode, budget ${e.budget_used}/${e.budget}` +
+        (e.preempted.length ? `, preempted ${e.preempted.join(",")}` : "") +
+        (e.queue_head ? `, ${e.queue_head} waits: ${e.queue_head_reason ?? "?"}` : "");
+    case "step_finished":
+      return `step ${e.step}: ${e.duration_ms.toFixed(1)} ms, ${e.num_tokens} tokens in, ${e.num_generated} out`;
+    case "metrics":
+      return `running ${e.num_running}, waiting ${e.num_waiting}, KV ${(e.kv_usage * 100).toFixed(0)}%, ${e.generation_throughput.toFixed(1)} tok/s`;
+    case "blocks_allocated":
+      return `${e.request_id}/${e.seq_id}: +[${ids(e.block_ids)}] → table of ${e.table.length}`;
+    case "blocks_shared":
+      return `${e.request_id}/${e.seq_id}: ${e.prefix_hit ? "prefix hit" : "fork"} [${ids(e.block_ids)}]`;
+    case "blocks_freed":
+      return `${e.request_id}/${e.seq_id}: freed [${ids(e.block_ids)}]${e.whole_table ? " (whole table)" : ""}`;
+    case "blocks_cached":
+      return `${e.request_id}/${e.seq_id}: cached [${ids(e.block_ids)}]`;
+    case "blocks_evicted":
+      return `evicted [${ids(e.block_ids)}]`;
+    case "blocks_copied":
+      return `${e.request_id}/${e.seq_id}: copy-on-write [${ids(e.src_block_ids)}] → [${ids(e.block_ids)}]`;
+    case "config_changed":
+      return `engine rebuilt: ${e.config.num_blocks} blocks × ${e.config.block_size}, budget ${e.config.max_num_batched_tokens}`;
+  }
+}
+
+export function describeChunks(chunks: readonly ScheduledChunk[], max = 4): string {
+  if (chunks.length === 0) return "–";
+  const text = chunks.slice(0, max).map((c) => `${c.request_id}[${c.start}+${c.num_tokens}]`).join(" ");
+  return chunks.length > max ? `${text} +${chunks.length - max}` : text;
+}
+
+export function prefillTokens(step: StepScheduled): number {
+  return step.prefill.reduce((n, c) => n + c.num_tokens, 0);
+}

@@ -1,0 +1,73 @@
+// Wire types used across the app: the generated ones re-exported, plus names for their inline unions.
+export type {
+  AnyEvent,
+  BlockState,
+  BlocksAllocated,
+  BlocksCached,
+  BlocksCopied,
+  BlocksEvicted,
+  BlocksFreed,
+  BlocksShared,
+  ConfigChanged,
+  ConfigUpdate,
+  EngineInfo,
+  ErrorBody,
+  EventBatch,
+  MetricsSample,
+  RecordingHeader,
+  RecordingInfo,
+  RecordingStatus,
+  RequestArrived,
+  RequestState,
+  RequestStateChanged,
+  RequestTimings,
+  Resync,
+  ScheduledChunk,
+  SeqAdded,
+  SeqRemoved,
+  SeqState,
+  Snapshot,
+  StepFinished,
+  StepScheduled,
+  TokenGenerated,
+  WsMessage,
+} from "../generated/wire";
+import type { AnyEvent, RequestState, Snapshot } from "../generated/wire";
+
+export type RequestStateName = RequestState["state"];
+export type FinishReason = NonNullable<RequestState["finish_reason"]>;
+export type EventType = AnyEvent["type"];
+/** One event of the given `type` tag. */
+export type EventOf<T extends EventType> = Extract<AnyEvent, { type: T }>;
+
+/** The last line of a finished recording (RecordingFooter in events.py). */
+export interface RecordingFooter {
+  type: "footer";
+  snapshot: Snapshot;
+}
+
+export const EVENT_TYPES: readonly EventType[] = [
+  "request_arrived",
+  "request_state",
+  "seq_added",
+  "seq_removed",
+  "token",
+  "step_scheduled",
+  "step_finished",
+  "metrics",
+  "blocks_allocated",
+  "blocks_shared",
+  "blocks_freed",
+  "blocks_cached",
+  "blocks_evicted",
+  "blocks_copied",
+  "config_changed",
+];
+
+export function eventSeq(e: AnyEvent): number {
+  return e.seq ?? 0;
+}
+
+export function eventTs(e: AnyEvent): number {
+  return e.ts ?? 0;
+}

@@ -1,0 +1,196 @@
+// Chat playground: multi-turn streaming chat with Stop, regenerate, edit & resend, per-message stats
+// and a token view coloured by probability.
+import { useEffect, useReducer, useRef, useState } from "react";
+import { describeParams, type DecodingParams } from "../../core/openai";
+import { EmptyState } from "../components/Card";
+import { Toggle } from "../components/fields";
+import { chatReducer, clockMs, choiceText, historyBefore, initialChat, isStreaming, type AssistantTurn, type Turn } from "./chatState";
+import { DecodingControls } from "./DecodingControls";
+import { MessageStats } from "./MessageStats";
+import { TokenText } from "./TokenText";
+import { useStreams } from "./useStream";
+
+let counter = 0;
+const nextId = (prefix: string) => `${prefix}${++counter}`;
+
+export function ChatPanel(props: {
+  model: string | null;
+  params: DecodingParams;
+  setParams: (p: DecodingParams) => void;
+  onShowRequest: (candidates: string[]) => boolean;
+}) {
+  const [chat, dispatch] = useReducer(chatReducer, initialChat);
+  const [input, setInput] = useState("");
+  const [tokenView, setTokenView] = useState(true);
+  const [editing, setEditing] = useState<{ id: string; text: string } | null>(null);
+  const { run, stop } = useStreams(dispatch, props.model);
+  const streaming = isStreaming(chat);
+  const listRef = useRef<HTMLOListElement | null>(null);
+  const { params } = props;
+
+  useEffect(() => {
+    const el = listRef.current;
+    if (el !== null && el.scrollHeight - el.scrollTop - el.clientHeight < 120) el.scrollTop = el.scrollHeight;
+  }, [chat]);
+
+  const send = () => {
+    const content = input.trim();
+    if (!content || streaming) return;
+    const userId = nextId("u");
+    const assistantId = nextId("a");
+    dispatch({ type: "send", userId, assistantId, content, params, at: clockMs() });
+    setInput("");
+    void run(assistantId, [...historyBefore(chat.turns, chat.turns.length), { role: "user", content }], params);
+  };
+
+  const regenerate = () => {
+    if (streaming) return;
+    let i = chat.turns.length - 1;
+    while (i >= 0 && chat.turns[i]!.role === "assistant") i--;
+    if (i < 0) return;
+    const assistantId = nextId("a");
+    dispatch({ type: "regenerate", assistantId, params, at: clockMs() });
+    void run(assistantId, historyBefore(chat.turns, i + 1), params);
+  };
+
+  const resend = (userId: string, text: string) => {
+    const i = chat.turns.findIndex((t) => t.id === userId);
+    if (i < 0 || streaming || !text.trim()) return;
+    const assistantId = nextId("a");
+    dispatch({ type: "edit", userId, content: text.trim(), assistantId, params, at: clockMs() });
+    setEditing(null);
+    void run(assistantId, [...historyBefore(chat.turns, i), { role: "user", content: text.trim() }], params);
+  };
+
+  const lastAssistant = [...chat.turns].reverse().find((t): t is AssistantTurn => t.role === "assistant");
+
+  return (
+    <div className="chat" data-testid="chat-panel">
+      <details className="decoding-details">
+        <summary>
+          Decoding <span className="muted">· {describeParams(params)} · max {params.max_tokens}{params.n > 1 && params.beam_width <= 1 ? ` · n=${params.n}` : ""}</span>
+        </summary>
+        <DecodingControls value={params} onChange={props.setParams} />
+      </details>
+      <ol className="messages" ref={listRef} role="log" aria-live="polite" aria-label="Conversation" data-testid="chat-messages">
+        {chat.turns.length === 0 && (
+          <li className="messages-empty">
+            <EmptyState title="Say something" testId="chat-empty">
+              Messages stream from <code>/v1/chat/completions</code>. Watch the request appear in the timeline and its blocks fill the KV cache.
+            </EmptyState>
+          </li>
+        )}
+        {chat.turns.map((t: Turn) =>
+          t.role === "user" ? (
+            <li key={t.id} className="message message-user" data-testid="message-user">
+              {editing?.id === t.id ? (
+                <form className="edit" onSubmit={(e) => { e.preventDefault(); resend(t.id, editing.text); }}>
+                  <label className="visually-hidden" htmlFor={`edit-${t.id}`}>Edit message</label>
+                  <textarea id={`edit-${t.id}`} data-testid="message-edit-input" value={editing.text} rows={3} autoFocus onChange={(e) => setEditing({ id: t.id, text: e.currentTarget.value })} onKeyDown={(e) => {
+                    if (e.key === "Escape") setEditing(null);
+                    if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); resend(t.id, editing.text); }
+                  }} />
+                  <div className="row gap">
+                    <button type="submit" className="btn btn-small btn-primary" data-testid="message-resend" disabled={streaming}>Resend</button>
+                    <button type="button" className="btn btn-small" onClick={() => setEditing(null)}>Cancel</button>
+                  </div>
+                </form>
+              ) : (
+                <>
+                  <div className="message-text">{t.content}</div>
+                  <div className="message-actions">
+                    <button type="button" className="btn btn-ghost btn-small" data-testid="message-edit" disabled={streaming} onClick={() => setEditing({ id: t.id, text: t.content })}>Edit</button>
+                  </div>
+                </>
+              )}
+            </li>
+          ) : (
+            <AssistantMessage key={t.id} turn={t} tokenView={tokenView} isLast={t === lastAssistant} streaming={streaming}
+              onChoose={(index) => dispatch({ type: "choose", id: t.id, index })}
+              onRegenerate={regenerate}
+              onStop={() => stop(t.id)}
+              onShowRequest={props.onShowRequest} />
+          ),
+        )}
+      </ol>
+      <form className="composer" onSubmit={(e) => { e.preventDefault(); send(); }}>
+        <label className="visually-hidden" htmlFor="chat-input">Message</label>
+        <textarea
+          id="chat-input"
+          data-testid="chat-input"
+          placeholder="Message the model… (Enter to send, Shift+Enter for a new line)"
+          rows={3}
+          value={input}
+          onChange={(e) => setInput(e.currentTarget.value)}
+          onKeyDown={(e) => {
+            if (e.key === "Enter" && !e.shiftKey) {
+              e.preventDefault();
+              send();
+            }
+          }}
+        />
+        <div className="composer-bar">
+          <Toggle label="Token view" checked={tokenView} onChange={setTokenView} testId="chat-token-view" hint="Colour tokens by probability (needs logprobs)" />
+          <span className="grow" />
+          <button type="button" className="btn btn-ghost btn-small" data-testid="chat-clear" disabled={streaming || chat.turns.length === 0} onClick={() => dispatch({ type: "clear" })}>Clear</button>
+          {streaming ? (
+            <button type="button" className="btn btn-danger" data-testid="chat-stop" onClick={() => stop()}>Stop</button>
+          ) : (
+            <button type="submit" className="btn btn-primary" data-testid="chat-send" disabled={!input.trim()}>Send</button>
+          )}
+        </div>
+      </form>
+    </div>
+  );
+}
+
+function AssistantMessage(props: {
+  turn: AssistantTurn;
+  tokenView: boolean;
+  isLast: boolean;
+  streaming: boolean;
+  onChoose: (index: number) => void;
+  onRegenerate: () => void;
+  onStop: () => void;
+  onShowRequest: (candidates: string[]) => boolean;
+}) {
+  const t = props.turn;
+  const choice = t.result.choices.find((c) => c.index === t.activeChoice) ?? t.result.choices[0];
+  const live = t.status === "streaming";
+  const candidates = [t.requestId, t.result.id].filter((x): x is string => x !== null);
+  return (
+    <li className={`message message-assistant status-${t.status}`} data-testid="message-assistant" data-status={t.status}>
+      <div className="message-meta muted small">
+        {describeParams(t.params)}
+        {t.result.choices.length > 1 && (
+          <span className="choice-tabs" role="tablist" aria-label="Choices">
+            {t.result.choices.map((c) => (
+              <button key={c.index} type="button" role="tab" aria-selected={c.index === t.activeChoice} data-testid={`message-choice-${c.index}`} onClick={() => props.onChoose(c.index)}>
+                {t.params.beam_width > 1 ? "beam" : "choice"} {c.index + 1}
+              </button>
+            ))}
+          </span>
+        )}
+      </div>
+      {choice === undefined && live ? (
+        <div className="message-text muted"><span className="caret" aria-hidden="true" /> waiting for the first token…</div>
+      ) : (
+        <TokenText tokens={choice?.tokens ?? []} text={choice?.text ?? choiceText(t)} tokenView={props.tokenView} streaming={live} testId="message-content" />
+      )}
+      {t.status === "error" && <div className="error-text small" role="alert" data-testid="message-error">{t.error}</div>}
+      {t.status === "stopped" && <div className="muted small">Stopped — the request was aborted on the server.</div>}
+      <div className="message-footer">
+        <MessageStats turn={t} />
+        <div className="message-actions">
+          {live && <button type="button" className="btn btn-ghost btn-small" onClick={props.onStop}>Stop</button>}
+          {!live && props.isLast && (
+            <button type="button" className="btn btn-ghost btn-small" data-testid="message-regenerate" disabled={props.streaming} onClick={props.onRegenerate}>Regenerate</button>
+          )}
+          {candidates.length > 0 && (
+            <button type="button" className="btn btn-ghost btn-small" data-testid="message-show-request" onClick={() => props.onShowRequest(candidates)}>Show in timeline</button>
+          )}
+        </div>
+      </div>
+    </li>
+  );
+}

@@ -1,0 +1,56 @@
+// Record a live session on the server (POST /api/recordings/start|stop).
+import { useEffect, useState } from "react";
+import { listRecordings, startRecording, stopRecording } from "../../api/client";
+import type { RecordingInfo } from "../../core/wire";
+
+export function RecordButton(props: { onStopped?: (info: RecordingInfo | null) => void }) {
+  const [active, setActive] = useState<RecordingInfo | null>(null);
+  const [busy, setBusy] = useState(false);
+  const [error, setError] = useState<string | null>(null);
+
+  useEffect(() => {
+    let cancelled = false;
+    listRecordings()
+      .then((list) => {
+        if (!cancelled) setActive(list.find((r) => r.active) ?? null);
+      })
+      .catch(() => undefined);
+    return () => {
+      cancelled = true;
+    };
+  }, []);
+
+  const run = async (fn: () => Promise<void>) => {
+    setBusy(true);
+    setError(null);
+    try {
+      await fn();
+    } catch (err) {
+      setError((err as Error).message);
+    } finally {
+      setBusy(false);
+    }
+  };
+
+  return (
+    <span className="record">
+      {active === null ? (
+        <button type="button" className="btn btn-small" data-testid="record-start" disabled={busy} onClick={() => run(async () => {
+          const status = await startRecording();
+          setActive(status?.recording ?? { id: "recording", created: "", num_events: 0, duration_s: 0, size_bytes: 0, active: true });
+        })}>
+          <span className="rec-dot" aria-hidden="true" /> Record
+        </button>
+      ) : (
+        <button type="button" className="btn btn-small btn-recording" data-testid="record-stop" disabled={busy} onClick={() => run(async () => {
+          const status = await stopRecording();
+          setActive(null);
+          props.onStopped?.(status?.recording ?? null);
+        })} title={`Recording ${active.id}`}>
+          <span className="rec-dot live" aria-hidden="true" /> Stop recording
+        </button>
+      )}
+      {error && <span className="error-text small" role="alert" data-testid="record-error">{error}</span>}
+    </span>
+  );
+}

@@ -1,0 +1,169 @@
+// Scheduler panel: one row per engine step (prefill chunks, decode batch, token budget, preemptions,
+// why the queue head waits, step time) and an event log with a type filter and pause.
+import { useMemo, useState } from "react";
+import type { DashboardState } from "../../core/dashboard";
+import { describeChunks, describeEvent, prefillTokens } from "../../core/describe";
+import { fmtMs } from "../../core/format";
+import { ringTail } from "../../core/ring";
+import { EVENT_TYPES, type EventType, type StepFinished } from "../../core/wire";
+import { Card, EmptyState } from "../components/Card";
+import { useDashboard } from "../context";
+import { useDashboardState } from "../hooks";
+
+const STEP_ROWS = 60;
+const LOG_ROWS = 150;
+
+function usePausable(state: DashboardState): [DashboardState, boolean, (v: boolean) => void] {
+  const [frozen, setFrozen] = useState<DashboardState | null>(null);
+  return [frozen ?? state, frozen !== null, (pause) => setFrozen(pause ? state : null)];
+}
+
+export function SchedulerPanel() {
+  const { store, select } = useDashboard();
+  const live = useDashboardState(store);
+  const [state, paused, setPaused] = usePausable(live);
+  const steps = ringTail(state.steps, STEP_ROWS).reverse();
+  const times = useMemo(() => {
+    const m = new Map<number, StepFinished>();
+    for (const t of ringTail(state.stepTimes, STEP_ROWS + 8)) m.set(t.step, t);
+    return m;
+  }, [state.stepTimes]);
+  return (
+    <Card
+      title="Scheduler"
+      testId="scheduler-panel"
+      subtitle={`step ${state.engine.step}`}
+      actions={
+        <button type="button" className="btn btn-small" aria-pressed={paused} data-testid="scheduler-pause" onClick={() => setPaused(!paused)}>
+          {paused ? "Resume" : "Pause"}
+        </button>
+      }
+    >
+      {steps.length === 0 ? (
+        <EmptyState title="No steps yet" testId="scheduler-empty">Each engine step appears here: what was prefilled, how many sequences decoded, and why the queue head waits.</EmptyState>
+      ) : (
+        <div className="table-scroll">
+          <table className="table" data-testid="scheduler-table">
+            <thead>
+              <tr>
+                <th scope="col">Step</th>
+                <th scope="col">Prefill chunks</th>
+                <th scope="col" title="Sequences in the decode batch">Decode</th>
+                <th scope="col">Token budget</th>
+                <th scope="col" title="Running / waiting">Run / wait</th>
+                <th scope="col">Preempted</th>
+                <th scope="col">Queue head waits because</th>
+                <th scope="col">Step time</th>
+              </tr>
+            </thead>
+            <tbody>
+              {steps.map((s) => {
+                const t = times.get(s.step);
+                const used = s.budget > 0 ? s.budget_used / s.budget : 0;
+                return (
+                  <tr key={`${s.seq}`} data-testid="scheduler-step-row" data-step={s.step} className={s.preempted.length ? "row-alert" : ""}>
+                    <td className="num">{s.step}</td>
+                    <td className="mono small" title={s.prefill.map((c) => `${c.request_id} seq ${c.seq_id}: tokens ${c.start}..${c.start + c.num_tokens}`).join("\n")}>
+                      {describeChunks(s.prefill)}
+                      {s.prefill.length > 0 && <span className="muted"> ({prefillTokens(s)} tok)</span>}
+                    </td>
+                    <td className="num">{s.decode.length}</td>
+                    <td>
+                      <div className="budget" title={`${s.budget_used} of ${s.budget} tokens`}>
+                        <div className="budget-bar"><div style={{ width: `${Math.min(100, used * 100)}%` }} /></div>
+                        <span className="num small">{s.budget_used}/{s.budget}</span>
+                      </div>
+                    </td>
+                    <td className="num">{s.num_running} / {s.num_waiting}</td>
+                    <td className="small">
+                      {s.preempted.map((id) => (
+                        <button type="button" key={id} className="link" onClick={() => select(id)}>{id}</button>
+                      ))}
+                    </td>
+                    <td className="small">
+                      {s.queue_head ? (
+                        <>
+                          <button type="button" className="link" onClick={() => select(s.queue_head)}>{s.queue_head}</button>: {s.queue_head_reason ?? "?"}
+                        </>
+                      ) : (
+                        <span className="muted">–</span>
+                      )}
+                    </td>
+                    <td className="num small" title={t ? `schedule ${fmtMs(t.schedule_ms)}, forward ${fmtMs(t.forward_ms)}, sample ${fmtMs(t.sample_ms)}, postprocess ${fmtMs(t.postprocess_ms)}` : undefined}>
+                      {t ? fmtMs(t.duration_ms) : "…"}
+                    </td>
+                  </tr>
+                );
+              })}
+            </tbody>
+          </table>
+        </div>
+      )}
+    </Card>
+  );
+}
+
+const DEFAULT_HIDDEN: EventType[] = ["token", "metrics"];
+
+export function EventLogPanel() {
+  const { store } = useDashboard();
+  const live = useDashboardState(store);
+  const [state, paused, setPaused] = usePausable(live);
+  const [hidden, setHidden] = useState<ReadonlySet<EventType>>(() => new Set(DEFAULT_HIDDEN));
+  const counts = useMemo(() => {
+    const c = new Map<EventType, number>();
+    for (const e of ringTail(state.log, state.log.cap)) c.set(e.type, (c.get(e.type) ?? 0) + 1);
+    return c;
+  }, [state.log]);
+  const rows = useMemo(() => {
+    const out = [];
+    const log = state.log;
+    for (let j = log.end - 1; j >= log.start && out.length < LOG_ROWS; j--) {
+      const e = log.buf[j]!;
+      if (!hidden.has(e.type)) out.push(e);
+    }
+    return out;
+  }, [state.log, hidden]);
+  const toggle = (t: EventType) => {
+    const next = new Set(hidden);
+    if (next.has(t)) next.delete(t);
+    else next.add(t);
+    setHidden(next);
+  };
+  return (
+    <Card
+      title="Event log"
+      testId="event-log"
+      subtitle={`${rows.length} shown`}
+      actions={
+        <button type="button" className="btn btn-small" aria-pressed={paused} data-testid="event-log-pause" onClick={() => setPaused(!paused)}>
+          {paused ? "Resume" : "Pause"}
+        </button>
+      }
+    >
+      <fieldset className="chips" aria-label="Event types shown">
+        <legend className="visually-hidden">Event types shown</legend>
+        {EVENT_TYPES.map((t) => (
+          <label key={t} className={`chip ${hidden.has(t) ? "" : "chip-on"}`}>
+            <input type="checkbox" checked={!hidden.has(t)} onChange={() => toggle(t)} data-testid={`event-log-filter-${t}`} />
+            {t} <span className="muted">{counts.get(t) ?? 0}</span>
+          </label>
+        ))}
+      </fieldset>
+      {rows.length === 0 ? (
+        <EmptyState title="No events" testId="event-log-empty">Events of the selected types show up here as the engine emits them.</EmptyState>
+      ) : (
+        <ol className="log" aria-label="Events, newest first">
+          {rows.map((e) => (
+            <li key={e.seq ?? 0} data-testid="event-log-row" data-type={e.type}>
+              <span className="log-seq num">{e.seq}</span>
+              <span className="log-ts num">{((e.ts ?? 0) - state.originTs).toFixed(3)}</span>
+              <span className={`log-type type-${e.type}`}>{e.type}</span>
+              <span className="log-text">{describeEvent(e)}</span>
+            </li>
+          ))}
+        </ol>
+      )}
+    </Card>
+  );
+}

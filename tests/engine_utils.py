@@ -1,0 +1,61 @@
+"""Helpers shared by the engine test suites."""
+
+from __future__ import annotations
+
+from minivllm import events as ev
+from minivllm.engine.config import EngineConfig
+from minivllm.engine.llm_engine import LLMEngine
+from minivllm.engine.outputs import RequestOutput
+
+
+def make_engine(loaded, **config) -> LLMEngine:
+    config.setdefault("num_blocks", 64)
+    config.setdefault("metrics_interval_s", 3600.0)
+    return LLMEngine(loaded, EngineConfig(**config))
+
+
+class EventLog:
+    """Subscribes to an engine's bus and keeps every event."""
+
+    def __init__(self, engine: LLMEngine):
+        self.events: list[ev.Event] = []
+        engine.bus.subscribe(self.events.append)
+
+    def of(self, kind: type) -> list:
+        return [e for e in self.events if isinstance(e, kind)]
+
+
+def run(engine: LLMEngine, max_steps: int = 5000, check_every_step: bool = True,
+        on_step=None) -> dict[str, RequestOutput]:
+    """Steps until idle; returns the final output of every request that finished. Checks the block
+    manager's invariants after every step; fails instead of hanging if the engine makes no progress."""
+    done: dict[str, RequestOutput] = {}
+    for step in range(max_steps):
+        if not engine.has_work():
+            return done
+        if on_step is not None:
+            on_step(step)
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out
+        if check_every_step:
+            engine.block_manager.check_invariants()
+    raise AssertionError(f"engine still busy after {max_steps} steps: "
+                         f"{[(r.request_id, r.status.value) for r in engine.requests.values()]}")
+
+
+def assert_all_blocks_free(engine: LLMEngine) -> None:
+    bm = engine.block_manager
+    bm.check_invariants()
+    assert not engine.requests, f"requests left: {list(engine.requests)}"
+    assert all(b.ref_count == 0 for b in bm.blocks), [b.block_id for b in bm.blocks if b.ref_count]
+    assert bm.num_free_blocks == bm.num_blocks
+    assert not bm.snapshot()["tables"], "block tables left behind"
+    assert not engine.scheduler.running and not engine.scheduler.waiting
+
+
+def chat_ids(tokenizer, question: str, system: str | None = None) -> list[int]:
+    from minivllm.tokenizer_utils import load_chat_template_prompt
+
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": question}]
+    return load_chat_template_prompt(tokenizer, messages)

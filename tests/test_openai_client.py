@@ -1,0 +1,192 @@
+"""A real `minivllm serve` (uvicorn, the embedded model, a small KV pool) driven by the official
+openai client: concurrent streaming equals one-at-a-time greedy output, errors map onto the
+client's exception types, a dropped stream frees its blocks, and a WebSocket client that never
+reads does not slow generation."""
+
+from __future__ import annotations
+
+import base64
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import msgspec
+import pytest
+
+openai = pytest.importorskip("openai")
+websockets_sync = pytest.importorskip("websockets.sync.client")
+
+from minivllm import events as ev  # noqa: E402
+from test_server_support import wait_for  # noqa: E402
+
+API_KEY = "test-key"
+PROMPTS = ["What is a KV cache?", "Name three colors.", "Write a haiku about the sea.", "Count to five.",
+           "Why is the sky blue?", "Say hello in French.", "What is 2 + 2?", "Describe a cat in one sentence."]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    port = _free_port()
+    cmd = [sys.executable, "-m", "minivllm.cli", "serve", "--port", str(port), "--device", "cpu",
+           "--num-blocks", "160", "--max-num-seqs", "16", "--max-model-len", "1024", "--api-key", API_KEY,
+           "--recordings-dir", str(tmp_path_factory.mktemp("recordings")), "--log-level", "warning"]
+    env = {**os.environ, "MINIVLLM_API_KEY": ""}
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    base = f"http://127.0.0.1:{port}"
+    statuses: list[int] = []
+
+    def ready() -> bool:
+        assert proc.poll() is None, f"the server exited: {log.read_text()[-3000:]}"
+        try:
+            statuses.append(httpx.get(f"{base}/health", timeout=2).status_code)
+        except httpx.TransportError:
+            return False
+        return statuses[-1] == 200
+
+    try:
+        wait_for(ready, timeout=180, interval=0.1, what="the server to load the embedded model")
+        yield {"base": base, "port": port, "health_statuses": statuses, "proc": proc}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server['base']}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+
+
+def _chat_stream(client, prompt: str, max_tokens: int = 24) -> str:
+    stream = client.chat.completions.create(model=client.models.list().data[0].id, stream=True, temperature=0,
+                                            max_tokens=max_tokens, messages=[{"role": "user", "content": prompt}])
+    return "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+
+
+def test_health_was_503_while_loading_then_200(server):
+    assert server["health_statuses"][-1] == 200
+    assert 503 in server["health_statuses"], "the server answered before the model had loaded"
+
+
+def test_eight_concurrent_streaming_chats_equal_sequential_greedy(client):
+    sequential = [_chat_stream(client, p) for p in PROMPTS]
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        concurrent = list(pool.map(lambda p: _chat_stream(client, p), PROMPTS))
+    assert all(sequential)
+    assert concurrent == sequential
+
+
+def test_client_sees_usage_logprobs_and_errors(client):
+    model = client.models.list().data[0]
+    assert model.id == "SmolLM2-135M-Instruct" or model.id
+    out = client.completions.create(model=model.id, prompt="The capital of France is", max_tokens=5, temperature=0,
+                                    logprobs=2)
+    assert out.usage.completion_tokens == 5 and len(out.choices[0].logprobs.tokens) == 5
+    stream = client.chat.completions.create(model=model.id, messages=[{"role": "user", "content": "Hi"}],
+                                            max_tokens=4, stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 4
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="gpt-4o", prompt="x", max_tokens=2)
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.completions.create(model=model.id, prompt="x", max_tokens=0)
+    assert bad.value.body["param"] == "max_tokens"
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=client.base_url, api_key="wrong", max_retries=0).models.list()
+
+
+def _metric(server, name: str) -> float:
+    text = httpx.get(f"{server['base']}/metrics").text
+    line = next(line for line in text.splitlines() if line.startswith(f"minivllm:{name}{{"))
+    return float(line.rsplit(" ", 1)[1])
+
+
+def test_dropped_stream_is_aborted_and_its_blocks_freed(server, client):
+    stream = client.completions.create(model=client.models.list().data[0].id, prompt="Tell a very long story",
+                                       max_tokens=900, stream=True, extra_body={"ignore_eos": True})
+    for i, _ in enumerate(stream):
+        if i == 3:
+            break
+    assert _metric(server, "num_requests_running") == 1
+    stream.close()
+    wait_for(lambda: _metric(server, "num_requests_running") == 0 and _metric(server, "kv_cache_usage_perc") == 0,
+             timeout=30, interval=0.05, what="the abort")
+
+
+class StuckWebSocket:
+    """Completes the WebSocket handshake, then never reads again (a tiny receive buffer fills fast)."""
+
+    def __init__(self, port: int):
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        self.sock.connect(("127.0.0.1", port))
+        key = base64.b64encode(os.urandom(16)).decode()
+        self.sock.sendall((f"GET /ws/events?api_key={API_KEY} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                           "Upgrade: websocket\r\nConnection: Upgrade\r\n"
+                           f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n").encode())
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += self.sock.recv(1)
+        assert head.startswith(b"HTTP/1.1 101"), head
+
+    def close(self):
+        self.sock.close()
+
+
+def _throughput(client, n: int = 4, max_tokens: int = 48) -> float:
+    def one(i: int) -> int:
+        out = client.completions.create(model=client.models.list().data[0].id, prompt=f"Story number {i}:",
+                                        max_tokens=max_tokens, temperature=0, extra_body={"ignore_eos": True})
+        return out.usage.completion_tokens
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(n) as pool:
+        tokens = sum(pool.map(one, range(n)))
+    return tokens / (time.perf_counter() - start)
+
+
+def test_a_stuck_websocket_client_does_not_slow_generation(server, client):
+    _throughput(client, n=2, max_tokens=8)  # warm up
+    baseline = _throughput(client)
+    stuck = StuckWebSocket(server["port"])
+    received: list[ev.EventBatch | ev.Snapshot | ev.Resync] = []
+    healthy = websockets_sync.connect(f"ws://127.0.0.1:{server['port']}/ws/events?api_key={API_KEY}")
+    stop = threading.Event()
+
+    def read_healthy():
+        while not stop.is_set():
+            try:
+                received.append(msgspec.json.decode(healthy.recv(timeout=0.2), type=ev.WsMessage))
+            except TimeoutError:
+                continue
+            except Exception:  # noqa: BLE001 - closed at the end of the test
+                return
+
+    reader = threading.Thread(target=read_healthy, daemon=True)
+    reader.start()
+    try:
+        with_stuck = _throughput(client)
+    finally:
+        stop.set()
+        reader.join(5)
+        healthy.close()
+        stuck.close()
+    assert with_stuck >= 0.5 * baseline, f"{with_stuck:.1f} tok/s with a stuck client vs {baseline:.1f} without"
+    tokens = sum(isinstance(e, ev.TokenGenerated) for m in received if isinstance(m, ev.EventBatch) for e in m.events)
+    assert isinstance(received[0], ev.Snapshot) and tokens >= 4 * 48, "the healthy client kept receiving"
+    assert client.models.list().data  # the server is fine afterwards

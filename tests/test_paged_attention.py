@@ -1,0 +1,277 @@
+"""Paged attention equals contiguous attention.
+
+Two levels:
+
+* the attention op (`minivllm.model.attention.paged_attention`) against plain causal SDPA over the
+  whole sequence, computed in float64 with K/V repeated per query group (no paging, no GQA
+  tricks). The KV pool is filled with large random garbage and block tables are shuffled, so
+  reading a wrong slot, a wrong block or past the context shows up as a large error;
+* the whole model through `ModelRunner` (tiny random Llama saved by the test and loaded through
+  our loader) against `transformers.LlamaForCausalLM` run on each full sequence alone: a batch
+  mixing decodes, a prefill from scratch and a chunked prefill on top of a cached prefix must give
+  the logits HF gives at the same positions.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minivllm.model.attention import AttentionMetadata, PrefillChunk, paged_attention
+
+HEADS, KV_HEADS, HEAD_DIM = 6, 2, 16
+SCALE = HEAD_DIM**-0.5
+ATOL = 1e-5
+
+
+# ---- the attention op ------------------------------------------------------------------------------
+
+
+def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal attention over a whole sequence: q [L, H, D], k/v [L, KV, D] -> [L, H * D] (float64)."""
+    group = q.shape[1] // k.shape[1]
+    qd, kd, vd = (t.double().transpose(0, 1) for t in (q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)))
+    out = F.scaled_dot_product_attention(qd, kd, vd, is_causal=True, scale=SCALE)
+    return out.transpose(0, 1).reshape(q.shape[0], -1)
+
+
+class Pool:
+    """A KV pool full of garbage with a shuffled allocator (block ids come out non-contiguous)."""
+
+    def __init__(self, num_blocks: int, block_size: int, seed: int):
+        gen = torch.Generator().manual_seed(seed)
+        shape = (num_blocks, block_size, KV_HEADS, HEAD_DIM)
+        self.k = torch.randn(shape, generator=gen) * 100
+        self.v = torch.randn(shape, generator=gen) * 100
+        self.block_size = block_size
+        self.free = list(range(num_blocks))
+        random.Random(seed).shuffle(self.free)
+
+    def table(self, num_tokens: int) -> list[int]:
+        n = -(-num_tokens // self.block_size)
+        out, self.free = self.free[:n], self.free[n:]
+        assert len(out) == n, "test pool too small"
+        return out
+
+    def slots(self, table: list[int], start: int, end: int) -> list[int]:
+        bs = self.block_size
+        return [table[p // bs] * bs + p % bs for p in range(start, end)]
+
+
+def random_seq(length: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(length, HEADS, HEAD_DIM, generator=gen)
+    k = torch.randn(length, KV_HEADS, HEAD_DIM, generator=gen)
+    v = torch.randn(length, KV_HEADS, HEAD_DIM, generator=gen)
+    return q, k, v
+
+
+class Seq:
+    def __init__(self, pool: Pool, length: int, seed: int):
+        self.q, self.k, self.v = random_seq(length, seed)
+        self.length = length
+        self.table = pool.table(length)
+        self.expected = reference_attention(self.q, self.k, self.v)
+
+
+def run_step(pool: Pool, decodes: list[Seq], prefills: list[tuple[Seq, int, int]]) -> list[torch.Tensor]:
+    """One flattened step: each decode runs its last token (everything before it must already be
+    in the pool); each prefill runs tokens [start, end) with [0, start) already in the pool.
+    Returns the output rows of each work item, in order."""
+    work = [(s, s.length - 1, s.length) for s in decodes] + list(prefills)
+    q = torch.cat([s.q[a:b] for s, a, b in work])
+    k = torch.cat([s.k[a:b] for s, a, b in work])
+    v = torch.cat([s.v[a:b] for s, a, b in work])
+    slots = [x for s, a, b in work for x in pool.slots(s.table, a, b)]
+    chunks, row = [], len(decodes)
+    for s, a, b in prefills:
+        used = -(-b // pool.block_size)
+        chunks.append(PrefillChunk(row, row + b - a, a, torch.tensor(s.table[:used])))
+        row += b - a
+    tables = lens = None
+    if decodes:
+        width = max(len(s.table) for s in decodes)
+        # pad with block 0, which holds another sequence's data or garbage: it must be masked
+        tables = torch.tensor([s.table + [0] * (width - len(s.table)) for s in decodes])
+        lens = torch.tensor([s.length for s in decodes])
+    meta = AttentionMetadata(slot_mapping=torch.tensor(slots), num_decode_tokens=len(decodes),
+                             decode_block_tables=tables, decode_context_lens=lens, prefills=chunks)
+    out = paged_attention(q, k, v, pool.k, pool.v, meta, SCALE)
+    assert out.shape == (q.shape[0], HEADS * HEAD_DIM)
+    parts, row = [], 0
+    for s, a, b in work:
+        parts.append(out[row:row + b - a])
+        row += b - a
+    return parts
+
+
+def prefill_whole(pool: Pool, seq: Seq, upto: int) -> None:
+    """Put tokens [0, upto) of seq into the pool (a prefill from scratch)."""
+    if upto:
+        run_step(pool, [], [(seq, 0, upto)])
+
+
+@pytest.mark.parametrize("block_size", [1, 16, 32])
+@pytest.mark.parametrize("length", [1, 2, 15, 16, 17, 33, 70])
+def test_prefill_from_scratch(block_size, length):
+    pool = Pool(num_blocks=160, block_size=block_size, seed=length)
+    seq = Seq(pool, length, seed=length * 7)
+    (out,) = run_step(pool, [], [(seq, 0, length)])
+    torch.testing.assert_close(out.double(), seq.expected, atol=ATOL, rtol=0)
+    # the new K/V landed in the sequence's slots
+    slots = torch.tensor(pool.slots(seq.table, 0, length))
+    assert torch.equal(pool.k.view(-1, KV_HEADS, HEAD_DIM)[slots], seq.k)
+    assert torch.equal(pool.v.view(-1, KV_HEADS, HEAD_DIM)[slots], seq.v)
+
+
+@pytest.mark.parametrize("block_size", [1, 16, 32])
+@pytest.mark.parametrize("splits", [(16, 70), (20, 70), (31, 33, 70), (5, 6, 40, 41, 70), (69, 70)])
+def test_chunked_prefill_on_cached_prefix(block_size, splits):
+    """The prompt is run as several chunks; each chunk attends to the prefix read back from the pool."""
+    pool = Pool(num_blocks=160, block_size=block_size, seed=3)
+    seq = Seq(pool, splits[-1], seed=11)
+    start, outs = 0, []
+    for end in splits:
+        (out,) = run_step(pool, [], [(seq, start, end)])
+        outs.append(out)
+        start = end
+    torch.testing.assert_close(torch.cat(outs).double(), seq.expected, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("block_size", [1, 16, 32])
+def test_batched_decode_with_ragged_contexts(block_size):
+    """Decodes of several sequences in one call: different lengths, tables padded with block 0."""
+    pool = Pool(num_blocks=400, block_size=block_size, seed=5)
+    seqs = [Seq(pool, n, seed=100 + n) for n in (1, 16, 17, 32, 33, 64, 65)]
+    for s in seqs:
+        prefill_whole(pool, s, s.length - 1)
+    outs = run_step(pool, seqs, [])
+    for s, out in zip(seqs, outs):
+        torch.testing.assert_close(out.double(), s.expected[-1:], atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("block_size", [1, 16, 32])
+def test_decode_steps_follow_the_sequence(block_size):
+    """Token after token: each decode step sees exactly the tokens before it, across block boundaries."""
+    pool = Pool(num_blocks=120, block_size=block_size, seed=9)
+    full = Seq(pool, 40, seed=21)
+    prefill_whole(pool, full, 3)
+    for n in range(4, 41):
+        view = Seq.__new__(Seq)  # the same sequence cut at n tokens
+        view.q, view.k, view.v, view.length, view.table = full.q[:n], full.k[:n], full.v[:n], n, full.table
+        (out,) = run_step(pool, [view], [])
+        torch.testing.assert_close(out.double(), full.expected[n - 1:n], atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("block_size", [1, 16, 32])
+def test_mixed_batch_of_decodes_and_prefills(block_size):
+    """One call holding decodes, a prefill from scratch and chunks on cached prefixes."""
+    pool = Pool(num_blocks=300, block_size=block_size, seed=13)
+    decodes = [Seq(pool, n, seed=200 + n) for n in (9, 33, 48)]
+    fresh = Seq(pool, 37, seed=301)
+    chunked = Seq(pool, 50, seed=302)
+    tail = Seq(pool, 17, seed=303)  # one token left after a cached prefix (a 1-token "prefill")
+    for s in decodes:
+        prefill_whole(pool, s, s.length - 1)
+    prefill_whole(pool, chunked, 21)
+    prefill_whole(pool, tail, 16)
+    outs = run_step(pool, decodes, [(fresh, 0, 37), (chunked, 21, 50), (tail, 16, 17)])
+    for s, out in zip(decodes, outs[:3]):
+        torch.testing.assert_close(out.double(), s.expected[-1:], atol=ATOL, rtol=0)
+    torch.testing.assert_close(outs[3].double(), fresh.expected, atol=ATOL, rtol=0)
+    torch.testing.assert_close(outs[4].double(), chunked.expected[21:], atol=ATOL, rtol=0)
+    torch.testing.assert_close(outs[5].double(), tail.expected[16:], atol=ATOL, rtol=0)
+
+
+# ---- the whole model through the runner -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny random Llama (GQA, untied) saved in HF format, loaded by our loader; HF is the oracle."""
+    from tiny_models import make_tiny_llama
+
+    from minivllm.loader import load_model
+
+    directory = tmp_path_factory.mktemp("tiny-paged")
+    hf = make_tiny_llama(directory, seed=5, kv_heads=2, vocab=256, layers=2)
+    return hf, load_model(str(directory), dtype="float32", device="cpu")
+
+
+def hf_logits(hf, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return hf(torch.tensor([ids])).logits[0].float()
+
+
+@pytest.mark.parametrize("block_size", [1, 16, 32])
+def test_runner_mixed_batch_matches_hf(tiny, block_size):
+    """Several sequences at different stages share each forward pass; every logits row equals HF's
+    logits for that sequence alone at that position."""
+    from minivllm.engine.model_runner import ModelRunner, SeqWork
+    from minivllm.model.attention import KVCache
+
+    hf, loaded = tiny
+    cfg = loaded.config
+    num_blocks = 400 // block_size + 40
+    kv = KVCache(cfg.num_hidden_layers, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim,
+                 torch.float32)
+    runner = ModelRunner(loaded.model, kv)
+    gen = torch.Generator().manual_seed(block_size)
+    lengths = {"a": 45, "b": 73, "c": 21, "d": 35}
+    seqs = {name: torch.randint(3, cfg.vocab_size, (n,), generator=gen).tolist() for name, n in lengths.items()}
+    expected = {name: hf_logits(hf, ids) for name, ids in seqs.items()}
+    blocks = list(range(num_blocks))
+    random.Random(block_size).shuffle(blocks)  # non-contiguous, shuffled tables
+    tables = {}
+    for name, n in lengths.items():
+        need = -(-n // block_size)
+        tables[name], blocks = blocks[:need], blocks[need:]
+    done = {name: 0 for name in seqs}
+
+    def work(name: str, n: int, logits: bool = True) -> SeqWork:
+        start = done[name]
+        done[name] += n
+        return SeqWork(seqs[name][start:start + n], start, tables[name], needs_logits=logits)
+
+    def check(name: str, row: torch.Tensor) -> None:
+        torch.testing.assert_close(row, expected[name][done[name] - 1], atol=1e-4, rtol=0)
+
+    # step 1: a prefill from scratch for a (complete) and the first chunk of b (no logits)
+    out = runner.execute([], [work("a", 40), work("b", 30, logits=False)])
+    assert out.shape[0] == 1
+    check("a", out[0])
+    # step 2: a decodes, b continues its prompt on the cached prefix, c starts
+    out = runner.execute([work("a", 1)], [work("b", 25, logits=False), work("c", 17)])
+    check("a", out[0])
+    check("c", out[1])
+    # step 3: a and c decode, b finishes its prompt, d runs whole
+    out = runner.execute([work("a", 1), work("c", 1)], [work("b", 15), work("d", 33)])
+    for row, name in zip(out, ["a", "c", "b", "d"]):
+        check(name, row)
+    # steps 4-6: everyone still running decodes together (d stops after two)
+    for _ in range(3):
+        names = [n for n in seqs if done[n] < lengths[n]]
+        out = runner.execute([work(n, 1) for n in names], [])
+        for row, name in zip(out, names):
+            check(name, row)
+    assert done == lengths
+
+
+def test_runner_copy_on_write_block_copy(tiny):
+    """`copies` duplicates a shared block before a branch writes: both branches then decode correctly."""
+    from minivllm.engine.model_runner import ModelRunner, SeqWork
+    from minivllm.model.attention import KVCache
+
+    hf, loaded = tiny
+    cfg = loaded.config
+    kv = KVCache(cfg.num_hidden_layers, 16, 16, cfg.num_key_value_heads, cfg.head_dim, torch.float32)
+    runner = ModelRunner(loaded.model, kv)
+    prompt = list(range(10, 30))  # 20 tokens: block 3 full, block 7 partial (shared by both branches)
+    runner.execute([], [SeqWork(prompt, 0, [3, 7])])
+    # branch 1 keeps [3, 7]; branch 2 gets a private copy of block 7 in block 11
+    out = runner.execute([SeqWork([40], 20, [3, 7]), SeqWork([41], 20, [3, 11])], [], copies=[(7, 11)])
+    torch.testing.assert_close(out[0], hf_logits(hf, prompt + [40])[-1], atol=1e-4, rtol=0)
+    torch.testing.assert_close(out[1], hf_logits(hf, prompt + [41])[-1], atol=1e-4, rtol=0)

@@ -1,0 +1,454 @@
+"""The Litestar server through TestClient: OpenAI routes, errors, ops, dashboard API, static files."""
+
+from __future__ import annotations
+
+import threading
+
+import msgspec
+import pytest
+from litestar.testing import TestClient
+
+from minivllm import events as ev
+from minivllm.recording import parse_lines
+from minivllm.server.app import create_app
+from minivllm.server.config import ServerConfig
+from minivllm.state_fold import fold
+from test_server_support import server_of, sse_events, tiny_app, tiny_engine, wait_for
+
+GREEDY = {"temperature": 0, "max_tokens": 6}
+
+
+@pytest.fixture
+def client(tmp_path):
+    with TestClient(tiny_app(tmp_path)) as c:
+        yield c
+
+
+def chat_body(**extra):
+    return {"messages": [{"role": "user", "content": "Tell me about KV caches."}], **GREEDY, **extra}
+
+
+def error_of(response):
+    body = response.json()
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    return body["error"]
+
+
+# ---- OpenAI API ------------------------------------------------------------------------------
+
+
+def test_models_lists_the_served_model(client):
+    r = client.get("/v1/models")
+    assert r.status_code == 200
+    (card,) = r.json()["data"]
+    assert card["id"] == "random:tiny" and card["max_model_len"] == 512 and card["object"] == "model"
+
+
+def test_completion_with_logprobs_usage_and_timings(client):
+    r = client.post("/v1/completions", json={"prompt": "Hello there", "logprobs": 2, **GREEDY},
+                    headers={"X-Request-Id": "my-id-1"})
+    assert r.status_code == 200, r.text
+    assert r.headers["x-request-id"] == "my-id-1"
+    body = r.json()
+    assert body["id"] == "cmpl-my-id-1" and body["object"] == "text_completion"
+    (choice,) = body["choices"]
+    assert choice["finish_reason"] == "length"
+    lp = choice["logprobs"]
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == 6
+    assert "".join(lp["tokens"]) == choice["text"]
+    assert lp["text_offset"][0] == 0 and lp["text_offset"][1] == len(lp["tokens"][0])
+    for token, chosen, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]):
+        assert top[token] == chosen and 1 <= len(top) <= 3
+    usage = body["usage"]
+    assert usage["completion_tokens"] == 6 and usage["total_tokens"] == usage["prompt_tokens"] + 6
+    t = body["timings"]
+    assert t["generated_tokens"] == 6 and t["prompt_tokens"] == usage["prompt_tokens"]
+    assert 0 <= t["queue_s"] <= t["ttft_s"] <= t["e2e_s"] and t["tokens_per_s"] > 0
+
+
+def test_request_ids_are_generated_when_absent_or_unusable(client):
+    a = client.post("/v1/completions", json={"prompt": "hi", **GREEDY})
+    b = client.post("/v1/completions", json={"prompt": "hi", **GREEDY}, headers={"X-Request-Id": "bad id with spaces"})
+    ids = {a.headers["x-request-id"], b.headers["x-request-id"]}
+    assert len(ids) == 2 and "bad id with spaces" not in ids
+    assert a.json()["id"] == "cmpl-" + a.headers["x-request-id"]
+
+
+def test_chat_non_streaming_uses_the_chat_template(client):
+    r = client.post("/v1/chat/completions", json=chat_body(max_completion_tokens=4, max_tokens=50))
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "chat.completion"
+    (choice,) = body["choices"]
+    assert choice["message"]["role"] == "assistant" and choice["logprobs"] is None
+    assert body["usage"]["completion_tokens"] == 4  # max_completion_tokens wins over max_tokens
+    tokenizer = server_of(client.app).async_engine.engine.tokenizer
+    templated = tokenizer.apply_chat_template([{"role": "user", "content": "Tell me about KV caches."}],
+                                              add_generation_prompt=True, tokenize=True, return_dict=False)
+    assert body["usage"]["prompt_tokens"] == len(templated)
+
+
+def test_chat_streaming_matches_non_streaming_and_follows_openai_framing(client):
+    full = client.post("/v1/chat/completions", json=chat_body(n=2, logprobs=True, top_logprobs=2)).json()
+    r = client.post("/v1/chat/completions",
+                    json=chat_body(n=2, logprobs=True, top_logprobs=2, stream=True,
+                                   stream_options={"include_usage": True}))
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    events = sse_events(r.text)
+    assert events[-1] == "[DONE]"
+    chunks, usage_chunk = events[:-2], events[-2]
+    assert len({c["id"] for c in events[:-1]}) == 1
+    assert usage_chunk["choices"] == []
+    same = ("prompt_tokens", "completion_tokens", "total_tokens")
+    assert [usage_chunk["usage"][k] for k in same] == [full["usage"][k] for k in same]
+    assert usage_chunk["usage"]["prompt_tokens_details"]["cached_tokens"] > 0  # the same prompt ran just before
+    assert usage_chunk["timings"]["generated_tokens"] == 12
+    for index in (0, 1):
+        mine = [c["choices"][0] for c in chunks if c["choices"][0]["index"] == index]
+        assert mine[0]["delta"] == {"role": "assistant", "content": ""}
+        assert all("role" not in c["delta"] for c in mine[1:])
+        assert [c["finish_reason"] for c in mine] == [None] * (len(mine) - 1) + ["length"]
+        assert mine[-1]["delta"].get("content")  # the finish reason rides on the last content chunk
+        text = "".join(c["delta"].get("content", "") for c in mine)
+        assert text == full["choices"][index]["message"]["content"]
+        streamed_lp = [t for c in mine[1:] for t in c["logprobs"]["content"]]
+        assert streamed_lp == full["choices"][index]["logprobs"]["content"]
+        assert all(len(t["top_logprobs"]) == 2 for t in streamed_lp)
+        assert all(t["bytes"] == list(t["token"].encode()) for t in streamed_lp)
+
+
+def test_completion_streaming_without_usage(client):
+    full = client.post("/v1/completions", json={"prompt": "Once upon", **GREEDY}).json()
+    events = sse_events(client.post("/v1/completions", json={"prompt": "Once upon", "stream": True, **GREEDY}).text)
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    assert all(c["object"] == "text_completion" and c["usage"] is None for c in chunks)
+    assert "".join(c["choices"][0]["text"] for c in chunks) == full["choices"][0]["text"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_token_id_prompt_stop_strings_and_extra_fields(client):
+    tokenizer = server_of(client.app).async_engine.engine.tokenizer
+    ids = tokenizer.encode("Hello there")
+    by_text = client.post("/v1/completions", json={"prompt": "Hello there", **GREEDY}).json()
+    by_ids = client.post("/v1/completions", json={"prompt": ids, "some_unknown_field": {"x": 1}, **GREEDY}).json()
+    assert by_ids["choices"][0]["text"] == by_text["choices"][0]["text"]
+    text = by_text["choices"][0]["text"]
+    stop = text[len(text) // 2:len(text) // 2 + 3]
+    stopped = client.post("/v1/completions", json={"prompt": "Hello there", "stop": [stop], **GREEDY}).json()
+    assert stopped["choices"][0]["finish_reason"] == "stop"
+    assert stopped["choices"][0]["text"] == text[:text.index(stop)]
+    extras = {"top_k": 5, "min_p": 0.05, "repetition_penalty": 1.2, "min_tokens": 2, "ignore_eos": True,
+              "stop_token_ids": [2], "priority": 1, "seed": 7, "presence_penalty": 0.5, "frequency_penalty": 0.5,
+              "user": "someone", "temperature": 0.8, "top_p": 0.9}
+    r = client.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 4, **extras})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+    again = client.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 4, **extras})
+    assert again.json()["choices"][0]["text"] == r.json()["choices"][0]["text"]  # seeded
+
+
+def test_beam_search(client):
+    r = client.post("/v1/completions", json={"prompt": "The cache", "n": 2, "use_beam_search": True,
+                                             "length_penalty": 1.0, "max_tokens": 4, "temperature": 0})
+    assert r.status_code == 200, r.text
+    choices = r.json()["choices"]
+    assert [c["index"] for c in choices] == [0, 1]
+    assert all(c["text"] for c in choices) and choices[0]["text"] != choices[1]["text"]
+    events = sse_events(client.post("/v1/completions", json={"prompt": "The cache", "n": 2, "use_beam_search": True,
+                                                             "max_tokens": 4, "stream": True}).text)
+    streamed = {c["choices"][0]["index"]: c["choices"][0]["text"] for c in events[:-1]}
+    assert streamed == {c["index"]: c["text"] for c in choices}
+
+
+BAD_INPUT = [
+    # (route, body, param, words in the message)
+    ("/v1/completions", b'{"prompt": "x", "max_tokens": 4', None, "malformed JSON"),
+    ("/v1/completions", b"", None, "empty"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": "four"}, "max_tokens", "Expected `int"),
+    ("/v1/completions", {"max_tokens": 4}, None, "prompt"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 0}, "max_tokens", ">= 1"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": -3}, "max_tokens", ">= 1"),
+    ("/v1/completions", {"prompt": "x", "temperature": -0.5}, "temperature", ">= 0"),
+    ("/v1/completions", {"prompt": "x", "top_p": 0}, "top_p", "(0, 1]"),
+    ("/v1/completions", {"prompt": "x", "top_p": 1.5}, "top_p", "(0, 1]"),
+    ("/v1/completions", {"prompt": "x", "n": 9, "max_tokens": 2}, "n", "max_num_seqs is 8"),
+    ("/v1/completions", {"prompt": "x", "n": 0}, "n", ">= 1"),
+    ("/v1/completions", {"prompt": "x", "logprobs": 21}, "logprobs", "[0, 20]"),
+    ("/v1/completions", {"prompt": "x", "presence_penalty": 3}, "presence_penalty", "[-2, 2]"),
+    ("/v1/completions", {"prompt": "x", "stop": [""]}, "stop", "empty"),
+    ("/v1/completions", {"prompt": ["a", "b"]}, "prompt", "batched"),
+    ("/v1/completions", {"prompt": [1, 99999999]}, "prompt", "out of range"),
+    ("/v1/completions", {"prompt": "x", "echo": True}, "echo", "not supported"),
+    ("/v1/completions", {"prompt": "word " * 600, "max_tokens": 4}, "prompt", "512 tokens"),
+    ("/v1/completions", {"prompt": "word " * 300, "max_tokens": 400}, "max_tokens", "512"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "top_logprobs",
+     "requires logprobs"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 30},
+     "top_logprobs", "[0, 20]"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0},
+     "max_completion_tokens", ">= 1"),
+    ("/v1/chat/completions", {"messages": []}, "messages", "at least one"),
+    ("/v1/chat/completions", {"messages": "hello"}, "messages", "Expected `array"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages",
+     "only text"),
+]
+
+
+@pytest.mark.parametrize("route,body,param,words", BAD_INPUT, ids=[f"{i}-{c[0][4:]}-{c[2]}" for i, c in enumerate(BAD_INPUT)])
+def test_bad_input_gets_a_400_in_openai_shape(client, route, body, param, words):
+    kwargs = {"content": body, "headers": {"content-type": "application/json"}} if isinstance(body, bytes) else {"json": body}
+    r = client.post(route, **kwargs)
+    assert r.status_code == 400, r.text
+    err = error_of(r)
+    assert err["type"] == "invalid_request_error" and err["param"] == param
+    assert words in err["message"], err["message"]
+
+
+def test_prompt_too_long_names_both_numbers(client):
+    prompt = "word " * 600
+    num_tokens = len(server_of(client.app).async_engine.engine.tokenizer.encode(prompt))
+    err = error_of(client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 4}))
+    assert f"{num_tokens} tokens" in err["message"] and "512 tokens" in err["message"]
+    chat = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 4}
+    assert "512 tokens" in error_of(client.post("/v1/chat/completions", json=chat))["message"]
+
+
+def test_unknown_model_is_404_and_nothing_is_lost(client):
+    r = client.post("/v1/chat/completions", json=chat_body(model="gpt-4"))
+    assert r.status_code == 404 and error_of(r)["code"] == "model_not_found"
+    assert client.post("/v1/chat/completions", json=chat_body(model="random:tiny")).status_code == 200
+    assert error_of(client.get("/v1/nothing-here"))["type"] == "not_found_error"
+
+
+def test_internal_error_is_500_and_the_server_keeps_serving(client):
+    engine = server_of(client.app).async_engine.engine
+    real = engine.runner.execute
+    calls = []
+
+    def broken(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("simulated device failure")
+        return real(*args, **kwargs)
+
+    engine.runner.execute = broken
+    r = client.post("/v1/completions", json={"prompt": "hi", **GREEDY})
+    assert r.status_code == 500
+    assert "simulated device failure" in error_of(r)["message"]
+    assert client.post("/v1/completions", json={"prompt": "hi", **GREEDY}).status_code == 200
+    assert client.get("/health").status_code == 200
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_oversized_body_is_413(tmp_path):
+    with TestClient(tiny_app(tmp_path, max_body_size=2048)) as c:
+        r = c.post("/v1/completions", json={"prompt": "x" * 4000})
+        assert r.status_code == 413 and error_of(r)["message"]
+        assert c.post("/v1/completions", json={"prompt": "x", **GREEDY}).status_code == 200
+
+
+def test_api_key_guards_v1_api_and_ws_but_not_health(tmp_path):
+    with TestClient(tiny_app(tmp_path, api_key="sesame")) as c:
+        assert c.get("/health").status_code == 200
+        for path in ("/v1/models", "/api/state", "/api/config", "/api/recordings"):
+            assert c.get(path).status_code == 401
+            assert error_of(c.get(path, headers={"Authorization": "Bearer wrong"}))["code"] == "invalid_api_key"
+            assert c.get(path, headers={"Authorization": "Bearer sesame"}).status_code == 200
+        from litestar.exceptions import WebSocketDisconnect
+
+        with pytest.raises(WebSocketDisconnect):
+            with c.websocket_connect("/ws/events") as ws:
+                ws.receive_text()
+        with c.websocket_connect("/ws/events?api_key=sesame") as ws:
+            assert msgspec.json.decode(ws.receive_text(), type=ev.Snapshot).config.model == "random:tiny"
+
+
+def test_cors(tmp_path):
+    with TestClient(tiny_app(tmp_path, cors_origins=["http://dash.example"])) as c:
+        r = c.options("/v1/completions", headers={"Origin": "http://dash.example", "Access-Control-Request-Method": "POST"})
+        assert r.status_code in (200, 204)
+        assert r.headers["access-control-allow-origin"] == "http://dash.example"
+        assert c.get("/v1/models", headers={"Origin": "http://other.example"}).headers.get("access-control-allow-origin") != "http://other.example"
+
+
+# ---- operations ------------------------------------------------------------------------------
+
+
+def test_health_while_loading_then_ready(tmp_path):
+    release = threading.Event()
+
+    def slow_load():
+        assert release.wait(30)
+        return tiny_engine()
+
+    app = create_app(ServerConfig(engine=slow_load, recordings_dir=tmp_path))
+    with TestClient(app) as c:
+        r = c.get("/health")
+        assert r.status_code == 503 and r.json()["status"] == "loading"
+        assert error_of(c.get("/v1/models"))["code"] == "model_loading"
+        assert c.post("/v1/completions", json={"prompt": "x"}).status_code == 503
+        release.set()
+        wait_for(lambda: c.get("/health").status_code == 200, what="the model to load")
+        assert c.post("/v1/completions", json={"prompt": "x", **GREEDY}).status_code == 200
+
+
+def test_health_when_loading_failed(tmp_path):
+    def bad_load():
+        raise FileNotFoundError("no such model: nowhere")
+
+    with TestClient(create_app(ServerConfig(engine=bad_load, recordings_dir=tmp_path))) as c:
+        body = wait_for(lambda: c.get("/health").json() if c.get("/health").json()["status"] != "loading" else None)
+        assert body["status"] == "failed" and "nowhere" in body["reason"]
+        assert c.get("/health").status_code == 503
+
+
+def test_health_when_the_engine_thread_died(client):
+    server = server_of(client.app)
+    engine = server.async_engine.engine
+
+    def die(*args, **kwargs):
+        raise SystemError("simulated engine crash")
+
+    engine.emit_metrics_if_due = die  # runs outside the per-step guard, in the idle loop
+    wait_for(lambda: not server.async_engine.is_alive, what="the engine thread to die")
+    r = client.get("/health")
+    assert r.status_code == 503 and r.json()["status"] == "dead" and "simulated engine crash" in r.json()["reason"]
+    assert error_of(client.post("/v1/completions", json={"prompt": "x"}))["code"] == "engine_dead"
+
+
+def test_metrics_prometheus_text(client):
+    for _ in range(2):
+        client.post("/v1/completions", json={"prompt": "Hello there, general Kenobi. " * 8, **GREEDY})
+    r = client.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    text = r.text
+    label = '{model_name="random:tiny"}'
+    for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc"):
+        assert f"minivllm:{name}{label} 0.0" in text
+    for name in ("prefix_cache_queries_total", "prefix_cache_hits_total", "num_preemptions_total",
+                 "prompt_tokens_total", "generation_tokens_total"):
+        assert f"minivllm:{name}{label}" in text
+    assert f"minivllm:generation_tokens_total{label} 12.0" in text
+    hits = float(text.split(f"minivllm:prefix_cache_hits_total{label} ")[1].split()[0])
+    assert hits > 0  # the second identical prompt reused the first one's full blocks
+    for name in ("time_to_first_token_seconds", "time_per_output_token_seconds", "e2e_request_latency_seconds",
+                 "request_queue_time_seconds"):
+        assert f"# TYPE minivllm:{name} histogram" in text
+        assert f"minivllm:{name}_count{label} 2.0" in text
+
+
+# ---- dashboard API ---------------------------------------------------------------------------
+
+
+def test_state_and_config(client):
+    client.post("/v1/completions", json={"prompt": "Hello", **GREEDY})
+    snap = msgspec.json.decode(client.get("/api/state").content, type=ev.Snapshot)
+    assert snap.config.num_blocks == 64 and len(snap.blocks) == 64
+    assert [r.state for r in snap.requests] == ["FINISHED"]
+    assert client.get("/api/config").json()["max_num_seqs"] == 8
+
+    r = client.put("/api/config", json={"num_blocks": 32, "enable_prefix_caching": False, "block_size": 8})
+    assert r.status_code == 200, r.text
+    assert (r.json()["num_blocks"], r.json()["block_size"], r.json()["enable_prefix_caching"]) == (32, 8, False)
+    assert client.get("/api/state").json()["requests"] == []
+    assert client.post("/v1/completions", json={"prompt": "Hello", **GREEDY}).status_code == 200
+
+    for bad, param in (({"num_blocks": 0}, "num_blocks"), ({"max_num_seqs": "many"}, "max_num_seqs"),
+                       ({"block_size": -1}, "block_size")):
+        r = client.put("/api/config", json=bad)
+        assert r.status_code == 400 and error_of(r)["param"] == param
+    assert client.get("/api/config").json()["num_blocks"] == 32
+    assert client.post("/v1/completions", json={"prompt": "Hello", **GREEDY}).status_code == 200
+
+
+def test_config_change_is_409_while_a_request_runs(client):
+    ae = server_of(client.app).async_engine
+    from minivllm.sampling.params import SamplingParams
+
+    ae.submit(lambda e: e.add_request("busy", "Hello", SamplingParams(max_tokens=400, ignore_eos=True))).result()
+    r = client.put("/api/config", json={"num_blocks": 16})
+    assert r.status_code == 409 and error_of(r)["code"] == "engine_busy"
+    ae.abort("busy")
+    wait_for(lambda: ae.submit(lambda e: not e.has_unfinished_requests()).result(), what="the abort")
+    assert client.put("/api/config", json={"num_blocks": 16}).json()["num_blocks"] == 16
+
+
+def test_recordings_lifecycle_download_trace_and_upload(client):
+    assert client.get("/api/recordings").json() == []
+    assert client.post("/api/recordings/stop").status_code == 409
+    started = client.post("/api/recordings/start")
+    assert started.status_code == 201 and started.json()["active"] is True
+    assert client.post("/api/recordings/start").status_code == 409
+    assert client.get("/api/recordings/status").json()["recording"]["id"] == started.json()["id"]
+    client.post("/v1/completions", json={"prompt": "Record me", "n": 2, "temperature": 1.0, "max_tokens": 5})
+    client.post("/v1/chat/completions", json=chat_body())
+    stopped = client.post("/api/recordings/stop").json()
+    rid = stopped["id"]
+    assert stopped["active"] is False and stopped["num_events"] > 20 and stopped["duration_s"] > 0
+    assert client.get("/api/recordings/status").json()["recording"] is None
+    (listed,) = client.get("/api/recordings").json()
+    assert listed == stopped
+
+    download = client.get(f"/api/recordings/{rid}")
+    assert download.status_code == 200
+    recording = parse_lines(download.content.splitlines())
+    assert recording.footer is not None and len(recording.events) == stopped["num_events"]
+    folded = fold(recording.header.snapshot, recording.events)
+    assert msgspec.to_builtins(folded.requests) == msgspec.to_builtins(recording.footer.snapshot.requests)
+    assert msgspec.to_builtins(folded.blocks) == msgspec.to_builtins(recording.footer.snapshot.blocks)
+
+    trace = client.get(f"/api/recordings/{rid}/trace").json()
+    events = trace["traceEvents"]
+    tracks = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    request_ids = {e.request_id for e in recording.events if isinstance(e, ev.RequestArrived)}
+    assert len(request_ids) == 2 and request_ids | {"steps"} == tracks
+    states = {e["name"] for e in events if e["ph"] == "X" and e.get("cat") == "request"}
+    assert {"WAITING", "PREFILL", "DECODE"} <= states
+    steps = [e for e in events if e["ph"] == "X" and e["name"].startswith("step ")]
+    assert len(steps) == sum(isinstance(e, ev.StepFinished) for e in recording.events)
+    kv = [e for e in events if e["ph"] == "C" and e["name"] == "KV blocks"]
+    assert max(e["args"]["used"] for e in kv) > 0 and kv[-1]["args"]["used"] == 0
+    assert all(e["ts"] >= 0 for e in events if "ts" in e)
+
+    uploaded = client.post("/api/recordings", content=download.content, headers={"content-type": "application/x-ndjson"})
+    assert uploaded.status_code == 201 and uploaded.json()["num_events"] == stopped["num_events"]
+    assert client.get(f"/api/recordings/{uploaded.json()['id']}").content == download.content
+    assert len(client.get("/api/recordings").json()) == 2
+    multipart = client.post("/api/recordings", files={"file": ("r.jsonl", download.content)})
+    assert multipart.status_code == 201
+
+    lines = download.content.splitlines()
+    broken = b"\n".join([*lines[:2], b'{"type": "token", "request_id": 5}', *lines[3:]])
+    r = client.post("/api/recordings", content=broken)
+    assert r.status_code == 400 and "line 3" in error_of(r)["message"]
+    assert error_of(client.post("/api/recordings", content=b"not json"))["message"].count("line 1") == 1
+    assert client.get("/api/recordings/nope").status_code == 404
+    assert client.get("/api/recordings/..%2F..%2Fetc%2Fpasswd").status_code == 404
+    assert client.get("/api/recordings/nope/trace").status_code == 404
+
+
+# ---- static files and docs -------------------------------------------------------------------
+
+
+def test_frontend_not_built_page_and_docs(client):
+    r = client.get("/")
+    assert r.status_code == 200 and "build" in r.text.lower() and r.headers["content-type"].startswith("text/html")
+    assert client.get("/docs").status_code == 200
+    paths = client.get("/docs/openapi.json").json()["paths"]
+    assert {"/v1/completions", "/v1/chat/completions", "/api/config", "/health", "/metrics"} <= set(paths)
+
+
+def test_frontend_dist_with_client_route_fallback(tmp_path):
+    dist = tmp_path / "dist"
+    (dist / "assets").mkdir(parents=True)
+    (dist / "index.html").write_text("<html>dashboard</html>")
+    (dist / "assets" / "app.js").write_text("console.log(1)")
+    with TestClient(tiny_app(tmp_path, frontend_dist=dist)) as c:
+        assert c.get("/").text == "<html>dashboard</html>"
+        js = c.get("/assets/app.js")
+        assert js.text == "console.log(1)" and "javascript" in js.headers["content-type"]
+        assert c.get("/replay/some-recording").text == "<html>dashboard</html>"
+        assert c.get("/assets/missing.js").status_code == 404
+        assert c.get("/v1/unknown").status_code == 404
+        assert c.get("/health").status_code == 200

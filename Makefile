@@ -65,6 +65,8 @@ schema: setup-python
 	$(VENV)/bin/minivllm schema
 
 docker:
+	@# use the CPU torch wheel from local disk when there is one (no multi-GB download)
+	@ls /opt/wheels/torch-2.13.0*.whl >/dev/null 2>&1 && cp -n /opt/wheels/torch-2.13.0*.whl docker/wheels/ || true
 	docker compose build && docker compose up
 
 clean:

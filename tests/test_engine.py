@@ -10,6 +10,7 @@ caching off; logprobs are checked against HF's logits.
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 import torch
@@ -39,7 +40,8 @@ SYSTEM_PROMPT = (
     "up to eight books for three weeks and renew them twice online. Late returns cost ten cents a day, "
     "capped at five dollars per book. The reading room on the second floor is silent; group study rooms "
     "on the third floor can be booked for two hours at a time. Printing costs five cents a page in black "
-    "and white and twenty cents in colour. Lost cards are replaced for two dollars at the front desk."
+    "and white and twenty cents in colour. Lost cards are replaced for two dollars at the front desk. "
+    "Children under twelve must be accompanied by an adult in the main hall."
 )
 
 
@@ -87,7 +89,7 @@ def test_tight_pool_completes_everything_with_preemptions(embedded_model, chat_p
     requests start together and must preempt each other; every output still equals the request alone."""
     engine = make_engine(embedded_model, num_blocks=6, block_size=16)
     log = EventLog(engine)
-    for i, ids in enumerate(chat_prompts):
+    for i, ids in enumerate(chat_prompts[:4]):
         engine.add_request(f"r{i}", prompt_token_ids=ids, params=GREEDY_32)
     outs = run(engine)
     preempted = [rid for e in log.of(ev.StepScheduled) for rid in e.preempted]
@@ -96,7 +98,7 @@ def test_tight_pool_completes_everything_with_preemptions(embedded_model, chat_p
     assert sum(o.metrics.num_preemptions for o in outs.values()) == len(preempted)
     states = [e for e in log.of(ev.RequestStateChanged) if e.state == "PREEMPTED"]
     assert len(states) == len(preempted) and all(e.reason for e in states)
-    for i, ref in enumerate(reference):
+    for i, ref in enumerate(reference[:4]):
         got = outs[f"r{i}"].outputs[0]
         assert (got.token_ids, got.text) == (ref.outputs[0].token_ids, ref.outputs[0].text), QUESTIONS[i]
     assert_all_blocks_free(engine)
@@ -133,14 +135,15 @@ def test_abort_in_every_state_frees_everything(tiny_model):
         bm.check_invariants()
         seen[request.request_id] = []
 
-    step_until(engine, lambda: prefill.status == RequestStatus.PREFILL and prefill.seqs[0].num_computed > 0)
+    outs = step_until(engine, lambda: prefill.status == RequestStatus.PREFILL and prefill.seqs[0].num_computed > 0)
     assert prefill.seqs[0].num_computed < 22, "the prompt should be mid-way through chunked prefill"
     abort(prefill, RequestStatus.PREFILL)
     assert waiting.status == RequestStatus.WAITING  # max_num_seqs=2 kept it out until now
     abort(waiting, RequestStatus.WAITING)
-    step_until(engine, lambda: decode.status == RequestStatus.DECODE and decode.seqs[0].num_output_tokens >= 3)
+    outs += step_until(engine, lambda: decode.status == RequestStatus.DECODE and decode.seqs[0].num_output_tokens >= 3)
     abort(decode, RequestStatus.DECODE)
-    outs = {o.request_id: o for o in engine.step()}  # abort outputs come out at the next step
+    outs += engine.step()  # abort outputs come out at the next step
+    outs = {o.request_id: o for o in outs if o.finished}
     assert set(outs) == {"prefill", "waiting", "decode"}
     assert all(o.finished and o.outputs[0].finish_reason == "abort" for o in outs.values())
     assert len(outs["decode"].outputs[0].token_ids) >= 3
@@ -166,7 +169,7 @@ def test_random_mix_of_finish_abort_preempt_leaks_nothing(tiny_model, seed):
     """Random requests (n > 1, beams, stop tokens, shared prefixes) in a tight pool, random aborts:
     invariants hold after every step, every request finishes, and all blocks end up free."""
     rng = random.Random(seed)
-    engine = make_engine(tiny_model, num_blocks=24, block_size=4, max_num_batched_tokens=24, max_num_seqs=8)
+    engine = make_engine(tiny_model, num_blocks=16, block_size=4, max_num_batched_tokens=24, max_num_seqs=8)
     log = EventLog(engine)
     prefix = [rng.randrange(3, 1000) for _ in range(9)]
     added, aborted_in = [], {}
@@ -183,7 +186,7 @@ def test_random_mix_of_finish_abort_preempt_leaks_nothing(tiny_model, seed):
         added.append((f"r{i}", prompt, params))
 
     def on_step(step: int) -> None:
-        if added and rng.random() < 0.6:
+        if added and rng.random() < 0.8:
             rid, prompt, params = added.pop(0)
             engine.add_request(rid, prompt_token_ids=prompt, params=params)
         live = list(engine.requests.values())
@@ -199,11 +202,52 @@ def test_random_mix_of_finish_abort_preempt_leaks_nothing(tiny_model, seed):
             on_step(-1)
     assert len(done) == 14
     for rid, out in done.items():
-        expected = "abort" if rid in aborted_in else None
         reasons = {o.finish_reason for o in out.outputs}
-        assert (reasons == {"abort"}) if expected else (reasons <= {"stop", "length"}), (rid, reasons)
+        if rid in aborted_in:  # samples that had already finished keep their own reason
+            assert "abort" in reasons and reasons <= {"abort", "stop", "length"}, (rid, reasons)
+        else:
+            assert reasons <= {"stop", "length"}, (rid, reasons)
     assert_all_blocks_free(engine)
     assert any(e.preempted for e in log.of(ev.StepScheduled)), "the pool was never tight"
+
+
+def test_preempted_parallel_samples_resume(tiny_model):
+    """n = 3 samples are preempted by a more urgent request once they have diverged, then resume from
+    the prefix cache: they must be readmitted (the samples' shared cached prompt blocks are reused
+    once, not counted once per sample) and finish exactly as they would have without preemption."""
+    prompt = list(range(40, 57))  # 17 tokens, block size 4: 4 full blocks + 1 partial
+    params = SamplingParams(n=3, temperature=1.0, seed=5, max_tokens=12, ignore_eos=True)
+    ref_engine = make_engine(tiny_model, num_blocks=32, block_size=4)
+    ref_engine.add_request("samples", prompt_token_ids=prompt, params=params)
+    ref = [o.token_ids for o in run(ref_engine)["samples"].outputs]
+
+    engine = make_engine(tiny_model, num_blocks=16, block_size=4)
+    log = EventLog(engine)
+    engine.add_request("samples", prompt_token_ids=prompt, params=params, priority=1)
+    step_until(engine, lambda: len(engine.requests["samples"].seqs) == 3)
+    engine.add_request("urgent", prompt_token_ids=[7, 8, 9, 10], params=SamplingParams(max_tokens=40, ignore_eos=True),
+                       priority=0)
+    done = run(engine, max_steps=300)
+    assert [rid for e in log.of(ev.StepScheduled) for rid in e.preempted] == ["samples"]
+    assert [o.token_ids for o in done["samples"].outputs] == ref
+    assert len(done["urgent"].outputs[0].token_ids) == 40
+    assert_all_blocks_free(engine)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "known limitation: recompute preemption loses the sharing of forked sequences. Without the prefix "
+    "cache (off, or its blocks evicted) every sample recomputes its own copy of the prompt, 3 x 7 blocks "
+    "here, more than the 16-block pool that admission validated the request against (10 blocks), so the "
+    "preempted request can never be readmitted"))
+def test_preempted_parallel_samples_resume_without_prefix_cache(tiny_model):
+    params = SamplingParams(n=3, temperature=1.0, seed=5, max_tokens=12, ignore_eos=True)
+    engine = make_engine(tiny_model, num_blocks=16, block_size=4, enable_prefix_caching=False)
+    engine.add_request("samples", prompt_token_ids=list(range(40, 57)), params=params, priority=1)
+    step_until(engine, lambda: len(engine.requests["samples"].seqs) == 3)
+    engine.add_request("urgent", prompt_token_ids=[7, 8, 9, 10], params=SamplingParams(max_tokens=40, ignore_eos=True),
+                       priority=0)
+    done = run(engine, max_steps=150)
+    assert [len(o.token_ids) for o in done["samples"].outputs] == [12, 12, 12]
 
 
 # ---- prefix caching ----------------------------------------------------------------------------
@@ -259,7 +303,7 @@ def test_requests_that_can_never_fit_are_rejected_at_once(tiny_model):
     assert "200" in str(prompt_too_long.value) and "128" in str(prompt_too_long.value)
     with pytest.raises(RequestRejectedError) as too_big:  # fits max_model_len, not the 4-block pool
         engine.add_request("too-big", prompt_token_ids=list(range(100, 140)), params=SamplingParams(max_tokens=40))
-    assert "5" in str(too_big.value) and "4 blocks" in str(too_big.value)
+    assert re.search(r"\b5\b", str(too_big.value)) and re.search(r"\b4\b", str(too_big.value))
     with pytest.raises(RequestRejectedError):  # 3 samples of 40 new tokens each cannot share 4 blocks
         engine.add_request("too-wide", prompt_token_ids=[1, 2], params=SamplingParams(n=3, max_tokens=40))
     engine.add_request("ok-after", prompt_token_ids=[8, 9], params=SamplingParams(max_tokens=8, ignore_eos=True))
@@ -375,6 +419,8 @@ def test_stop_string_split_across_tokens_never_leaks(embedded_model, france):
     k = next(i for i in range(1, len(pieces) - 1) if len(pieces[i]) >= 2 and len(pieces[i + 1]) >= 2)
     stop = pieces[k][-2:] + pieces[k + 1][:2]
     start = text.index(stop)
+    # the token whose text completes the first occurrence of the stop string ends the generation
+    last = next(j for j in range(len(pieces)) if len("".join(pieces[:j + 1])) >= start + len(stop))
     engine = make_engine(embedded_model, num_blocks=16)
     log = EventLog(engine)
     out, deltas = stream(engine, "stop", ids, SamplingParams(temperature=0.0, max_tokens=40, stop=[stop, "zzzz-never"]))
@@ -384,7 +430,7 @@ def test_stop_string_split_across_tokens_never_leaks(embedded_model, france):
     assert "".join(e.text for e in log.of(ev.TokenGenerated)) == out.text
     assert out.token_ids == full.token_ids[:len(out.token_ids)]
     # generation ended with the token that completed the stop string
-    assert len(out.token_ids) == k + 2
+    assert len(out.token_ids) == last + 1
 
 
 def test_stop_token_ids_and_eos(embedded_model, france):
@@ -443,11 +489,12 @@ def test_logprobs_match_hf(embedded_model, hf_embedded_model, france):
 
 
 def test_lower_priority_value_runs_first_when_the_pool_is_tight(tiny_model):
-    # 4 blocks of 4 tokens hold exactly one request (4 prompt + 10 new tokens) at a time
-    engine = make_engine(tiny_model, num_blocks=4, block_size=4, max_num_seqs=4)
+    # 5 blocks of 4 tokens hold one request (13 prompt + 6 new tokens) at a time; arrival order is
+    # the reverse of the priority order
+    engine = make_engine(tiny_model, num_blocks=5, block_size=4, max_num_seqs=4)
     log = EventLog(engine)
     for rid, prio in (("late", 5), ("mid", 1), ("urgent", 0)):
-        engine.add_request(rid, prompt_token_ids=[11, 12, 13, 14], params=SamplingParams(max_tokens=10, ignore_eos=True),
+        engine.add_request(rid, prompt_token_ids=list(range(11, 24)), params=SamplingParams(max_tokens=6, ignore_eos=True),
                            priority=prio)
     done = run(engine)
     first_token = sorted(done, key=lambda r: done[r].metrics.first_token_time)
@@ -479,10 +526,10 @@ def test_chunked_prefill_keeps_decoding(embedded_model):
     long_prompt = chat_ids(tok, "Summarise the rules below in one sentence.", system=SYSTEM_PROMPT)
     budget = 32
     assert len(long_prompt) > 4 * budget
-    talk_params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    talk_params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     long_params = SamplingParams(temperature=0.0, max_tokens=6)
-    ref_talk, ref_long = alone(embedded_model, [talker, long_prompt], talk_params, num_blocks=32)[0], \
-        alone(embedded_model, [long_prompt], long_params, num_blocks=32)[0]
+    (ref_talk,) = alone(embedded_model, [talker], talk_params, num_blocks=32)
+    (ref_long,) = alone(embedded_model, [long_prompt], long_params, num_blocks=32)
 
     engine = make_engine(embedded_model, num_blocks=64, max_num_batched_tokens=budget)
     log = EventLog(engine)

@@ -35,11 +35,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def _start_server(tmp_path_factory, *model_args: str):
     port = _free_port()
     cmd = [sys.executable, "-m", "minivllm.cli", "serve", "--port", str(port), "--device", "cpu",
-           "--num-blocks", "160", "--max-num-seqs", "16", "--max-model-len", "1024", "--api-key", API_KEY,
+           "--num-blocks", "160", *model_args, "--max-num-seqs", "16", "--max-model-len", "1024", "--api-key", API_KEY,
            "--recordings-dir", str(tmp_path_factory.mktemp("recordings")), "--log-level", "warning"]
     env = {**os.environ, "MINIVLLM_API_KEY": ""}
     log = tmp_path_factory.mktemp("server") / "server.log"
@@ -57,7 +56,7 @@ def server(tmp_path_factory):
         return statuses[-1] == 200
 
     try:
-        wait_for(ready, timeout=180, interval=0.1, what="the server to load the embedded model")
+        wait_for(ready, timeout=180, interval=0.1, what="the server to load its model")
         yield {"base": base, "port": port, "health_statuses": statuses, "proc": proc}
     finally:
         proc.terminate()
@@ -68,11 +67,26 @@ def server(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """The embedded SmolLM2 model (the default)."""
+    yield from _start_server(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
 def client(server):
     return openai.OpenAI(base_url=f"{server['base']}/v1", api_key=API_KEY, max_retries=0, timeout=120)
 
 
-def _chat_stream(client, prompt: str, max_tokens: int = 24) -> str:
+@pytest.fixture(scope="module")
+def tiny_server(tmp_path_factory):
+    """random:tiny: steps are short, so events come fast and a stuck client's cost would show. Its
+    many (one-token) blocks make every snapshot ~4 MB, more than the kernel buffers (~3 MB on
+    loopback) of a client that never reads, so that the server's sends to it really block."""
+    yield from _start_server(tmp_path_factory, "--model", "random:tiny", "--block-size", "1",
+                             "--num-blocks", "80000", "--ws-queue-limit", "256")
+
+
+def _chat_stream(client, prompt: str, max_tokens: int = 10) -> str:
     stream = client.chat.completions.create(model=client.models.list().data[0].id, stream=True, temperature=0,
                                             max_tokens=max_tokens, messages=[{"role": "user", "content": prompt}])
     return "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
@@ -120,7 +134,7 @@ def test_dropped_stream_is_aborted_and_its_blocks_freed(server, client):
     stream = client.completions.create(model=client.models.list().data[0].id, prompt="Tell a very long story",
                                        max_tokens=900, stream=True, extra_body={"ignore_eos": True})
     for i, _ in enumerate(stream):
-        if i == 3:
+        if i == 1:
             break
     assert _metric(server, "num_requests_running") == 1
     stream.close()
@@ -144,11 +158,31 @@ class StuckWebSocket:
             head += self.sock.recv(1)
         assert head.startswith(b"HTTP/1.1 101"), head
 
+    def drain(self, until, timeout: float = 30.0) -> list:
+        """Start reading at last: decode frames until `until(messages)` holds."""
+        self.sock.settimeout(timeout)
+        buf, messages, deadline = b"", [], time.monotonic() + timeout
+        while not until(messages):
+            assert time.monotonic() < deadline, f"gave up after {len(messages)} messages"
+            buf += self.sock.recv(1 << 16)
+            while len(buf) >= 2:
+                length, start = buf[1] & 0x7F, 2
+                if length == 126:
+                    length, start = int.from_bytes(buf[2:4], "big"), 4
+                elif length == 127:
+                    length, start = int.from_bytes(buf[2:10], "big"), 10
+                if len(buf) < start + length:
+                    break
+                if buf[0] & 0x0F == 1:  # a text frame (the server does not fragment)
+                    messages.append(msgspec.json.decode(buf[start:start + length], type=ev.WsMessage))
+                buf = buf[start + length:]
+        return messages
+
     def close(self):
         self.sock.close()
 
 
-def _throughput(client, n: int = 4, max_tokens: int = 48) -> float:
+def _throughput(client, n: int = 4, max_tokens: int = 100) -> float:
     def one(i: int) -> int:
         out = client.completions.create(model=client.models.list().data[0].id, prompt=f"Story number {i}:",
                                         max_tokens=max_tokens, temperature=0, extra_body={"ignore_eos": True})
@@ -160,33 +194,43 @@ def _throughput(client, n: int = 4, max_tokens: int = 48) -> float:
     return tokens / (time.perf_counter() - start)
 
 
-def test_a_stuck_websocket_client_does_not_slow_generation(server, client):
+def test_a_stuck_websocket_client_does_not_slow_generation(tiny_server):
+    server = tiny_server
+    client = openai.OpenAI(base_url=f"{server['base']}/v1", api_key=API_KEY, max_retries=0, timeout=120)
     _throughput(client, n=2, max_tokens=8)  # warm up
     baseline = _throughput(client)
     stuck = StuckWebSocket(server["port"])
     received: list[ev.EventBatch | ev.Snapshot | ev.Resync] = []
-    healthy = websockets_sync.connect(f"ws://127.0.0.1:{server['port']}/ws/events?api_key={API_KEY}")
     stop = threading.Event()
+    url = f"ws://127.0.0.1:{server['port']}/ws/events?api_key={API_KEY}"
+    with websockets_sync.connect(url, max_size=None) as healthy:
 
-    def read_healthy():
-        while not stop.is_set():
-            try:
-                received.append(msgspec.json.decode(healthy.recv(timeout=0.2), type=ev.WsMessage))
-            except TimeoutError:
-                continue
-            except Exception:  # noqa: BLE001 - closed at the end of the test
-                return
+        def read_healthy():
+            while not stop.is_set():
+                try:
+                    received.append(msgspec.json.decode(healthy.recv(timeout=0.2), type=ev.WsMessage))
+                except TimeoutError:
+                    continue
+                except Exception:  # noqa: BLE001 - closed at the end of the test
+                    return
 
-    reader = threading.Thread(target=read_healthy, daemon=True)
-    reader.start()
-    try:
-        with_stuck = _throughput(client)
-    finally:
-        stop.set()
-        reader.join(5)
-        healthy.close()
-        stuck.close()
+        reader = threading.Thread(target=read_healthy, daemon=True)
+        reader.start()
+        try:
+            wait_for(lambda: received, timeout=30, what="the healthy client's snapshot")
+            _throughput(client, n=4, max_tokens=50)  # > 256 events: the stuck client's feed overflows
+            with_stuck = _throughput(client)
+            # read the stuck client at last: it fell behind, so it got a resync and a fresh snapshot
+            drained = stuck.drain(lambda ms: any(isinstance(m, ev.Resync) for m in ms[:-1]))
+            after = drained[[isinstance(m, ev.Resync) for m in drained].index(True) + 1]
+            assert isinstance(drained[0], ev.Snapshot) and isinstance(after, ev.Snapshot)
+        finally:
+            stop.set()
+            reader.join(5)
+            stuck.close()
+    print(f"throughput: {baseline:.1f} tok/s without, {with_stuck:.1f} tok/s with a stuck WebSocket client")
     assert with_stuck >= 0.5 * baseline, f"{with_stuck:.1f} tok/s with a stuck client vs {baseline:.1f} without"
+    assert isinstance(received[0], ev.Snapshot) and not any(isinstance(m, ev.Resync) for m in received)
     tokens = sum(isinstance(e, ev.TokenGenerated) for m in received if isinstance(m, ev.EventBatch) for e in m.events)
-    assert isinstance(received[0], ev.Snapshot) and tokens >= 4 * 48, "the healthy client kept receiving"
+    assert tokens == 4 * 50 + 4 * 100, "the healthy client got every event"
     assert client.models.list().data  # the server is fine afterwards

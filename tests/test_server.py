@@ -417,8 +417,11 @@ def test_recordings_lifecycle_download_trace_and_upload(client):
     assert len(client.get("/api/recordings").json()) == 2
     multipart = client.post("/api/recordings", files={"file": ("r.jsonl", download.content)})
     assert multipart.status_code == 201
-
     lines = download.content.splitlines()
+    big = b"\n".join([*lines[:-1], *[lines[1]] * (5_000_000 // len(lines[1])), lines[-1]])
+    assert len(big) > 4 * 2**20  # over the general body limit: uploads have their own
+    assert client.post("/api/recordings", content=big).status_code == 201
+
     broken = b"\n".join([*lines[:2], b'{"type": "token", "request_id": 5}', *lines[3:]])
     r = client.post("/api/recordings", content=broken)
     assert r.status_code == 400 and "line 3" in error_of(r)["message"]

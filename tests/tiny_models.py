@@ -8,7 +8,8 @@ import torch
 
 
 def make_tiny_llama(directory: Path, *, seed: int = 0, tie: bool = False, kv_heads: int = 2,
-                    rope_scaling: dict | None = None, vocab: int = 256, layers: int = 3):
+                    rope_scaling: dict | None = None, vocab: int = 256, layers: int = 3,
+                    init_std: float | None = None):
     """Build a random `transformers.LlamaForCausalLM`, save it (config.json + safetensors) and return it."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -17,6 +18,8 @@ def make_tiny_llama(directory: Path, *, seed: int = 0, tie: bool = False, kv_hea
                       num_attention_heads=4, num_key_value_heads=kv_heads, head_dim=16,
                       max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=tie,
                       bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if init_std is not None:  # larger than HF's 0.02: peakier logits, fewer near-ties (beam search tests)
+        cfg.initializer_range = init_std
     if rope_scaling:
         cfg.rope_parameters = {"rope_theta": 500000.0, **rope_scaling}
     model = LlamaForCausalLM(cfg).eval()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from minivllm.engine.config import EngineConfig
@@ -157,8 +158,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def apply_env_defaults(parser: argparse.ArgumentParser, environ=None) -> None:
+    """Every option can also come from the environment as MINIVLLM_<OPTION> (docker compose)."""
+    environ = os.environ if environ is None else environ
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                apply_env_defaults(sub, environ)
+            continue
+        long = next((o for o in action.option_strings if o.startswith("--")), None)
+        value = environ.get("MINIVLLM_" + long[2:].upper().replace("-", "_"), "") if long else ""
+        if not value:
+            continue
+        if action.nargs == 0:  # store_true flags
+            action.default = value.lower() in ("1", "true", "yes", "on")
+        elif isinstance(action, argparse._AppendAction):
+            action.default = [v for v in value.split(",") if v]
+        else:
+            action.default = action.type(value) if action.type else value
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    apply_env_defaults(parser)
+    args = parser.parse_args(argv)
     try:
         return args.func(args)
     except KeyboardInterrupt:

@@ -134,8 +134,8 @@ class Scheduler:
         for seq in request.seqs:
             seq.num_computed = len(cached[seq.seq_id]) * self.bm.block_size
         chunks = self._chunks(request, budget)
-        needed = sum(self._new_blocks(s, c) + self._free_cached(cached[s.seq_id])
-                     for s, c in zip(request.seqs, chunks))
+        needed = (sum(self._new_blocks(s, c) for s, c in zip(request.seqs, chunks))
+                  + self._free_cached(cached.values()))
         if not any(chunks) or needed > self.bm.num_free_blocks:
             for seq in request.seqs:
                 seq.num_computed = 0
@@ -181,9 +181,10 @@ class Scheduler:
         needed = self.bm.blocks_needed(seq.seq_id, seq.num_computed + chunk)
         return needed + int(chunk > 0 and self._write_needs_copy(seq))
 
-    def _free_cached(self, block_ids: list[int]) -> int:
-        """Cached blocks that are free count against the free pool when reattached."""
-        return sum(1 for b in block_ids if self.bm.blocks[b].ref_count == 0)
+    def _free_cached(self, prefixes) -> int:
+        """Cached blocks that are free count against the free pool when reattached: once each, however
+        many of the request's sequences (forks, beams resuming after preemption) share them."""
+        return len({b for block_ids in prefixes for b in block_ids if self.bm.blocks[b].ref_count == 0})
 
     def _write_needs_copy(self, seq: Sequence) -> bool:
         table = self.bm.block_table(seq.seq_id)

@@ -165,5 +165,5 @@ class AsyncEngine:
                 _, future = self._commands.get_nowait()
             except queue.Empty:
                 return
-            if future is not None:
+            if future is not None and future.set_running_or_notify_cancel():
                 future.set_exception(exc)

@@ -83,6 +83,8 @@ class LLMEngine:
             raise EngineBusyError("the engine configuration can only change while no request runs")
         new = self.config.with_changes(**changes)
         new.validate()
+        new.resolved_num_blocks(self.loaded.config, self.loaded.dtype)  # fail before tearing down
+        new.resolved_max_model_len(self.loaded.config)
         del self.kv_cache  # free the old pool before allocating the new one
         self._build(new)
         self.finished.clear()
@@ -194,6 +196,9 @@ class LLMEngine:
             request = self.requests[rid]
             touched.append(request)
             if request.params.use_beam_search:
+                # rows in beam order: after a preemption, some beams may finish recomputing as decodes
+                # and others as prefill chunks, which the runner lays out decodes first
+                items.sort(key=lambda item: request.seqs.index(item[0]))
                 self._beam_step(request, logits[[row for _, row in items]])
             else:
                 plain += self._expand_samples(request, items)

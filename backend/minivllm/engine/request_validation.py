@@ -51,6 +51,10 @@ def _check_fits_pool(prompt_len: int, max_tokens: int, params: SamplingParams, e
     if width > cfg.max_num_seqs:
         raise RequestRejectedError(
             f"the request runs {width} sequences at once but max_num_seqs is {cfg.max_num_seqs}", "n")
+    if width > cfg.max_num_batched_tokens:  # its sequences decode together: one token each per step
+        raise RequestRejectedError(
+            f"the request runs {width} sequences at once but max_num_batched_tokens is "
+            f"{cfg.max_num_batched_tokens}", "n")
     # the prompt is shared; each sequence needs its own copy of the last partial block onwards
     needed = _blocks(prompt_len + max_tokens, cfg.block_size) + (width - 1) * (_blocks(max_tokens, cfg.block_size) + 1)
     if needed > num_blocks:

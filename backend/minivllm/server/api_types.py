@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import msgspec
 
 from minivllm.events import EngineInfo
@@ -43,6 +45,14 @@ class RequestTimings(msgspec.Struct, kw_only=True):
     num_preemptions: int
 
 
+class HealthStatus(msgspec.Struct, kw_only=True):
+    """GET /health: 200 when `ready`; 503 while `loading`, or when loading `failed` or the engine is `dead`."""
+
+    status: Literal["loading", "ready", "failed", "dead"]
+    model: str | None  # the served model's id, once known
+    reason: str | None = None  # why it failed / died
+
+
 class ErrorDetail(msgspec.Struct):
     message: str
     type: str
@@ -54,4 +64,5 @@ class ErrorBody(msgspec.Struct):
     error: ErrorDetail
 
 
-WIRE_TYPES: list[type] = [EngineInfo, ConfigUpdate, RecordingInfo, RecordingStatus, RequestTimings, ErrorBody]
+WIRE_TYPES: list[type] = [EngineInfo, ConfigUpdate, RecordingInfo, RecordingStatus, RequestTimings, HealthStatus,
+                          ErrorBody]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from litestar import Request, Response, get
 
 from minivllm.engine.async_engine import EngineDeadError
+from minivllm.server.api_types import HealthStatus
 from minivllm.server.metrics import CONTENT_TYPE, EngineGauges
 from minivllm.server.state import ServerState
 
@@ -13,11 +14,12 @@ from minivllm.server.state import ServerState
 async def health(request: Request) -> Response:
     server: ServerState = request.app.state.server
     status = server.status
-    body: dict[str, object] = {"status": status, "model": server.model_name}
+    reason = None
     if status == "failed":
-        body["reason"] = server.load_error
+        reason = server.load_error
     elif status == "dead" and server.async_engine is not None:
-        body["reason"] = server.async_engine.dead_reason
+        reason = server.async_engine.dead_reason
+    body = HealthStatus(status=status, model=server.model_name, reason=reason)  # type: ignore[arg-type]
     return Response(body, status_code=200 if status == "ready" else 503)
 
 

@@ -28,6 +28,10 @@ export function setApiKey(key: string | null): void {
   }
 }
 
+export function getApiKey(): string | null {
+  return apiKey;
+}
+
 export function authHeaders(): Record<string, string> {
   return apiKey ? { Authorization: `Bearer ${apiKey}` } : {};
 }
@@ -78,12 +82,19 @@ export function putConfig(update: ConfigUpdate): Promise<EngineInfo> {
   });
 }
 
-export function startRecording(): Promise<RecordingStatus> {
-  return json<RecordingStatus>("/api/recordings/start", { method: "POST" });
+/** POST /api/recordings/start: the new recording. */
+export function startRecording(): Promise<RecordingInfo> {
+  return json<RecordingInfo>("/api/recordings/start", { method: "POST" });
 }
 
-export function stopRecording(): Promise<RecordingStatus> {
-  return json<RecordingStatus>("/api/recordings/stop", { method: "POST" });
+/** POST /api/recordings/stop: the finished recording. */
+export function stopRecording(): Promise<RecordingInfo> {
+  return json<RecordingInfo>("/api/recordings/stop", { method: "POST" });
+}
+
+/** GET /api/recordings/status: the running recording, if any. */
+export function recordingStatus(): Promise<RecordingStatus> {
+  return json<RecordingStatus>("/api/recordings/status");
 }
 
 /** GET /api/recordings: a list (accepted bare or wrapped in `recordings` / `data`). */

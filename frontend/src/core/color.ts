@@ -10,23 +10,37 @@ export function hashString(s: string): number {
   return h >>> 0;
 }
 
-/** Hue in [0, 360) spread by the golden angle, so similar ids still get distinct hues. */
+/** murmur3's finaliser: every input bit affects every output bit (FNV alone leaves low bits weak). */
+export function mix32(h: number): number {
+  h ^= h >>> 16;
+  h = Math.imul(h, 0x85ebca6b);
+  h ^= h >>> 13;
+  h = Math.imul(h, 0xc2b2ae35);
+  h ^= h >>> 16;
+  return h >>> 0;
+}
+
+/** Hue in [0, 360) from the id's mixed hash. */
 export function requestHue(id: string): number {
-  return (hashString(id) * 137.508) % 360;
+  return (mix32(hashString(id)) / 4294967296) * 360;
 }
 
 const cache = new Map<string, string>();
 
-/** The request's colour for the given theme, as an `hsl()` string (cached). */
+/**
+ * The request's colour for the given theme (cached). OKLCH keeps equal hue steps equally distinct
+ * to the eye (in HSL, a third of the circle looks "green"); lightness and chroma vary a little
+ * with other bits of the hash so that close hues still differ.
+ */
 export function requestColor(id: string, dark: boolean): string {
   const key = (dark ? "d:" : "l:") + id;
   let c = cache.get(key);
   if (c === undefined) {
-    const h = hashString(id);
+    const h = mix32(hashString(id) ^ 0x9e3779b9);
     const hue = requestHue(id);
-    const sat = 55 + ((h >>> 8) % 25);
-    const light = dark ? 52 + ((h >>> 16) % 14) : 42 + ((h >>> 16) % 14);
-    c = `hsl(${hue.toFixed(1)} ${sat}% ${light}%)`;
+    const chroma = 0.13 + ((h >>> 8) % 5) * 0.012;
+    const light = (dark ? 0.7 : 0.6) + (((h >>> 16) % 5) - 2) * 0.035;
+    c = `oklch(${(light * 100).toFixed(1)}% ${chroma.toFixed(3)} ${hue.toFixed(1)})`;
     if (cache.size > 4096) cache.clear();
     cache.set(key, c);
   }

@@ -17,9 +17,7 @@ export interface BlockOwner {
 export interface BlockModel {
   readonly numBlocks: number;
   readonly blockSize: number;
-  /** Owners per block (undefined: none). */
-  readonly owners: readonly (readonly BlockOwner[] | undefined)[];
-  /** The request that colours the block: its first owner. */
+  /** The request that colours the block: its first owner (null: no owner). */
   readonly primary: readonly (string | null)[];
   /** Tokens held, as a fraction of the block size (0..1). */
   readonly fill: Float32Array;
@@ -31,31 +29,36 @@ export interface BlockModel {
 
 const memo = new WeakMap<EngineState, BlockModel>();
 
+/** The per-block view of the pool; memoised per engine state (computed at most once per frame). */
 export function blockModel(engine: EngineState): BlockModel {
   const cached = memo.get(engine);
   if (cached !== undefined) return cached;
   const n = engine.blocks.length;
   const bs = Math.max(1, engine.config.block_size);
-  const owners: (BlockOwner[] | undefined)[] = new Array(n);
   const primary: (string | null)[] = new Array<string | null>(n).fill(null);
   const fill = new Float32Array(n);
   const kind = new Uint8Array(n);
   const perRequest = new Map<string, number>();
+  const stamp = new Int32Array(n); // which request last counted each block (distinct counts without Sets)
+  let requestNo = 0;
   for (const r of engine.requests.values()) {
-    let distinct: Set<number> | undefined;
+    requestNo++;
+    let distinct = 0;
     for (const s of r.seqs) {
       const table = s.block_table;
       for (let i = 0; i < table.length; i++) {
         const b = table[i]!;
         if (b < 0 || b >= n) continue;
-        (owners[b] ??= []).push({ request_id: r.request_id, seq_id: s.seq_id, logical: i });
         if (primary[b] === null) primary[b] = r.request_id;
         const tokens = Math.max(0, Math.min(bs, s.num_tokens - i * bs));
-        fill[b] = Math.max(fill[b]!, tokens / bs);
-        (distinct ??= new Set()).add(b);
+        if (tokens / bs > fill[b]!) fill[b] = tokens / bs;
+        if (stamp[b] !== requestNo) {
+          stamp[b] = requestNo;
+          distinct++;
+        }
       }
     }
-    if (distinct !== undefined) perRequest.set(r.request_id, distinct.size);
+    if (distinct > 0) perRequest.set(r.request_id, distinct);
   }
   const counts = { used: 0, shared: 0, cached: 0, free: 0 };
   for (let b = 0; b < n; b++) {
@@ -68,7 +71,7 @@ export function blockModel(engine: EngineState): BlockModel {
       } else {
         kind[b] = KIND_USED;
       }
-      if (owners[b] === undefined) fill[b] = 1; // referenced by a sequence we do not know: show it full
+      if (primary[b] === null) fill[b] = 1; // referenced by a sequence we do not know: show it full
     } else if (block.block_hash !== null) {
       counts.cached++;
       kind[b] = KIND_CACHED;
@@ -79,9 +82,29 @@ export function blockModel(engine: EngineState): BlockModel {
       fill[b] = 0;
     }
   }
-  const model: BlockModel = { numBlocks: n, blockSize: bs, owners, primary, fill, kind, counts, perRequest };
+  const model: BlockModel = { numBlocks: n, blockSize: bs, primary, fill, kind, counts, perRequest };
   memo.set(engine, model);
   return model;
+}
+
+/** Who holds block `b`: every (request, sequence, logical index) whose table points at it. */
+export function blockOwners(engine: EngineState, b: number): BlockOwner[] {
+  const out: BlockOwner[] = [];
+  for (const r of engine.requests.values()) {
+    for (const s of r.seqs) {
+      s.block_table.forEach((x, i) => {
+        if (x === b) out.push({ request_id: r.request_id, seq_id: s.seq_id, logical: i });
+      });
+    }
+  }
+  return out;
+}
+
+/** The physical blocks a request's sequences reference. */
+export function requestBlocks(engine: EngineState, requestId: string): Set<number> {
+  const out = new Set<number>();
+  for (const s of engine.requests.get(requestId)?.seqs ?? []) for (const b of s.block_table) out.add(b);
+  return out;
 }
 
 /** A one-line text of the heatmap for the DOM (tests and screen readers). */

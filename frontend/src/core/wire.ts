@@ -14,6 +14,7 @@ export type {
   ErrorBody,
   EventBatch,
   MetricsSample,
+  RecordingFooter,
   RecordingHeader,
   RecordingInfo,
   RecordingStatus,
@@ -32,19 +33,13 @@ export type {
   TokenGenerated,
   WsMessage,
 } from "../generated/wire";
-import type { AnyEvent, RequestState, Snapshot } from "../generated/wire";
+import type { AnyEvent, RequestState } from "../generated/wire";
 
 export type RequestStateName = RequestState["state"];
 export type FinishReason = NonNullable<RequestState["finish_reason"]>;
 export type EventType = AnyEvent["type"];
 /** One event of the given `type` tag. */
 export type EventOf<T extends EventType> = Extract<AnyEvent, { type: T }>;
-
-/** The last line of a finished recording (RecordingFooter in events.py). */
-export interface RecordingFooter {
-  type: "footer";
-  snapshot: Snapshot;
-}
 
 export const EVENT_TYPES: readonly EventType[] = [
   "request_arrived",

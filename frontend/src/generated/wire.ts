@@ -45,7 +45,9 @@ export interface WireTypes {
   ErrorBody: ErrorBody;
   ErrorDetail: ErrorDetail;
   EventBatch: EventBatch;
+  HealthStatus: HealthStatus;
   MetricsSample: MetricsSample;
+  RecordingFooter: RecordingFooter;
   RecordingHeader: RecordingHeader;
   RecordingInfo: RecordingInfo;
   RecordingStatus: RecordingStatus;
@@ -382,14 +384,26 @@ export interface EventBatch {
   type: "events";
 }
 /**
+ * GET /health: 200 when `ready`; 503 while `loading`, or when loading `failed` or the engine is `dead`.
+ *
  * This interface was referenced by `WireTypes`'s JSON-Schema
- * via the `definition` "RecordingHeader".
+ * via the `definition` "HealthStatus".
  */
-export interface RecordingHeader {
-  created: string;
+export interface HealthStatus {
+  model: string | null;
+  reason?: string | null;
+  status: "dead" | "failed" | "loading" | "ready";
+}
+/**
+ * Last line of a finished recording: the engine's own snapshot when recording stopped.
+ * Folding every event onto the header's snapshot must give this state.
+ *
+ * This interface was referenced by `WireTypes`'s JSON-Schema
+ * via the `definition` "RecordingFooter".
+ */
+export interface RecordingFooter {
   snapshot: Snapshot;
-  type: "header";
-  version: number;
+  type: "footer";
 }
 /**
  * This interface was referenced by `WireTypes`'s JSON-Schema
@@ -439,6 +453,16 @@ export interface SeqState {
   num_tokens: number;
   parent_seq_id: number | null;
   seq_id: number;
+}
+/**
+ * This interface was referenced by `WireTypes`'s JSON-Schema
+ * via the `definition` "RecordingHeader".
+ */
+export interface RecordingHeader {
+  created: string;
+  snapshot: Snapshot;
+  type: "header";
+  version: number;
 }
 /**
  * This interface was referenced by `WireTypes`'s JSON-Schema

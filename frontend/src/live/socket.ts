@@ -2,6 +2,7 @@
 // `resync` announces a fresh snapshot. On a drop it reconnects with backoff and resumes with
 // `?since=<last seq>`; the server replays what was missed or sends a snapshot.
 import type { AnyEvent, WsMessage } from "../core/wire";
+import { getApiKey } from "../api/client";
 import type { DashboardStore } from "./store";
 
 export type ConnectionStatus = "connecting" | "live" | "reconnecting" | "offline";
@@ -28,6 +29,8 @@ export function eventsUrl(since: number | null, base: string = location.href): s
   const url = new URL("/ws/events", base);
   url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
   if (since !== null && since > 0) url.searchParams.set("since", String(since));
+  const key = getApiKey();
+  if (key) url.searchParams.set("api_key", key); // browsers cannot set headers on a WebSocket
   return url.toString();
 }
 

@@ -1,11 +1,9 @@
-// Loads the recorded engine session (tests/fixtures/make_recording.py) for tests.
-import { readFileSync } from "node:fs";
-import { fileURLToPath } from "node:url";
+// The recorded engine session (tests/fixtures/make_recording.py), bundled as text by Vite.
+import sessionText from "../__fixtures__/session.jsonl?raw";
 import { parseRecording, type Recording } from "../core/recording";
 
 export function loadSession(): Recording {
-  const path = fileURLToPath(new URL("../__fixtures__/session.jsonl", import.meta.url));
-  return parseRecording(readFileSync(path, "utf8"), "session.jsonl");
+  return parseRecording(sessionText, "session.jsonl");
 }
 
 /** Freezes an object graph (typed arrays excepted: they cannot be frozen). */

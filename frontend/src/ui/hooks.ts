@@ -1,5 +1,5 @@
 // React glue: subscribe to stores at the UI rate, and canvases drawn by the frame loop.
-import { useEffect, useRef, useSyncExternalStore } from "react";
+import { useEffect, useRef, useState, useSyncExternalStore } from "react";
 import type { DashboardState } from "../core/dashboard";
 import { frameLoop } from "../live/frameLoop";
 import type { DashboardStore } from "../live/store";
@@ -10,6 +10,29 @@ export function useDashboardState(store: DashboardStore): DashboardState {
   return useSyncExternalStore(store.subscribe, store.getUiState, store.getUiState);
 }
 
+/** Like useDashboardState, at most every `intervalMs` (for heavy DOM tables), with a trailing update. */
+export function useThrottledDashboardState(store: DashboardStore, intervalMs: number): DashboardState {
+  const [seen, setSeen] = useState(() => ({ store, state: store.getUiState() }));
+  useEffect(() => {
+    let last = 0;
+    let timer: ReturnType<typeof setTimeout> | null = null;
+    const update = () => {
+      timer = null;
+      last = performance.now();
+      setSeen({ store, state: store.getUiState() });
+    };
+    const unsubscribe = store.subscribe(() => {
+      if (timer === null) timer = setTimeout(update, Math.max(0, intervalMs - (performance.now() - last)));
+    });
+    return () => {
+      unsubscribe();
+      if (timer !== null) clearTimeout(timer);
+    };
+  }, [store, intervalMs]);
+  // switching stores (live <-> replay) shows the new one at once
+  return seen.store === store ? seen.state : store.getUiState();
+}
+
 export interface CanvasSize {
   width: number;
   height: number;
@@ -17,7 +40,8 @@ export interface CanvasSize {
 }
 
 export interface CanvasDrawer {
-  /** Draws; return true to be called again next frame even if `key` is unchanged (animation). */
+  /** Draws the whole canvas (it is opaque: paint the background first); return true to be called
+   * again next frame even if `key` is unchanged (animation). */
   draw: (ctx: CanvasRenderingContext2D, size: CanvasSize, now: number) => boolean;
   /** Values that, when any changes, require a redraw. */
   key: () => readonly unknown[];
@@ -27,73 +51,76 @@ export interface CanvasDrawer {
  * A canvas sized to its CSS box (device pixels) and drawn by the frame loop when `key()` changes,
  * the size or theme changes, or the last draw asked to animate. The latest drawer is always used.
  */
-export function useCanvas(drawer: CanvasDrawer): React.RefObject<HTMLCanvasElement | null> {
-  const ref = useRef<HTMLCanvasElement | null>(null);
+export function useCanvas(drawer: CanvasDrawer): (el: HTMLCanvasElement | null) => void {
+  // A callback ref: the canvas may mount after the component (e.g. once the first snapshot arrives).
+  const [canvas, setCanvas] = useState<HTMLCanvasElement | null>(null);
   const latest = useRef(drawer);
   useEffect(() => {
     latest.current = drawer;
   });
-  useEffect(() => {
-    const canvas = ref.current;
-    if (canvas === null) return;
-    let ctx: CanvasRenderingContext2D | null = null;
-    try {
-      ctx = canvas.getContext("2d");
-    } catch {
-      ctx = null;
+  useEffect(() => (canvas === null ? undefined : attachCanvas(canvas, latest)), [canvas]);
+  return setCanvas;
+}
+
+/** Sizes `canvas` to its box and draws it from the frame loop; returns the cleanup. */
+function attachCanvas(canvas: HTMLCanvasElement, latest: { readonly current: CanvasDrawer }): (() => void) | undefined {
+  let ctx: CanvasRenderingContext2D | null;
+  try {
+    ctx = canvas.getContext("2d", { alpha: false });
+  } catch {
+    ctx = null; // jsdom: "not implemented"
+  }
+  if (ctx === null) return undefined; // no canvas support (tests): nothing to draw
+  const context = ctx;
+  const size: CanvasSize = { width: 0, height: 0, dpr: 1 };
+  let dirty = true;
+  let animating = false;
+  let lastKey: readonly unknown[] = [];
+  let lastPalette = -1;
+  const measure = () => {
+    const rect = canvas.getBoundingClientRect();
+    const dpr = Math.min(2, window.devicePixelRatio || 1);
+    const w = Math.max(1, Math.round(rect.width));
+    const h = Math.max(1, Math.round(rect.height));
+    if (w !== size.width || h !== size.height || dpr !== size.dpr) {
+      size.width = w;
+      size.height = h;
+      size.dpr = dpr;
+      canvas.width = Math.round(w * dpr);
+      canvas.height = Math.round(h * dpr);
+      dirty = true;
     }
-    if (ctx === null) return; // no canvas support (tests): nothing to draw
-    const size: CanvasSize = { width: 0, height: 0, dpr: 1 };
-    let dirty = true;
-    let animating = false;
-    let lastKey: readonly unknown[] = [];
-    let lastPalette = -1;
-    const measure = () => {
-      const rect = canvas.getBoundingClientRect();
-      const dpr = Math.min(2, window.devicePixelRatio || 1);
-      const w = Math.max(1, Math.round(rect.width));
-      const h = Math.max(1, Math.round(rect.height));
-      if (w !== size.width || h !== size.height || dpr !== size.dpr) {
-        size.width = w;
-        size.height = h;
-        size.dpr = dpr;
-        canvas.width = Math.round(w * dpr);
-        canvas.height = Math.round(h * dpr);
-        dirty = true;
-      }
-    };
-    measure();
-    const observer = typeof ResizeObserver === "function" ? new ResizeObserver(measure) : null;
-    observer?.observe(canvas);
-    // Canvases scrolled out of view are not drawn (and are redrawn when they come back).
-    let visible = true;
-    const io = typeof IntersectionObserver === "function"
-      ? new IntersectionObserver((entries) => {
-          for (const e of entries) {
-            visible = e.isIntersecting;
-            if (visible) dirty = true;
-          }
-        })
-      : null;
-    io?.observe(canvas);
-    const stop = frameLoop.addDrawer((now) => {
-      if (!visible) return;
-      const key = latest.current.key();
-      const pv = paletteVersion();
-      if (!dirty && !animating && pv === lastPalette && sameKey(key, lastKey)) return;
-      lastKey = key;
-      lastPalette = pv;
-      dirty = false;
-      ctx.setTransform(size.dpr, 0, 0, size.dpr, 0, 0);
-      animating = latest.current.draw(ctx, size, now);
-    });
-    return () => {
-      stop();
-      observer?.disconnect();
-      io?.disconnect();
-    };
-  }, []);
-  return ref;
+  };
+  measure();
+  const observer = typeof ResizeObserver === "function" ? new ResizeObserver(measure) : null;
+  observer?.observe(canvas);
+  // Canvases scrolled out of view are not drawn (and are redrawn when they come back).
+  let visible = true;
+  const io = typeof IntersectionObserver === "function"
+    ? new IntersectionObserver((entries) => {
+        for (const e of entries) {
+          visible = e.isIntersecting;
+          if (visible) dirty = true;
+        }
+      })
+    : null;
+  io?.observe(canvas);
+  const stop = frameLoop.addDrawer((now) => {
+    if (!visible) return;
+    const key = latest.current.key();
+    const pv = paletteVersion();
+    if (!dirty && !animating && pv === lastPalette && sameKey(key, lastKey)) return;
+    lastKey = key;
+    lastPalette = pv;
+    dirty = false;
+    context.setTransform(size.dpr, 0, 0, size.dpr, 0, 0);
+    animating = latest.current.draw(context, size, now);
+  });
+  return () => {
+    stop();
+    observer?.disconnect();
+    io?.disconnect();
+  };
 }
 
 function sameKey(a: readonly unknown[], b: readonly unknown[]): boolean {

@@ -3,7 +3,7 @@
 import { useEffect, useRef, useState, type KeyboardEvent, type MouseEvent } from "react";
 import { requestColor } from "../../core/color";
 import { fmtInt, fmtPct, fmtSeconds } from "../../core/format";
-import { blockModel, gridLayout, heatmapSummaryText, KIND_CACHED, KIND_FREE, KIND_SHARED, type BlockModel } from "../../core/heatmap";
+import { blockModel, blockOwners, gridLayout, heatmapSummaryText, KIND_CACHED, KIND_FREE, KIND_SHARED, KIND_USED, requestBlocks, type BlockModel } from "../../core/heatmap";
 import { Card, EmptyState } from "../components/Card";
 import { useDashboard } from "../context";
 import { useCanvas, useDashboardState, usePublishedState } from "../hooks";
@@ -56,76 +56,84 @@ export function HeatmapPanel() {
       const st = store.state;
       const m = blockModel(st.engine);
       const { cell, cols } = layoutRef.current;
-      ctx.clearRect(0, 0, size.width, size.height);
+      ctx.fillStyle = p.panel; // opaque canvases: cheaper to composite
+      ctx.fillRect(0, 0, size.width, size.height);
       if (cell === 0) return false;
-      const now = store.now();
       const sel = selectedRef.current;
-      let flashing = false;
+      const selectedSet = sel !== null ? requestBlocks(st.engine, sel) : null;
+      const x = (b: number) => (b % cols) * (cell + 1);
+      const y = (b: number) => Math.floor(b / cols) * (cell + 1);
+      // Setting fillStyle parses a colour: cells are drawn in batches of one style each.
+      const inset = Math.max(1, Math.floor(cell / 4));
+      ctx.fillStyle = p.cached;
+      for (let b = 0; b < m.numBlocks; b++) if (m.kind[b] === KIND_CACHED) ctx.fillRect(x(b), y(b), cell, cell);
+      ctx.fillStyle = p.free;
       for (let b = 0; b < m.numBlocks; b++) {
-        const x = (b % cols) * (cell + 1);
-        const y = Math.floor(b / cols) * (cell + 1);
-        const kind = m.kind[b]!;
+        const k = m.kind[b];
+        if (k === KIND_FREE) ctx.fillRect(x(b), y(b), cell, cell);
+        else if (k === KIND_CACHED) ctx.fillRect(x(b) + inset, y(b) + inset, cell - 2 * inset, cell - 2 * inset);
+      }
+      const byOwner = new Map<string | null, number[]>();
+      for (let b = 0; b < m.numBlocks; b++) {
+        const k = m.kind[b];
+        if (k !== KIND_USED && k !== KIND_SHARED) continue;
         const owner = m.primary[b] ?? null;
-        const dim = sel !== null && !(m.owners[b]?.some((o) => o.request_id === sel) ?? false);
-        if (kind === KIND_FREE) {
-          ctx.fillStyle = p.free;
-          ctx.fillRect(x, y, cell, cell);
-        } else if (kind === KIND_CACHED) {
-          ctx.fillStyle = p.cached;
-          ctx.fillRect(x, y, cell, cell);
-          ctx.fillStyle = p.free;
-          const inset = Math.max(1, Math.floor(cell / 4));
-          ctx.fillRect(x + inset, y + inset, cell - 2 * inset, cell - 2 * inset);
-        } else {
-          const color = owner !== null ? requestColor(owner, p.dark) : p.muted;
-          ctx.fillStyle = color;
-          ctx.globalAlpha = 0.28;
-          ctx.fillRect(x, y, cell, cell);
-          ctx.globalAlpha = 1;
+        let list = byOwner.get(owner);
+        if (list === undefined) byOwner.set(owner, (list = []));
+        list.push(b);
+      }
+      for (const [owner, list] of byOwner) {
+        ctx.fillStyle = owner !== null ? requestColor(owner, p.dark) : p.muted;
+        ctx.globalAlpha = 0.28;
+        for (const b of list) ctx.fillRect(x(b), y(b), cell, cell);
+        ctx.globalAlpha = 1;
+        for (const b of list) {
           const h = Math.max(1, Math.round(m.fill[b]! * cell));
-          ctx.fillRect(x, y + cell - h, cell, h);
-          if (kind === KIND_SHARED) {
-            const s = Math.max(3, Math.floor(cell / 2.2));
-            ctx.fillStyle = p.text;
-            ctx.beginPath();
-            ctx.moveTo(x + cell - s, y);
-            ctx.lineTo(x + cell, y);
-            ctx.lineTo(x + cell, y + s);
-            ctx.closePath();
-            ctx.fill();
-          }
-        }
-        if (dim) {
-          ctx.fillStyle = p.panel;
-          ctx.globalAlpha = 0.7;
-          ctx.fillRect(x, y, cell, cell);
-          ctx.globalAlpha = 1;
-        }
-        const evicted = st.evictedAt[b];
-        if (evicted !== undefined && !Number.isNaN(evicted)) {
-          const age = now - evicted;
-          if (age >= 0 && age < FLASH_S) {
-            flashing = true;
-            ctx.fillStyle = p.flash;
-            ctx.globalAlpha = 0.85 * (1 - age / FLASH_S);
-            ctx.fillRect(x, y, cell, cell);
-            ctx.globalAlpha = 1;
-          }
+          ctx.fillRect(x(b), y(b) + cell - h, cell, h);
         }
       }
-      if (sel !== null) {
+      if (m.counts.shared > 0) {
+        const s = Math.max(3, Math.floor(cell / 2.2));
+        ctx.fillStyle = p.text;
+        ctx.beginPath();
+        for (let b = 0; b < m.numBlocks; b++) {
+          if (m.kind[b] !== KIND_SHARED) continue;
+          const bx = x(b) + cell;
+          const by = y(b);
+          ctx.moveTo(bx - s, by);
+          ctx.lineTo(bx, by);
+          ctx.lineTo(bx, by + s);
+          ctx.closePath();
+        }
+        ctx.fill();
+      }
+      if (selectedSet !== null) {
+        ctx.fillStyle = p.panel;
+        ctx.globalAlpha = 0.7;
+        for (let b = 0; b < m.numBlocks; b++) if (!selectedSet.has(b)) ctx.fillRect(x(b), y(b), cell, cell);
+        ctx.globalAlpha = 1;
         ctx.strokeStyle = p.text;
         ctx.lineWidth = 1;
-        for (let b = 0; b < m.numBlocks; b++) {
-          if (!(m.owners[b]?.some((o) => o.request_id === sel) ?? false)) continue;
-          ctx.strokeRect((b % cols) * (cell + 1) + 0.5, Math.floor(b / cols) * (cell + 1) + 0.5, cell - 1, cell - 1);
-        }
+        for (const b of selectedSet) if (b < m.numBlocks) ctx.strokeRect(x(b) + 0.5, y(b) + 0.5, cell - 1, cell - 1);
       }
+      let flashing = false;
+      const now = store.now();
+      ctx.fillStyle = p.flash;
+      for (let b = 0; b < m.numBlocks; b++) {
+        const evicted = st.evictedAt[b]!;
+        if (Number.isNaN(evicted)) continue;
+        const age = now - evicted;
+        if (age < 0 || age >= FLASH_S) continue;
+        flashing = true;
+        ctx.globalAlpha = 0.85 * (1 - age / FLASH_S);
+        ctx.fillRect(x(b), y(b), cell, cell);
+      }
+      ctx.globalAlpha = 1;
       const c = cursorRef.current;
       if (c !== null && c.block < m.numBlocks) {
         ctx.strokeStyle = p.accent;
         ctx.lineWidth = 2;
-        ctx.strokeRect((c.block % cols) * (cell + 1) - 1, Math.floor(c.block / cols) * (cell + 1) - 1, cell + 2, cell + 2);
+        ctx.strokeRect(x(c.block) - 1, y(c.block) - 1, cell + 2, cell + 2);
       }
       return flashing;
     },
@@ -261,7 +269,7 @@ function BlockTooltip(props: { model: BlockModel; block: number; cursor: Cursor 
   const b = props.block;
   const block = store.state.engine.blocks[b];
   if (block === undefined) return null;
-  const owners = props.model.owners[b] ?? [];
+  const owners = blockOwners(store.state.engine, b);
   const kind = props.model.kind[b];
   const evicted = store.state.evictedAt[b];
   const kindText = kind === KIND_FREE ? "free" : kind === KIND_CACHED ? "cached, free (reusable by a prefix hit)" : kind === KIND_SHARED ? "in use, shared" : "in use";

@@ -1,12 +1,11 @@
-// Load generator: N concurrent requests from a prompt set, to watch continuous batching live.
-// Browsers open at most ~6 HTTP/1.1 connections per host, so "batched" mode sends the prompts as
-// lists in a few /v1/completions calls (one engine request per prompt); "chat" mode sends one
-// chat request per prompt, a few at a time.
+// Load generator: N requests from a prompt set, to watch continuous batching live. Browsers open at
+// most ~6 HTTP/1.1 connections per server, so at most that many requests stream at once from one
+// tab; "choices per request" (n) multiplies the sequences the engine batches.
 import { useEffect, useRef, useState } from "react";
 import { streamCompletion } from "../../api/stream";
 import { chatRequestBody, defaultParams } from "../../core/openai";
 import { fmtRate } from "../../core/format";
-import { NumberField, Select } from "../components/fields";
+import { NumberField } from "../components/fields";
 
 export const DEFAULT_PROMPTS = [
   "Explain continuous batching in one paragraph.",
@@ -23,8 +22,8 @@ export const DEFAULT_PROMPTS = [
   "Count from one to twenty in words.",
 ];
 
-type Mode = "batched" | "chat";
-const CONNECTIONS = 4;
+/** Chrome and Firefox allow 6 connections per host over HTTP/1.1. */
+export const BROWSER_CONNECTIONS = 6;
 
 interface Progress {
   sent: number;
@@ -40,7 +39,8 @@ export function LoadGenPanel() {
   const [count, setCount] = useState(16);
   const [maxTokens, setMaxTokens] = useState(64);
   const [temperature, setTemperature] = useState(0.8);
-  const [mode, setMode] = useState<Mode>("batched");
+  const [concurrency, setConcurrency] = useState(BROWSER_CONNECTIONS - 2); // leave room for the chat
+  const [choices, setChoices] = useState(1);
   const [prompts, setPrompts] = useState(DEFAULT_PROMPTS.join("\n"));
   const [progress, setProgress] = useState<Progress | null>(null);
   const abortRef = useRef<AbortController | null>(null);
@@ -75,7 +75,7 @@ export function LoadGenPanel() {
       p.sent++;
       let seen = 0;
       try {
-        const body = chatRequestBody(null, [{ role: "user", content: prompt }], { ...defaultParams(), temperature, max_tokens: maxTokens, logprobs: false });
+        const body = chatRequestBody(null, [{ role: "user", content: prompt }], { ...defaultParams(), temperature, max_tokens: maxTokens, n: choices, logprobs: false });
         await streamCompletion("/v1/chat/completions", body, ctrl.signal, (r) => {
           const len = r.choices.reduce((n, c) => n + c.text.length, 0);
           p.chars += len - seen;
@@ -89,44 +89,11 @@ export function LoadGenPanel() {
         }
       }
     };
-    const runBatch = async (batch: string[]) => {
-      p.sent += batch.length;
-      const seen = new Map<number, number>();
-      const finished = new Set<number>();
-      await streamCompletion("/v1/completions", {
-        prompt: batch, max_tokens: maxTokens, temperature, stream: true, stream_options: { include_usage: true },
-      }, ctrl.signal, (r) => {
-        for (const c of r.choices) {
-          p.chars += c.text.length - (seen.get(c.index) ?? 0);
-          seen.set(c.index, c.text.length);
-          if (c.finish_reason !== null && !finished.has(c.index)) {
-            finished.add(c.index);
-            p.done++;
-          }
-        }
-      });
-      p.done += batch.length - finished.size;
-    };
     try {
-      if (mode === "batched") {
-        const groups: string[][] = Array.from({ length: Math.min(CONNECTIONS, list.length) }, () => []);
-        list.forEach((prompt, i) => groups[i % groups.length]!.push(prompt));
-        await Promise.all(groups.map(async (g) => {
-          try {
-            await runBatch(g);
-          } catch (err) {
-            if (ctrl.signal.aborted) return;
-            p.error = `${(err as Error).message} — falling back to one chat request per prompt`;
-            p.sent -= g.length;
-            for (const prompt of g) await runChat(prompt);
-          }
-        }));
-      } else {
-        let next = 0;
-        await Promise.all(Array.from({ length: Math.min(CONNECTIONS, list.length) }, async () => {
-          while (next < list.length && !ctrl.signal.aborted) await runChat(list[next++]!);
-        }));
-      }
+      let next = 0;
+      await Promise.all(Array.from({ length: Math.min(concurrency, list.length) }, async () => {
+        while (next < list.length && !ctrl.signal.aborted) await runChat(list[next++]!);
+      }));
     } finally {
       p.ended = performance.now();
       live.current = null;
@@ -141,15 +108,17 @@ export function LoadGenPanel() {
         <NumberField label="Requests" value={count} min={1} max={512} onChange={(v) => v !== null && setCount(Math.max(1, Math.min(512, Math.round(v))))} testId="loadgen-count" />
         <NumberField label="Max tokens each" value={maxTokens} min={1} max={4096} onChange={(v) => v !== null && setMaxTokens(Math.max(1, Math.round(v)))} testId="loadgen-max-tokens" />
         <NumberField label="Temperature" value={temperature} min={0} max={2} step={0.1} onChange={(v) => v !== null && setTemperature(Math.max(0, v))} testId="loadgen-temperature" />
-        <Select<Mode> label="Send as" value={mode} onChange={setMode} testId="loadgen-mode" options={[
-          { value: "batched", label: "Prompt lists (all at once)" },
-          { value: "chat", label: "Chat requests (4 at a time)" },
-        ]} />
+        <NumberField label="At once" value={concurrency} min={1} max={32} onChange={(v) => v !== null && setConcurrency(Math.max(1, Math.min(32, Math.round(v))))} testId="loadgen-concurrency" hint="Requests streaming at the same time (a browser tab gets about 6 connections per server)" />
+        <NumberField label="Choices per request (n)" value={choices} min={1} max={8} onChange={(v) => v !== null && setChoices(Math.max(1, Math.min(8, Math.round(v))))} testId="loadgen-n" hint="Sequences per request: forks share the prompt's blocks" />
       </div>
       <label className="field">
         <span className="field-label">Prompt set (one per line, used round-robin)</span>
         <textarea data-testid="loadgen-prompts" rows={6} value={prompts} onChange={(e) => setPrompts(e.currentTarget.value)} />
       </label>
+      <p className="muted small">
+        Up to {Math.min(concurrency, BROWSER_CONNECTIONS)} requests stream at once from this tab (browsers allow about {BROWSER_CONNECTIONS} connections per
+        server); with n = {choices} that is up to {Math.min(concurrency, BROWSER_CONNECTIONS) * choices} sequences in the batch.
+      </p>
       <div className="row gap">
         <button type="submit" className="btn btn-primary" data-testid="loadgen-start" disabled={running}>Start {count} requests</button>
         <button type="button" className="btn" data-testid="loadgen-stop" disabled={!running} onClick={() => abortRef.current?.abort()}>Stop</button>

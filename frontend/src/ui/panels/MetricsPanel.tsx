@@ -9,7 +9,7 @@ import type { MetricsSample } from "../../core/wire";
 import { Card, EmptyState } from "../components/Card";
 import { Select } from "../components/fields";
 import { useDashboard } from "../context";
-import { useCanvas, useDashboardState } from "../hooks";
+import { useCanvas, useThrottledDashboardState } from "../hooks";
 import { getPalette, type Palette } from "../theme";
 
 interface Series {
@@ -119,8 +119,11 @@ function TimeChart(props: { spec: ChartSpec; span: Span }) {
       const now = store.now();
       const samples = ringItems(st.metrics).filter((m) => (m.ts ?? 0) <= now + 1e-9);
       const x1 = Math.max(now, st.originTs + 1);
-      const x0 = span === "all" ? st.originTs : x1 - Number(span);
-      ctx.clearRect(0, 0, size.width, size.height);
+      // never wider than the data: a fresh session fills the chart instead of hugging its right edge
+      const first = samples.length > 0 ? Math.min(samples[0]!.ts ?? x1, x1 - 10) : x1 - 10;
+      const x0 = span === "all" ? Math.min(st.originTs, first) : Math.max(x1 - Number(span), first);
+      ctx.fillStyle = p.panel; // opaque canvases: cheaper to composite
+      ctx.fillRect(0, 0, size.width, size.height);
       const visible: { t: number; v: number[] }[] = [];
       for (let i = 0; i < samples.length; i++) {
         const m = samples[i]!;
@@ -183,7 +186,8 @@ function HistogramChart(props: { id: string; title: string; values: number[]; co
     key: () => [values],
     draw: (ctx, size) => {
       const p = getPalette();
-      ctx.clearRect(0, 0, size.width, size.height);
+      ctx.fillStyle = p.panel; // opaque canvases: cheaper to composite
+      ctx.fillRect(0, 0, size.width, size.height);
       const h = histogram(values, 24);
       if (h.counts.length === 0) return false;
       const top = h.edges[h.edges.length - 1]!;
@@ -249,7 +253,7 @@ function kpis(state: DashboardState) {
 
 export function MetricsPanel() {
   const { store } = useDashboard();
-  const state = useDashboardState(store);
+  const state = useThrottledDashboardState(store, 250);
   const [span, setSpan] = useState<Span>("300");
   const { last, ttft, tpot, hitRate } = kpis(state);
   const latencies = state.latencies;
@@ -258,6 +262,7 @@ export function MetricsPanel() {
   const empty = last === undefined && ttft.n === 0;
   return (
     <Card
+      className="card-lazy"
       title="Metrics"
       testId="metrics-panel"
       actions={<Select label="Chart span" hideLabel value={span} options={SPANS} onChange={setSpan} testId="metrics-span" />}

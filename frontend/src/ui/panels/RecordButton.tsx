@@ -1,6 +1,6 @@
 // Record a live session on the server (POST /api/recordings/start|stop).
 import { useEffect, useState } from "react";
-import { listRecordings, startRecording, stopRecording } from "../../api/client";
+import { recordingStatus, startRecording, stopRecording } from "../../api/client";
 import type { RecordingInfo } from "../../core/wire";
 
 export function RecordButton(props: { onStopped?: (info: RecordingInfo | null) => void }) {
@@ -10,9 +10,9 @@ export function RecordButton(props: { onStopped?: (info: RecordingInfo | null) =
 
   useEffect(() => {
     let cancelled = false;
-    listRecordings()
-      .then((list) => {
-        if (!cancelled) setActive(list.find((r) => r.active) ?? null);
+    recordingStatus()
+      .then((status) => {
+        if (!cancelled) setActive(status?.recording ?? null);
       })
       .catch(() => undefined);
     return () => {
@@ -36,16 +36,15 @@ export function RecordButton(props: { onStopped?: (info: RecordingInfo | null) =
     <span className="record">
       {active === null ? (
         <button type="button" className="btn btn-small" data-testid="record-start" disabled={busy} onClick={() => run(async () => {
-          const status = await startRecording();
-          setActive(status?.recording ?? { id: "recording", created: "", num_events: 0, duration_s: 0, size_bytes: 0, active: true });
+          setActive(await startRecording());
         })}>
           <span className="rec-dot" aria-hidden="true" /> Record
         </button>
       ) : (
         <button type="button" className="btn btn-small btn-recording" data-testid="record-stop" disabled={busy} onClick={() => run(async () => {
-          const status = await stopRecording();
+          const info = await stopRecording();
           setActive(null);
-          props.onStopped?.(status?.recording ?? null);
+          props.onStopped?.(info);
         })} title={`Recording ${active.id}`}>
           <span className="rec-dot live" aria-hidden="true" /> Stop recording
         </button>

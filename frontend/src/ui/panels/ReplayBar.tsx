@@ -7,6 +7,7 @@ import { parseRecording } from "../../core/recording";
 import { verifyRecording } from "../../core/replay";
 import type { RecordingInfo } from "../../core/wire";
 import { SPEEDS, type ReplayController } from "../../live/replayController";
+import { Icon } from "../components/Icon";
 
 export function ReplayBar(props: { controller: ReplayController; refreshKey: number }) {
   const { controller } = props;
@@ -142,9 +143,9 @@ export function ReplayBar(props: { controller: ReplayController; refreshKey: num
       </div>
       {error && <div className="error-text small" role="alert" data-testid="replay-error">{error}</div>}
       <div className="replay-row transport">
-        <button type="button" className="btn btn-icon" data-testid="replay-step-back" disabled={!info.loaded} onClick={() => controller.step(-1)} aria-label="Previous engine step" title="Previous engine step (←)">⏮</button>
-        <button type="button" className="btn btn-icon btn-primary" data-testid="replay-play" disabled={!info.loaded} onClick={() => controller.toggle()} aria-label={info.playing ? "Pause" : "Play"} title="Play / pause (space)">{info.playing ? "⏸" : "▶"}</button>
-        <button type="button" className="btn btn-icon" data-testid="replay-step" disabled={!info.loaded} onClick={() => controller.step(1)} aria-label="Next engine step" title="Next engine step (→)">⏭</button>
+        <button type="button" className="btn btn-icon" data-testid="replay-step-back" disabled={!info.loaded} onClick={() => controller.step(-1)} aria-label="Previous engine step" title="Previous engine step (←)"><Icon name="prev" /></button>
+        <button type="button" className="btn btn-icon btn-primary" data-testid="replay-play" disabled={!info.loaded} onClick={() => controller.toggle()} aria-label={info.playing ? "Pause" : "Play"} title="Play / pause (space)"><Icon name={info.playing ? "pause" : "play"} /></button>
+        <button type="button" className="btn btn-icon" data-testid="replay-step" disabled={!info.loaded} onClick={() => controller.step(1)} aria-label="Next engine step" title="Next engine step (→)"><Icon name="next" /></button>
         <label className="field field-inline">
           <span className="visually-hidden">Speed</span>
           <select data-testid="replay-speed" value={info.speed} disabled={!info.loaded} onChange={(e) => controller.setSpeed(Number(e.currentTarget.value))}>

@@ -8,10 +8,12 @@ import { ringTail } from "../../core/ring";
 import { EVENT_TYPES, type EventType, type StepFinished } from "../../core/wire";
 import { Card, EmptyState } from "../components/Card";
 import { useDashboard } from "../context";
-import { useDashboardState } from "../hooks";
+import { useThrottledDashboardState } from "../hooks";
 
 const STEP_ROWS = 60;
 const LOG_ROWS = 150;
+/** DOM tables refresh at 4 Hz: readable, and cheap next to the canvases. */
+const TABLE_INTERVAL_MS = 250;
 
 function usePausable(state: DashboardState): [DashboardState, boolean, (v: boolean) => void] {
   const [frozen, setFrozen] = useState<DashboardState | null>(null);
@@ -20,7 +22,7 @@ function usePausable(state: DashboardState): [DashboardState, boolean, (v: boole
 
 export function SchedulerPanel() {
   const { store, select } = useDashboard();
-  const live = useDashboardState(store);
+  const live = useThrottledDashboardState(store, TABLE_INTERVAL_MS);
   const [state, paused, setPaused] = usePausable(live);
   const steps = ringTail(state.steps, STEP_ROWS).reverse();
   const times = useMemo(() => {
@@ -30,6 +32,7 @@ export function SchedulerPanel() {
   }, [state.stepTimes]);
   return (
     <Card
+      className="card-lazy"
       title="Scheduler"
       testId="scheduler-panel"
       subtitle={`step ${state.engine.step}`}
@@ -63,7 +66,7 @@ export function SchedulerPanel() {
                 return (
                   <tr key={`${s.seq}`} data-testid="scheduler-step-row" data-step={s.step} className={s.preempted.length ? "row-alert" : ""}>
                     <td className="num">{s.step}</td>
-                    <td className="mono small" title={s.prefill.map((c) => `${c.request_id} seq ${c.seq_id}: tokens ${c.start}..${c.start + c.num_tokens}`).join("\n")}>
+                    <td className="mono small cell-clip" title={s.prefill.map((c) => `${c.request_id} seq ${c.seq_id}: tokens ${c.start}..${c.start + c.num_tokens}`).join("\n")}>
                       {describeChunks(s.prefill)}
                       {s.prefill.length > 0 && <span className="muted"> ({prefillTokens(s)} tok)</span>}
                     </td>
@@ -80,7 +83,7 @@ export function SchedulerPanel() {
                         <button type="button" key={id} className="link" onClick={() => select(id)}>{id}</button>
                       ))}
                     </td>
-                    <td className="small">
+                    <td className="small cell-clip">
                       {s.queue_head ? (
                         <>
                           <button type="button" className="link" onClick={() => select(s.queue_head)}>{s.queue_head}</button>: {s.queue_head_reason ?? "?"}
@@ -107,7 +110,7 @@ const DEFAULT_HIDDEN: EventType[] = ["token", "metrics"];
 
 export function EventLogPanel() {
   const { store } = useDashboard();
-  const live = useDashboardState(store);
+  const live = useThrottledDashboardState(store, TABLE_INTERVAL_MS);
   const [state, paused, setPaused] = usePausable(live);
   const [hidden, setHidden] = useState<ReadonlySet<EventType>>(() => new Set(DEFAULT_HIDDEN));
   const counts = useMemo(() => {
@@ -132,6 +135,7 @@ export function EventLogPanel() {
   };
   return (
     <Card
+      className="card-lazy"
       title="Event log"
       testId="event-log"
       subtitle={`${rows.length} shown`}

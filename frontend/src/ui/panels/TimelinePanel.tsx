@@ -155,7 +155,7 @@ export function TimelinePanel() {
   const state = useDashboardState(store);
   const [choice, setChoice] = useState<WindowChoice>("30");
   const [hover, setHover] = useState<Hover | null>(null);
-  const scrollRef = useRef<HTMLDivElement | null>(null);
+  const scrollTopRef = useRef(0);
   const summaryRef = useRef<HTMLPreElement | null>(null);
   const view = useRef({ t0: 0, t1: 1, width: 1 });
   const hoverRef = useRef<Hover | null>(null);
@@ -178,7 +178,8 @@ export function TimelinePanel() {
   const onSelect = (id: string) => select(selected === id ? null : id);
 
   const canvasRef = useCanvas({
-    key: () => [store.state, store.now(), rowsRef.current, scrollRef.current?.scrollTop ?? 0, hoverRef.current?.id, selectedRef.current, choice],
+    // scroll position from the scroll event: reading scrollTop here would force a layout every frame
+    key: () => [store.state, store.now(), rowsRef.current, scrollTopRef.current, hoverRef.current?.id, selectedRef.current, choice],
     draw: (ctx, size) => {
       const p = getPalette();
       const st = store.state;
@@ -186,8 +187,9 @@ export function TimelinePanel() {
       const [a, b] = timeWindow(st, nowTs, choice);
       view.current = { t0: a, t1: b, width: size.width };
       const x = timeScale(a, b, 0, size.width - 6);
-      const scrollTop = scrollRef.current?.scrollTop ?? 0;
-      ctx.clearRect(0, 0, size.width, size.height);
+      const scrollTop = scrollTopRef.current;
+      ctx.fillStyle = p.panel; // opaque canvases: cheaper to composite
+      ctx.fillRect(0, 0, size.width, size.height);
       // grid and axis
       const ticks = niceTicks(a - st.originTs, b - st.originTs, Math.max(2, Math.floor(size.width / 90)));
       ctx.font = "11px ui-sans-serif, system-ui, sans-serif";
@@ -253,7 +255,7 @@ export function TimelinePanel() {
     const rect = e.currentTarget.getBoundingClientRect();
     const px = e.clientX - rect.left;
     const py = e.clientY - rect.top;
-    const scrollTop = scrollRef.current?.scrollTop ?? 0;
+    const scrollTop = scrollTopRef.current;
     const i = Math.floor((py - AXIS_H + scrollTop) / ROW_H);
     const id = py >= AXIS_H ? rowsRef.current[i] : undefined;
     if (id === undefined) {
@@ -288,7 +290,7 @@ export function TimelinePanel() {
         ))}
         <li><span className="legend-mark mark-tick" aria-hidden="true" />Prefill chunk</li>
       </ul>
-      <div className="timeline-scroll" ref={scrollRef} onScroll={() => setHover(null)}>
+      <div className="timeline-scroll" onScroll={(e) => { scrollTopRef.current = e.currentTarget.scrollTop; setHover(null); }}>
         <div className="timeline-inner" style={{ height: Math.max(contentH, PLOT_H) }}>
           <ol className="timeline-labels" aria-label="Requests in the timeline">
             <li className="timeline-labels-head" style={{ height: AXIS_H }} aria-hidden="true">Request</li>
@@ -309,9 +311,15 @@ export function TimelinePanel() {
             />
             {rowIds.length === 0 && (
               <div className="overlay-empty">
-                <EmptyState title={state.timelines.size === 0 ? "No requests yet" : "Nothing in this time window"} testId="timeline-empty">
-                  {state.timelines.size === 0 ? "Send a chat message or start the load generator to watch requests flow through the engine." : "Widen the time window to see earlier requests."}
-                </EmptyState>
+                {state.engine.config.model === "" ? (
+                  <EmptyState title="Waiting for the engine…" testId="timeline-empty">
+                    The dashboard shows requests once the server's event stream (<code>/ws/events</code>) sends its first snapshot.
+                  </EmptyState>
+                ) : (
+                  <EmptyState title={state.timelines.size === 0 ? "No requests yet" : "Nothing in this time window"} testId="timeline-empty">
+                    {state.timelines.size === 0 ? "Send a chat message or start the load generator to watch requests flow through the engine." : "Widen the time window to see earlier requests."}
+                  </EmptyState>
+                )}
               </div>
             )}
           </div>

@@ -92,7 +92,8 @@ export function StressPage() {
       el.dataset.active = String(active);
       el.dataset.blocks = String(st.engine.blocks.length);
       el.dataset.totalEvents = String(events);
-      el.textContent = `${fps.toFixed(1)} fps · frame p50 ${p50.toFixed(1)} ms · p95 ${p95.toFixed(1)} ms · max ${max.toFixed(0)} ms · loop work p95 ${workP95.toFixed(1)} ms · ${evps.toFixed(0)} events/s · ${active} active requests · ${st.engine.blocks.length} blocks`;
+      el.textContent = `${fps.toFixed(1)} fps · p50 ${p50.toFixed(1)} ms · p95 ${p95.toFixed(1)} ms · work p95 ${workP95.toFixed(1)} ms · ${evps.toFixed(0)} ev/s · ${active} req · ${st.engine.blocks.length} blocks`;
+      el.title = `frame interval max ${max.toFixed(0)} ms; work = fold + draw inside the frame loop`;
     }, 500);
     return () => {
       clearInterval(timer);

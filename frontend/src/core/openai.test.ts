@@ -1,0 +1,89 @@
+import { describe, expect, it } from "vitest";
+import { applyChunk, applyData, chatRequestBody, emptyResult, matchingPreset, presetParams, SseParser } from "./openai";
+
+describe("SseParser", () => {
+  it("handles events split anywhere, CRLF, comments and multi-line data", () => {
+    const p = new SseParser();
+    const text = ': keep-alive\r\ndata: {"a":1}\r\n\r\ndata: line1\ndata: line2\n\ndata: [DONE]\n\n';
+    const out: string[] = [];
+    for (let i = 0; i < text.length; i += 3) out.push(...p.feed(text.slice(i, i + 3)));
+    out.push(...p.end());
+    expect(out).toEqual(['{"a":1}', "line1\nline2", "[DONE]"]);
+  });
+
+  it("flushes a last event without its blank line at the end", () => {
+    const p = new SseParser();
+    expect(p.feed("data: x")).toEqual([]);
+    expect(p.end()).toEqual(["x"]);
+  });
+});
+
+// Shapes as the server sends them (backend/minivllm/server/openai_protocol.py).
+const chunk = (content: string, logprob: number, top: [string, number][], finish: string | null = null, index = 0) => ({
+  id: "chatcmpl-abc", object: "chat.completion.chunk", created: 1, model: "m",
+  choices: [{ index, delta: { content }, logprobs: { content: [{ token: content.trim() || content, logprob, bytes: null, top_logprobs: top.map(([token, lp]) => ({ token, logprob: lp, bytes: null })) }] }, finish_reason: finish }],
+  usage: null, timings: null,
+});
+
+describe("applyChunk", () => {
+  it("accumulates text, tokens with the delta's spacing, alternatives, usage and timings", () => {
+    const r = emptyResult();
+    applyChunk(r, { id: "chatcmpl-abc", choices: [{ index: 0, delta: { role: "assistant", content: "" }, logprobs: null, finish_reason: null }] });
+    applyChunk(r, chunk("Hello", -0.1, [["Hello", -0.1], ["Hi", -2.5]]));
+    applyChunk(r, chunk(" world", -0.7, [[" world", -0.7]], "stop"));
+    applyChunk(r, {
+      id: "chatcmpl-abc", choices: [],
+      usage: { prompt_tokens: 12, completion_tokens: 2, total_tokens: 14, prompt_tokens_details: { cached_tokens: 8 } },
+      timings: { ttft_s: 0.05, queue_s: 0.01, e2e_s: 0.2, tokens_per_s: 40, prompt_tokens: 12, cached_prompt_tokens: 8, generated_tokens: 2, num_preemptions: 0 },
+    });
+    expect(r.id).toBe("chatcmpl-abc");
+    expect(r.choices).toHaveLength(1);
+    const c = r.choices[0]!;
+    expect(c.text).toBe("Hello world");
+    expect(c.tokens.map((t) => t.text)).toEqual(["Hello", " world"]);
+    expect(c.tokens[0]!.top).toEqual([{ token: "Hello", logprob: -0.1 }, { token: "Hi", logprob: -2.5 }]);
+    expect(c.finish_reason).toBe("stop");
+    expect(r.usage).toEqual({ prompt_tokens: 12, completion_tokens: 2, total_tokens: 14, cached_tokens: 8 });
+    expect(r.timings?.tokens_per_s).toBe(40);
+  });
+
+  it("keeps n choices apart; text without logprobs still forms tokens", () => {
+    const r = emptyResult();
+    applyChunk(r, { choices: [{ index: 1, delta: { content: "b" }, finish_reason: null }] });
+    applyChunk(r, { choices: [{ index: 0, delta: { content: "a" }, finish_reason: "length" }] });
+    expect(r.choices.map((c) => [c.index, c.text, c.tokens.length, c.finish_reason])).toEqual([[0, "a", 1, "length"], [1, "b", 1, null]]);
+    expect(r.choices[0]!.tokens[0]!.logprob).toBeNull();
+  });
+
+  it("reads /v1/completions logprobs and error payloads; [DONE] ends", () => {
+    const r = emptyResult();
+    applyChunk(r, { choices: [{ index: 0, text: "ab", logprobs: { tokens: ["a", "b"], token_logprobs: [-1, -2], top_logprobs: [{ a: -1, c: -3 }, null], text_offset: [0, 1] } }] });
+    expect(r.choices[0]!.tokens.map((t) => [t.text, t.logprob, t.top.length])).toEqual([["a", -1, 2], ["b", -2, 0]]);
+    expect(applyData(r, JSON.stringify({ error: { message: "boom", type: "x" } }))).toBe(true);
+    expect(r.error).toBe("boom");
+    expect(applyData(r, "[DONE]")).toBe(false);
+    expect(r.done).toBe(true);
+  });
+});
+
+describe("request bodies and presets", () => {
+  it("streams with usage; sends only what differs from defaults", () => {
+    const body = chatRequestBody("m", [{ role: "user", content: "hi" }], presetParams("greedy", { max_tokens: 7 }));
+    expect(body).toMatchObject({ model: "m", max_tokens: 7, n: 1, stream: true, stream_options: { include_usage: true }, temperature: 0, logprobs: true, top_logprobs: 5 });
+    expect(body).not.toHaveProperty("top_k");
+    expect(body).not.toHaveProperty("seed");
+    const balanced = chatRequestBody(null, [], presetParams("balanced", { seed: 3 }));
+    expect(balanced).toMatchObject({ top_k: 40, top_p: 0.9, min_p: 0.05, repetition_penalty: 1.05, seed: 3 });
+    expect(balanced).not.toHaveProperty("model");
+  });
+
+  it("beam search sends use_beam_search with n = width", () => {
+    const body = chatRequestBody(null, [], presetParams("greedy", { beam_width: 4, n: 2 }));
+    expect(body).toMatchObject({ use_beam_search: true, n: 4, temperature: 0 });
+  });
+
+  it("recognises presets", () => {
+    expect(matchingPreset(presetParams("creative"))).toBe("creative");
+    expect(matchingPreset(presetParams("creative", { temperature: 0.3 }))).toBeNull();
+  });
+});

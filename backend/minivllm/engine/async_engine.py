@@ -83,11 +83,18 @@ class AsyncEngine:
         """Streams RequestOutputs (cumulative text plus per-step deltas) until the request finishes.
         Validation errors are raised before the first output."""
         request_id = request_id or f"req-{next(_ids)}"
-        loop, outputs = asyncio.get_running_loop(), asyncio.Queue()
-        self._streams[request_id] = (loop, outputs)
-        finished = False
+        if request_id in self._streams:  # must not take over (or abort) the stream of the request using it
+            raise ValueError(f"request id {request_id!r} is already in use")
+        stream = (asyncio.get_running_loop(), asyncio.Queue())
+        outputs = stream[1]
+        self._streams[request_id] = stream
+        finished = rejected = False
         try:
-            await self.call(lambda e: e.add_request(request_id, prompt, params, prompt_token_ids, priority))
+            try:
+                await self.call(lambda e: e.add_request(request_id, prompt, params, prompt_token_ids, priority))
+            except Exception:
+                rejected = True  # never added: there is nothing of ours to abort under this id
+                raise
             while not finished:
                 out = await outputs.get()
                 if isinstance(out, BaseException):
@@ -95,8 +102,9 @@ class AsyncEngine:
                 finished = out.finished
                 yield out
         finally:
-            self._streams.pop(request_id, None)
-            if not finished:
+            if self._streams.get(request_id) is stream:
+                del self._streams[request_id]
+            if not finished and not rejected:
                 self.abort(request_id)
 
     # ---- the loop -------------------------------------------------------------------------------

@@ -8,35 +8,42 @@ from minivllm.engine.outputs import CompletionOutput, RequestMetrics, RequestOut
 
 def append_token(seq: Sequence, token_id: int, logprob: float | None,
                  top: list[tuple[int, float]] | None, eos_ids: frozenset[int], max_model_len: int) -> str:
-    """Adds the token, sets `seq.finish_reason` when it ends the sequence; returns the text to emit."""
-    request, params = seq.request, seq.request.params
+    """Adds the token, sets `seq.finish_reason` when it ends the sequence; returns the text to emit.
+    A token that ends the sequence by itself (EOS, a stop token id) adds no text and no logprobs
+    entry: it is not part of the completion a client sees."""
     seq.token_ids.append(token_id)
     if logprob is not None:
         seq.cumulative_logprob += logprob
-        if params.logprobs is not None:
+    if _stopped_by_token(seq, token_id, eos_ids):
+        text = flush_text(seq)
+    else:
+        if logprob is not None and seq.request.params.logprobs is not None:
             seq.top_logprobs.append([(token_id, logprob), *(top or [])])
-    delta = seq.detokenizer.append(token_id) if seq.detokenizer else ""
-    text = _stop_or_length(seq, token_id, delta, eos_ids, request.max_tokens, max_model_len)
+        delta = seq.detokenizer.append(token_id) if seq.detokenizer else ""
+        text = _stop_string_or_length(seq, delta, seq.request.max_tokens, max_model_len)
     seq.text += text
     return text
 
 
-def _stop_or_length(seq: Sequence, token_id: int, delta: str, eos_ids: frozenset[int],
-                    max_tokens: int, max_model_len: int) -> str:
+def _stopped_by_token(seq: Sequence, token_id: int, eos_ids: frozenset[int]) -> bool:
     params = seq.request.params
-    past_min = seq.num_output_tokens >= params.min_tokens
+    if seq.num_output_tokens < params.min_tokens:
+        return False
+    if not params.ignore_eos and token_id in eos_ids:
+        seq.finish_reason = "stop"
+    elif token_id in params.stop_token_ids:
+        seq.finish_reason, seq.stop_reason = "stop", token_id
+    return seq.finished
+
+
+def _stop_string_or_length(seq: Sequence, delta: str, max_tokens: int, max_model_len: int) -> str:
     if seq.stop_matcher is not None:
         delta, stopped = seq.stop_matcher.feed(delta)
         if stopped:
             seq.finish_reason, seq.stop_reason = "stop", seq.stop_matcher.matched
             return delta
-    if past_min and not params.ignore_eos and token_id in eos_ids:
-        seq.finish_reason = "stop"
-    elif past_min and token_id in params.stop_token_ids:
-        seq.finish_reason, seq.stop_reason = "stop", token_id
-    elif seq.num_output_tokens >= max_tokens or seq.num_tokens >= max_model_len:
+    if seq.num_output_tokens >= max_tokens or seq.num_tokens >= max_model_len:
         seq.finish_reason = "length"
-    if seq.finished:
         delta += flush_text(seq)
     return delta
 

@@ -31,7 +31,7 @@ def resolve_hub_id(repo_id: str) -> Path:
         raise ModelNotFoundError(
             f"model '{repo_id}' is neither a local directory nor in the Hugging Face cache, and it is "
             f"not downloaded at run time. Fetch it first on a machine with internet: "
-            f"`huggingface-cli download {repo_id}` (then copy ~/.cache/huggingface), or pass "
+            f"`hf download {repo_id}` (then copy ~/.cache/huggingface), or pass "
             f"--model /path/to/a/local/directory") from exc
 
 

@@ -9,6 +9,8 @@ import type { RecordingInfo } from "../../core/wire";
 import { SPEEDS, type ReplayController } from "../../live/replayController";
 import { Icon } from "../components/Icon";
 
+const SCRUB_STEP = 0.001;
+
 export function ReplayBar(props: { controller: ReplayController; refreshKey: number }) {
   const { controller } = props;
   const info = useSyncExternalStore(controller.subscribe, controller.getInfo, controller.getInfo);
@@ -159,10 +161,15 @@ export function ReplayBar(props: { controller: ReplayController; refreshKey: num
             data-testid="replay-scrub"
             min={0}
             max={Math.max(0.001, duration)}
-            step={0.001}
+            step={SCRUB_STEP}
             value={Math.max(0, at)}
             disabled={!info.loaded}
-            onChange={(e) => controller.seekTs(info.startTs + Number(e.currentTarget.value))}
+            onChange={(e) => {
+              const v = Number(e.currentTarget.value);
+              // the range snaps to its step: treat its last step as "the end" (every event applied)
+              if (v >= duration - SCRUB_STEP) controller.seekPosition(info.length);
+              else controller.seekTs(info.startTs + v);
+            }}
             aria-valuetext={`${at.toFixed(3)} of ${duration.toFixed(3)} seconds`}
           />
         </label>

@@ -153,7 +153,10 @@ export function tooltipPosition(x: number, y: number): { left: number; top: numb
 export function TimelinePanel() {
   const { store, selected, select, mode } = useDashboard();
   const state = useDashboardState(store);
-  const [choice, setChoice] = useState<WindowChoice>("30");
+  // live: a scrolling window; replay: everything up to the replay position by default
+  const [choices, setChoices] = useState<Record<"live" | "replay", WindowChoice>>({ live: "30", replay: "all" });
+  const choice = choices[mode];
+  const setChoice = (c: WindowChoice) => setChoices({ ...choices, [mode]: c });
   const [hover, setHover] = useState<Hover | null>(null);
   const scrollTopRef = useRef(0);
   const summaryRef = useRef<HTMLPreElement | null>(null);
@@ -169,7 +172,13 @@ export function TimelinePanel() {
   const rowKey = rows.map((r) => r.request_id).join("\n");
   const rowIds = useMemo(() => (rowKey === "" ? [] : rowKey.split("\n")), [rowKey]);
   const rowsRef = useRef(rowIds);
+  const active = [...state.timelines.values()].filter((t) => {
+    const s = currentSegmentState(t);
+    return s !== null && s !== "FINISHED" && s !== "ABORTED";
+  }).length;
+  const activeRef = useRef(false);
   useEffect(() => {
+    activeRef.current = active > 0;
     rowsRef.current = rowIds;
     hoverRef.current = hover;
     selectedRef.current = selected;
@@ -179,7 +188,8 @@ export function TimelinePanel() {
 
   const canvasRef = useCanvas({
     // scroll position from the scroll event: reading scrollTop here would force a layout every frame
-    key: () => [store.state, store.now(), rowsRef.current, scrollTopRef.current, hoverRef.current?.id, selectedRef.current, choice],
+    // While nothing runs, only the axis moves: redraw it at 10 Hz instead of every frame.
+    key: () => [store.state, activeRef.current ? store.now() : Math.floor(store.now() * 10), rowsRef.current, scrollTopRef.current, hoverRef.current?.id, selectedRef.current, choice],
     draw: (ctx, size) => {
       const p = getPalette();
       const st = store.state;
@@ -200,7 +210,7 @@ export function TimelinePanel() {
         ctx.fillStyle = p.grid;
         ctx.fillRect(Math.round(tx), AXIS_H, 1, size.height - AXIS_H);
         ctx.fillStyle = p.muted;
-        ctx.fillText(`${fmtTick(t)} s`, tx, AXIS_H / 2);
+        ctx.fillText(`${fmtTick(t)} s`, Math.max(16, Math.min(size.width - 16, tx)), AXIS_H / 2);
       }
       ctx.fillStyle = p.border;
       ctx.fillRect(0, AXIS_H - 1, size.width, 1);
@@ -270,10 +280,7 @@ export function TimelinePanel() {
     setHover({ id, segment, ts, x: e.clientX, y: e.clientY });
   };
 
-  const active = [...state.timelines.values()].filter((t) => {
-    const s = currentSegmentState(t);
-    return s !== null && s !== "FINISHED" && s !== "ABORTED";
-  }).length;
+
   const hovered: RequestTimeline | undefined = hover ? state.timelines.get(hover.id) : undefined;
   const request = hover ? store.state.engine.requests.get(hover.id) : undefined;
 

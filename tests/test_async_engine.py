@@ -1,0 +1,218 @@
+"""The engine thread and its asyncio API: streaming, cancellation, bad requests, failing steps."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from engine_utils import make_engine, run
+
+from minivllm import events as ev
+from minivllm.engine.async_engine import AsyncEngine
+from minivllm.engine.request_validation import RequestRejectedError
+from minivllm.sampling.params import SamplingParams
+
+PROMPT = "The library opens at nine and"
+TIMEOUT_S = 30
+
+
+def arun(coro):
+    """asyncio.run with a deadline: a lost stream must fail the test, not hang it."""
+    async def guarded():
+        return await asyncio.wait_for(coro, TIMEOUT_S)
+    return asyncio.run(guarded())
+
+
+@pytest.fixture
+def engine(tiny_model):
+    """A started AsyncEngine on the tiny model; steps are slowed to ~20 ms so that 'within one step'
+    is measurable."""
+    llm_engine = make_engine(tiny_model, num_blocks=64)
+    execute = llm_engine.runner.execute
+
+    def slow_execute(*args, **kwargs):
+        time.sleep(0.02)
+        return execute(*args, **kwargs)
+
+    llm_engine.runner.execute = slow_execute
+    engine = AsyncEngine(llm_engine, idle_poll_s=0.05).start()
+    yield engine
+    engine.shutdown()
+    assert not engine._thread.is_alive()
+
+
+def sync_reference(tiny_model, prompt: str, params: SamplingParams):
+    engine = make_engine(tiny_model)
+    engine.add_request("ref", prompt, params)
+    return run(engine)["ref"].outputs[0]
+
+
+async def pool_state(engine: AsyncEngine):
+    def read(e):
+        e.block_manager.check_invariants()
+        return e.block_manager.num_free_blocks, e.block_manager.num_blocks, list(e.requests)
+    return await engine.call(read)
+
+
+def test_streamed_deltas_concatenate_to_the_final_text(engine, tiny_model):
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+
+    async def main():
+        deltas, token_deltas, last = [], [], None
+        async for out in engine.generate(PROMPT, params, request_id="stream"):
+            deltas.append(out.outputs[0].delta_text)
+            token_deltas += out.outputs[0].delta_token_ids
+            last = out
+        return deltas, token_deltas, last
+
+    deltas, token_deltas, last = arun(main())
+    final = last.outputs[0]
+    assert last.finished and final.finish_reason == "length"
+    assert len(deltas) > 1, "the output was not streamed"
+    assert "".join(deltas) == final.text
+    assert token_deltas == final.token_ids and len(final.token_ids) == 24
+    ref = sync_reference(tiny_model, PROMPT, params)
+    assert (final.token_ids, final.text) == (ref.token_ids, ref.text)
+
+
+def test_concurrent_streams(engine, tiny_model):
+    prompts = [f"Request number {i} says" for i in range(4)]
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+
+    async def one(i):
+        text = ""
+        async for out in engine.generate(prompts[i], params, request_id=f"c{i}"):
+            text += out.outputs[0].delta_text
+        return text, out.outputs[0].text
+
+    async def main():
+        return await asyncio.gather(*(one(i) for i in range(4)))
+
+    for (streamed, final), prompt in zip(arun(main()), prompts):
+        assert streamed == final == sync_reference(tiny_model, prompt, params).text
+
+
+def watch_steps(engine: AsyncEngine, request_id: str):
+    """Bus events that concern the request, as (seq, event); appended on the engine thread."""
+    seen: list = []
+
+    def on_event(e):
+        if isinstance(e, ev.StepScheduled):
+            if any(c.request_id == request_id for c in e.prefill + e.decode):
+                seen.append(("step", e.seq))
+        elif isinstance(e, ev.RequestStateChanged) and e.request_id == request_id and e.state == "FINISHED":
+            seen.append((e.finish_reason, e.seq))
+    engine.engine.bus.subscribe(on_event)
+    return seen
+
+
+@pytest.mark.parametrize("how", ["break", "cancel"])
+def test_cancelling_the_consumer_aborts_within_one_step(engine, how):
+    seen = watch_steps(engine, "long")
+    params = SamplingParams(temperature=0.0, max_tokens=500, ignore_eos=True)
+    async def consume(counter: list, ready: asyncio.Event):
+        async for out in engine.generate("Once upon a time", params, request_id="long"):
+            counter.append(out)
+            if len(counter) == 3:
+                ready.set()
+                if how == "break":
+                    break
+
+    async def main():
+        counter, ready = [], asyncio.Event()
+        task = asyncio.create_task(consume(counter, ready))
+        await ready.wait()
+        stopped_at = engine.engine.bus.last_seq
+        if how == "cancel":
+            task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        for _ in range(200):  # wait for the engine thread to process the abort
+            free, total, live = await pool_state(engine)
+            if "long" not in live:
+                break
+            await asyncio.sleep(0.01)
+        return stopped_at, free, total, live, len(counter)
+
+    stopped_at, free, total, live, received = arun(main())
+    assert "long" not in live and free == total, "the cancelled request still holds blocks"
+    assert received == 3
+    finished = [seq for kind, seq in seen if kind != "step"]
+    assert [kind for kind, _ in seen if kind != "step"] == ["abort"]
+    steps_after = [seq for kind, seq in seen if kind == "step" and seq > stopped_at]
+    assert len(steps_after) <= 1, f"the request ran {len(steps_after)} more steps after its consumer stopped"
+    assert all(seq < finished[0] for seq in steps_after)
+
+
+def test_bad_request_raises_before_any_output_and_the_engine_keeps_serving(engine, tiny_model):
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+
+    async def main():
+        outputs = []
+        with pytest.raises(RequestRejectedError, match="maximum context length"):
+            async for out in engine.generate("hello", SamplingParams(max_tokens=10**6), request_id="too-long"):
+                outputs.append(out)
+        assert outputs == []
+        with pytest.raises(RequestRejectedError):
+            async for out in engine.generate(None, params, request_id="bad-ids", prompt_token_ids=[10**7]):
+                outputs.append(out)
+        assert outputs == []
+        # a duplicate id fails alone: the request already running under that id is not disturbed
+        first = engine.generate("First request", params, request_id="dup")
+        first_out = await first.__anext__()
+        with pytest.raises(ValueError, match="already in use"):
+            async for out in engine.generate("Second request", params, request_id="dup"):
+                outputs.append(out)
+        assert outputs == []
+        text = first_out.outputs[0].delta_text
+        async for out in first:
+            text += out.outputs[0].delta_text
+        assert out.finished and out.outputs[0].finish_reason == "length" and text == out.outputs[0].text
+        async for out in engine.generate("Still serving", params, request_id="after"):
+            pass
+        return out
+
+    out = arun(main())
+    assert out.finished and len(out.outputs[0].token_ids) == 8
+    assert engine.is_alive
+
+
+def test_failed_step_fails_its_requests_and_the_engine_keeps_serving(engine, tiny_model):
+    llm_engine = engine.engine
+    execute = llm_engine.runner.execute
+    calls = {"n": 0}
+
+    def flaky(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise RuntimeError("injected kernel failure")
+        return execute(*args, **kwargs)
+
+    llm_engine.runner.execute = flaky
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+
+    async def victim(rid):
+        got = []
+        with pytest.raises(RuntimeError, match="injected kernel failure"):
+            async for out in engine.generate(f"Victim {rid}", params, request_id=rid):
+                got.append(out)
+        return got
+
+    async def main():
+        results = await asyncio.gather(victim("v1"), victim("v2"))
+        free, total, live = await pool_state(engine)
+        assert (free, total, live) == (total, total, [])
+        async for out in engine.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True),
+                                         request_id="after"):
+            pass
+        return results, out
+
+    results, out = arun(main())
+    assert all(0 < len(got) < 40 for got in results)  # they were running when the step failed
+    assert out.finished and len(out.outputs[0].token_ids) == 6
+    assert out.outputs[0].token_ids == sync_reference(
+        tiny_model, PROMPT, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)).token_ids
+    assert engine.is_alive

@@ -1,0 +1,105 @@
+"""The `minivllm` command line: generate and chat run; bad input exits with code 2 and a clear message."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from engine_utils import make_engine, run
+
+import minivllm.loader
+from minivllm.cli import main
+from minivllm.sampling.params import SamplingParams
+
+
+def minivllm_cmd() -> list[str]:
+    exe = Path(sys.executable).parent / "minivllm"
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "minivllm.cli"]
+
+
+def cli(*args: str, stdin: str | None = None, timeout: int = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([*minivllm_cmd(), *args], capture_output=True, text=True, input=stdin, timeout=timeout)
+
+
+def greedy_text(loaded, prompt: str, max_tokens: int) -> str:
+    engine = make_engine(loaded)
+    engine.add_request("ref", prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens))
+    return run(engine)["ref"].outputs[0].text
+
+
+def test_generate_with_a_random_model(tiny_model):
+    proc = cli("generate", "Hello there", "--model", "random:tiny", "--max-tokens", "5")
+    assert proc.returncode == 0, proc.stderr
+    assert "loaded random:tiny" in proc.stderr  # loading shows progress
+    # the streamed text is the greedy completion of the same seeded model
+    assert proc.stdout == greedy_text(tiny_model, "Hello there", 5) + "\n"
+
+
+def test_missing_model_path_exits_2_with_a_message(tmp_path):
+    missing = tmp_path / "no" / "such" / "model"
+    proc = cli("generate", "Hi", "--model", str(missing), "--max-tokens", "5")
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: ") and str(missing) in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.fixture
+def session_tiny(tiny_model, monkeypatch):
+    """In-process CLI runs reuse the session's tiny model instead of loading it again."""
+    real = minivllm.loader.load_model
+
+    def load(spec=None, *args, **kwargs):
+        return tiny_model if spec == "random:tiny" else real(spec, *args, **kwargs)
+
+    monkeypatch.setattr(minivllm.loader, "load_model", load)
+    return tiny_model
+
+
+def test_generate_in_process_with_chat_template(session_tiny, capsys):
+    assert main(["generate", "Hi", "--model", "random:tiny", "--max-tokens", "4", "--chat-template"]) == 0
+    out = capsys.readouterr().out
+    assert out.endswith("\n")
+
+
+def test_prompt_longer_than_max_model_len_exits_2(session_tiny, capsys):
+    prompt = "word " * 60
+    n = len(session_tiny.tokenizer.encode(prompt))
+    code = main(["generate", prompt, "--model", "random:tiny", "--max-model-len", "32", "--max-tokens", "4"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 2 and err.startswith("error: ")
+    assert str(n) in err and "32" in err
+
+
+@pytest.mark.parametrize("kind", ["unsupported", "corrupt"])
+def test_bad_checkpoints_exit_2(tmp_path, capsys, kind):
+    from tiny_models import make_tiny_llama
+
+    make_tiny_llama(tmp_path, layers=1)
+    if kind == "unsupported":
+        (tmp_path / "config.json").write_text((tmp_path / "config.json").read_text().replace('"llama"', '"gpt2"'))
+    else:
+        weights = tmp_path / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:1000])
+    capsys.readouterr()
+    assert main(["generate", "Hi", "--model", str(tmp_path), "--max-tokens", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # after the loading progress lines
+    assert err.startswith("error: ")
+    assert ("gpt2" in err) if kind == "unsupported" else ("model.safetensors" in err)
+
+
+def test_bad_arguments_exit_2(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["generate", "Hi", "--dtype", "int3"])
+    assert info.value.code == 2
+    assert "int3" in capsys.readouterr().err
+
+
+def test_chat_one_turn(session_tiny, monkeypatch, capsys):
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO("Hello\n\n"))
+    assert main(["chat", "--model", "random:tiny", "--max-tokens", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "you>" in out and "bot>" in out

@@ -216,3 +216,46 @@ def test_failed_step_fails_its_requests_and_the_engine_keeps_serving(engine, tin
     assert out.outputs[0].token_ids == sync_reference(
         tiny_model, PROMPT, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)).token_ids
     assert engine.is_alive
+
+
+def test_failed_step_spares_requests_still_waiting(tiny_model):
+    """Only the requests the failed step was running fail; one still queued (max_num_seqs reached)
+    never touched the failed batch and must complete normally."""
+    llm_engine = make_engine(tiny_model, num_blocks=64, max_num_seqs=2)
+    execute = llm_engine.runner.execute
+    calls = {"n": 0}
+
+    def flaky(*args, **kwargs):
+        calls["n"] += 1
+        time.sleep(0.01)
+        if calls["n"] == 3:
+            raise RuntimeError("injected kernel failure")
+        return execute(*args, **kwargs)
+
+    llm_engine.runner.execute = flaky
+    engine = AsyncEngine(llm_engine, idle_poll_s=0.05).start()
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+
+    async def consume(rid):
+        try:
+            async for out in engine.generate(f"Request {rid}", params, request_id=rid):
+                pass
+        except RuntimeError as exc:
+            return str(exc)
+        return out
+
+    async def main():
+        # v1 and v2 take the two seats; "queued" is added once they run, so it waits
+        first = [asyncio.create_task(consume(r)) for r in ("v1", "v2")]
+        while await engine.call(lambda e: len(e.scheduler.running)) < 2:
+            await asyncio.sleep(0.005)
+        queued = asyncio.create_task(consume("queued"))
+        return await asyncio.gather(*first), await queued
+
+    try:
+        (v1, v2), queued = arun(main())
+    finally:
+        engine.shutdown()
+    assert "injected kernel failure" in v1 and "injected kernel failure" in v2
+    assert not isinstance(queued, str), f"the waiting request failed too: {queued}"
+    assert queued.finished and len(queued.outputs[0].token_ids) == 20

@@ -314,6 +314,21 @@ def test_requests_that_can_never_fit_are_rejected_at_once(tiny_model):
     assert_all_blocks_free(engine)
 
 
+def test_llm_generate_with_a_bad_prompt_leaves_nothing_behind(tiny_model, monkeypatch):
+    import minivllm.llm
+    from minivllm import LLM
+
+    monkeypatch.setattr(minivllm.llm, "load_model", lambda *a, **k: tiny_model)
+    llm = LLM(num_blocks=16, max_model_len=64)
+    with pytest.raises(RequestRejectedError):
+        llm.generate(prompt_token_ids=[[1, 2, 3], list(range(100))], sampling_params=SamplingParams(max_tokens=4))
+    assert not llm.engine.has_work(), "the good prompt of the failed call is still queued"
+    assert_all_blocks_free(llm.engine)
+    outs = llm.generate(prompt_token_ids=[[4, 5, 6]], sampling_params=SamplingParams(temperature=0, max_tokens=4,
+                                                                                      ignore_eos=True))
+    assert len(outs) == 1 and len(outs[0].outputs[0].token_ids) == 4
+
+
 def test_more_samples_than_the_token_budget_is_rejected_or_runs(tiny_model):
     """n parallel samples must all decode in the same step: with a token budget smaller than n the
     request could never make progress, so it must be rejected up front, never hang."""

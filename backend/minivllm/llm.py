@@ -36,10 +36,16 @@ class LLM:
         items = [(p, None) for p in prompts] if prompts is not None else [(None, list(t)) for t in prompt_token_ids or []]
         params = self._params_list(sampling_params, len(items))
         ids = []
-        for (text, token_ids), p in zip(items, params):
-            request_id = f"offline-{next(self._ids)}"
-            self.engine.add_request(request_id, text, p, prompt_token_ids=token_ids)
-            ids.append(request_id)
+        try:
+            for (text, token_ids), p in zip(items, params):
+                request_id = f"offline-{next(self._ids)}"
+                self.engine.add_request(request_id, text, p, prompt_token_ids=token_ids)
+                ids.append(request_id)
+        except Exception:  # one bad prompt fails the call: leave none of its requests behind
+            for request_id in ids:
+                self.engine.abort_request(request_id)
+            self._run(ids, False)  # hands out the abort outputs
+            raise
         return self._run(ids, use_tqdm)
 
     def chat(self, messages: list[Message] | list[list[Message]],

@@ -152,7 +152,8 @@ class AsyncEngine:
             self._deliver(out.request_id, out)
 
     def _abort_running(self, exc: Exception) -> None:
-        for request_id in list(self.engine.requests):
+        # only the requests the failed step ran: those still waiting hold no blocks and never saw it
+        for request_id in [r.request_id for r in self.engine.scheduler.running]:
             self.engine.abort_request(request_id)
             self._deliver(request_id, RuntimeError(f"internal error while running the request: {exc}"))
 

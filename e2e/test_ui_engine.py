@@ -1,0 +1,200 @@
+"""The engine views against a real engine: the request timeline, the KV-cache heatmap, preemption
+under load (timeline + scheduler), and the engine settings."""
+
+from __future__ import annotations
+
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+from playwright.sync_api import Page, expect
+
+from e2e_support import (api_chat, dashboard_shot, heatmap, send_chat, set_decoding, shot, timeline, wait_finished, wait_js)
+
+
+def test_timeline_request_passes_every_state(page: Page) -> None:
+    set_decoding(page, preset="greedy", max_tokens=24)
+    rid = send_chat(page, "What is a paged KV cache?")
+    row = wait_finished(page, rid)
+    assert row.segments == ("WAITING", "PREFILL", "DECODE", "FINISHED"), row
+    assert row.ticks >= 1, "no prefill chunk tick"
+    button = page.get_by_test_id(f"request-row-{rid}")
+    expect(button).to_have_attribute("data-state", "FINISHED")
+    button.click()
+    expect(button).to_have_attribute("aria-pressed", "true")
+    expect(page.get_by_test_id("request-detail-id")).to_have_text(rid)
+    expect(page.get_by_test_id("request-detail-state")).to_have_text("Finished")
+    shot(page.get_by_test_id("timeline-panel"), "panel-timeline.png")
+    shot(page.get_by_test_id("request-detail"), "panel-request-detail.png")
+
+
+def test_heatmap_blocks_follow_the_request(page: Page, engine: dict) -> None:
+    set_decoding(page, preset="greedy", max_tokens=48)
+    rid = send_chat(page, "Explain what a block table is.")
+    # while it runs, the request owns blocks (the heatmap colours them with the request's colour)
+    during = wait_js(page, "(id) => { const h = window.__e2e.heatmap(); return h && h.per[id] > 0 ? h : false; }", rid)
+    assert during["used"] >= during["per"][rid] > 0, during
+    shot(page.get_by_test_id("heatmap-panel"), "panel-heatmap-running.png")
+    page.get_by_test_id(f"request-row-{rid}").click()
+    expect(page.get_by_test_id("block-table")).to_be_visible()
+    expect(page.get_by_test_id("block-table").locator(".block-chip").first).to_be_visible()
+
+    wait_finished(page, rid)
+    # after it finishes: nothing is in use, the request owns nothing, its full blocks stay cached
+    after = wait_js(page, "(id) => { const h = window.__e2e.heatmap(); return h && h.used === 0 && !(id in h.per) ? h : false; }", rid)
+    assert after["blocks"] == engine["num_blocks"], after
+    assert after["cached"] >= 2, f"the finished request's full blocks are not cached: {after}"
+    assert after["cached"] + after["free"] == after["blocks"], after
+    summary = page.get_by_test_id("heatmap-summary")
+    expect(summary).to_have_attribute("data-used", "0")
+    expect(summary).to_have_attribute("data-cached", str(after["cached"]))
+    shot(page.get_by_test_id("heatmap-panel"), "panel-heatmap.png")
+
+
+SYSTEM = ("You are a meticulous assistant for a small bakery. Answer questions about bread, pastry, opening "
+          "hours and ingredients. Keep every answer short, friendly and accurate, and never invent prices "
+          "or products that the bakery does not sell.")
+
+
+def _chat_with_system(server: str, rid: str, question: str, max_tokens: int) -> dict:
+    with httpx.Client(base_url=server, timeout=180) as client:
+        r = client.post("/v1/chat/completions", headers={"X-Request-Id": rid}, json={
+            "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
+            "max_tokens": max_tokens, "temperature": 0})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_shared_system_prompt_shares_and_caches_blocks(page: Page, server: str) -> None:
+    a, b = f"sys-a-{uuid.uuid4().hex[:8]}", f"sys-b-{uuid.uuid4().hex[:8]}"
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(_chat_with_system, server, a, "Do you sell rye bread?", 40)
+        # the second request arrives once the first is decoding: its prompt blocks are registered
+        wait_js(page, "(id) => window.__e2e.timeline()[id]?.state === 'DECODE'", a)
+        second = pool.submit(_chat_with_system, server, b, "When do you open on Sundays?", 24)
+        both = wait_js(page, """([a, b]) => {
+          const h = window.__e2e.heatmap();
+          return h && h.per[a] > 0 && h.per[b] > 0 && h.shared > 0 ? h : false;
+        }""", [a, b])
+        shot(page.get_by_test_id("heatmap-panel"), "panel-heatmap-shared.png")
+        first_body, second_body = first.result(), second.result()
+    # the system prompt spans at least two full blocks, held by both requests at once
+    assert both["shared"] >= 2, both
+    assert both["used"] < both["per"][a] + both["per"][b], both
+    cached_tokens = second_body["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached_tokens >= 2 * 16, second_body["usage"]
+    assert first_body["choices"][0]["message"]["content"]
+    wait_finished(page, a)
+    wait_finished(page, b)
+    after = wait_js(page, "() => { const h = window.__e2e.heatmap(); return h && h.used === 0 ? h : false; }")
+    assert after["shared"] == 0 and after["cached"] >= 2, after
+
+
+LOAD_PROMPTS = [
+    "Explain continuous batching in one paragraph.",
+    "Write a haiku about a cache miss.",
+    "List three uses of a paged KV cache.",
+    "Summarise the plot of Hamlet in two sentences.",
+    "Why is the sky blue?",
+    "Describe a transformer decoder layer.",
+]
+
+
+def test_load_generator_preempts_and_every_request_is_correct(page: Page, api: httpx.Client, engine: dict) -> None:
+    sent: dict[str, dict] = {}  # engine request id -> the body the page sent
+    page.on("response", lambda r: r.url.endswith("/v1/chat/completions") and sent.__setitem__(
+        r.header_value("x-request-id"), r.request.post_data_json))
+
+    page.get_by_test_id("tab-loadgen").click()
+    page.get_by_test_id("loadgen-count").fill(str(len(LOAD_PROMPTS)))
+    page.get_by_test_id("loadgen-max-tokens").fill("32")
+    page.get_by_test_id("loadgen-temperature").fill("0")
+    page.get_by_test_id("loadgen-concurrency").fill(str(len(LOAD_PROMPTS)))
+    page.get_by_test_id("loadgen-n").fill("1")
+    page.get_by_test_id("loadgen-prompts").fill("\n".join(LOAD_PROMPTS))
+    expect(page.get_by_test_id("loadgen-start")).to_have_text(f"Start {len(LOAD_PROMPTS)} requests")
+    page.get_by_test_id("loadgen-start").click()
+
+    # While it runs, the pool is too small for all of them: the scheduler preempts.
+    wait_js(page, "() => Object.values(window.__e2e.timeline()).some((r) => r.segments.includes('PREEMPTED'))",
+            timeout_ms=120_000)
+    alert_rows = page.locator('[data-testid="scheduler-step-row"].row-alert')
+    expect(alert_rows.first).to_be_attached(timeout=60_000)
+    # freeze the scheduler table on the preemption to read it (and picture it)
+    page.get_by_test_id("scheduler-pause").click()
+    expect(page.get_by_test_id("scheduler-pause")).to_have_attribute("aria-pressed", "true")
+    preempting = alert_rows.first
+    preempted_ids = preempting.locator("td").nth(5).text_content() or ""
+    assert preempted_ids.strip(), "a scheduler row is marked as preempting but names no request"
+    preempting.scroll_into_view_if_needed()
+    shot(page.get_by_test_id("scheduler-panel"), "panel-scheduler.png")
+    shot(page.get_by_test_id("heatmap-panel"), "panel-heatmap-load.png")
+    page.get_by_test_id("scheduler-pause").click()
+    expect(page.get_by_test_id("scheduler-pause")).to_have_attribute("aria-pressed", "false")
+
+    progress = page.get_by_test_id("loadgen-progress")
+    expect(progress).to_have_attribute("data-done", str(len(LOAD_PROMPTS)), timeout=180_000)
+    expect(progress).to_have_attribute("data-failed", "0")
+    expect(progress).to_contain_text("Finished")
+    assert len(sent) == len(LOAD_PROMPTS), sent.keys()
+
+    rows = {rid: wait_finished(page, rid) for rid in sent}
+    preempted = [rid for rid, row in rows.items() if "PREEMPTED" in row.segments]
+    assert preempted, f"no request was preempted: {rows}"
+    for rid, row in rows.items():
+        assert row.segments[0] == "WAITING" and row.segments[-1] == "FINISHED", (rid, row)
+    wait_js(page, "() => window.__e2e.heatmap()?.used === 0")
+    shot(page.get_by_test_id("timeline-panel"), "panel-timeline-preemption.png")
+    shot(page.get_by_test_id("metrics-panel"), "panel-metrics.png")
+    shot(page.get_by_test_id("event-log"), "panel-event-log.png")
+    shot(page.get_by_test_id("loadgen-panel"), "panel-loadgen.png")
+    expect(page.get_by_test_id("metric-preemptions")).not_to_have_text("0")
+
+    # Every request's text, as the dashboard shows it (the selected request's generated text)...
+    shown: dict[str, str] = {}
+    for rid in sent:
+        page.get_by_test_id(f"request-row-{rid}").click()
+        expect(page.get_by_test_id("request-detail-id")).to_have_text(rid)
+        expect(page.get_by_test_id("request-detail-state")).to_have_text("Finished")
+        shown[rid] = page.get_by_test_id("request-detail").locator(".detail-text .message-text").text_content() or ""
+    chosen = page.get_by_test_id(f"request-row-{preempted[0]}")
+    if chosen.get_attribute("aria-pressed") != "true":
+        chosen.click()
+    expect(page.get_by_test_id("request-detail-id")).to_have_text(preempted[0])
+    dashboard_shot(page, "dashboard.png")
+
+    # ...equals the same request run alone: greedy, one at a time, through the OpenAI API.
+    for rid, body in sent.items():
+        assert body["temperature"] == 0 and body["max_tokens"] == 32, body
+        _, alone = api_chat(api, body)
+        expected = alone["choices"][0]["message"]["content"]
+        assert alone["timings"]["num_preemptions"] == 0
+        assert shown[rid] == expected, f"{rid} ({body['messages'][-1]['content']!r}) differs from the request run alone:\n{shown[rid]!r}\n{expected!r}"
+
+
+def test_settings_shrink_the_kv_pool(page: Page, api: httpx.Client, engine: dict) -> None:
+    smaller = engine["num_blocks"] - 4
+    page.get_by_test_id("tab-settings").click()
+    field = page.get_by_test_id("settings-num-blocks")
+    expect(field).to_have_value(str(engine["num_blocks"]))
+    field.fill(str(smaller))
+    page.get_by_test_id("settings-apply").click()
+    expect(page.get_by_test_id("settings-status")).to_contain_text(f"Applied: {smaller} blocks")
+    assert api.get("/api/config").json()["num_blocks"] == smaller
+    summary = page.get_by_test_id("heatmap-summary")
+    expect(summary).to_contain_text(f"blocks={smaller} used=0")
+    expect(summary).to_have_attribute("data-free", str(smaller))
+    expect(page.get_by_test_id("engine-model")).to_contain_text(f"{smaller} blocks × {engine['block_size']}")
+    expect(page.get_by_test_id("heatmap-panel")).to_contain_text(f"{smaller} blocks × {engine['block_size']} tokens")
+    expect(field).to_have_value(str(smaller))
+    shot(page.get_by_test_id("settings-panel"), "panel-settings.png")
+
+    # the smaller pool serves requests
+    page.get_by_test_id("tab-chat").click()
+    set_decoding(page, preset="greedy", max_tokens=16)
+    rid = send_chat(page, "Say hello.")
+    during = wait_js(page, "(id) => { const h = window.__e2e.heatmap(); return h && h.per[id] > 0 ? h : false; }", rid)
+    assert during["blocks"] == smaller and during["used"] <= smaller, during
+    wait_finished(page, rid)
+    assert heatmap(page)["blocks"] == smaller
+    assert rid in timeline(page)

@@ -108,6 +108,18 @@ def wait_js(page: Page, predicate: str, arg: object = None, timeout_ms: float = 
     return page.wait_for_function(predicate, arg=arg, polling="raf", timeout=timeout_ms).json_value()
 
 
+def wait_owns_blocks(page: Page, rid: str, timeout_ms: float = 60_000) -> dict:
+    """Waits until the heatmap shows blocks held by request `rid`; returns the heatmap summary then."""
+    return wait_js(page, "(id) => { const h = window.__e2e.heatmap(); return h && h.per[id] > 0 ? h : false; }",
+                   rid, timeout_ms)
+
+
+def wait_idle(page: Page, rid: str = "", timeout_ms: float = 60_000) -> dict:
+    """Waits until no block is in use (and `rid` holds none); returns the heatmap summary then."""
+    return wait_js(page, "(id) => { const h = window.__e2e.heatmap(); return h && h.used === 0 && !(id in h.per) ? h : false; }",
+                   rid, timeout_ms)
+
+
 def wait_finished(page: Page, rid: str, state: str = "FINISHED", timeout_ms: float = 90_000) -> Row:
     wait_js(page, "([id, s]) => window.__e2e.timeline()[id]?.state === s", [rid, state], timeout_ms)
     return timeline(page)[rid]
@@ -186,7 +198,8 @@ def shot(target: Page | Locator, name: str, **kw) -> Path:
 
 def _frames(page: Page, n: int = 3) -> None:
     """Waits for `n` animation frames (the frame loop redraws the canvases after a resize)."""
-    page.evaluate("(n) => new Promise((done) => { const f = (k) => k ? requestAnimationFrame(() => f(k - 1)) : done(); f(n); })", n)
+    page.evaluate("(n) => new Promise((done) => { const f = (k) => (k ? requestAnimationFrame(() => f(k - 1)) : done()); f(n); })",
+                  n)
 
 
 def dashboard_shot(page: Page, name: str, max_height: int = 3200) -> Path:
@@ -195,7 +208,8 @@ def dashboard_shot(page: Page, name: str, max_height: int = 3200) -> Path:
     size = page.viewport_size
     assert size is not None
     page.evaluate("() => document.querySelector('main.main')?.scrollTo(0, 0)")
-    extra = page.evaluate("() => { const m = document.querySelector('main.main'); return m ? m.scrollHeight - m.clientHeight : 0; }")
+    extra = page.evaluate(
+        "() => { const m = document.querySelector('main.main'); return m ? m.scrollHeight - m.clientHeight : 0; }")
     page.set_viewport_size({"width": size["width"], "height": min(max_height, size["height"] + max(0, int(extra)))})
     _frames(page)
     try:

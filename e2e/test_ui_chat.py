@@ -5,7 +5,7 @@ from __future__ import annotations
 from playwright.sync_api import Page, expect
 
 from e2e_support import (last_reply, regenerate, reply_text, send_chat, set_decoding, shot, timeline,
-                         wait_finished, wait_js)
+                         wait_finished, wait_idle, wait_js, wait_owns_blocks)
 
 # Returns {status, len} once the last assistant message is longer than `n` characters or has stopped
 # streaming (false while neither: wait_for_function keeps polling).
@@ -33,7 +33,7 @@ def test_reply_streams_token_by_token_and_stop_aborts(page: Page) -> None:
     assert seen == sorted(set(seen)) and len(seen) == 4, seen
     # meanwhile the engine shows the request decoding, in the timeline rows and the heatmap
     expect(page.get_by_test_id(f"request-row-{rid}")).to_have_attribute("data-state", "DECODE")
-    assert wait_js(page, "(id) => window.__e2e.heatmap()?.per[id] > 0", rid)
+    wait_owns_blocks(page, rid)
 
     page.get_by_test_id("chat-stop").click()
     expect(msg).to_have_attribute("data-status", "stopped")
@@ -46,7 +46,7 @@ def test_reply_streams_token_by_token_and_stop_aborts(page: Page) -> None:
     assert row.segments[-1] == "ABORTED" and "DECODE" in row.segments, row
     assert "FINISHED" not in row.segments, row
     expect(page.get_by_test_id(f"request-row-{rid}")).to_have_attribute("data-state", "ABORTED")
-    wait_js(page, "(id) => { const h = window.__e2e.heatmap(); return h && !(id in h.per) && h.used === 0; }", rid)
+    wait_idle(page, rid)
     shot(page.get_by_test_id("chat-panel"), "panel-chat.png")
 
 

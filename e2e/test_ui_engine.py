@@ -3,13 +3,15 @@ under load (timeline + scheduler), and the engine settings."""
 
 from __future__ import annotations
 
+import re
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 from playwright.sync_api import Page, expect
 
-from e2e_support import (api_chat, dashboard_shot, heatmap, send_chat, set_decoding, shot, timeline, wait_finished, wait_js)
+from e2e_support import (api_chat, dashboard_shot, heatmap, send_chat, set_decoding, shot, timeline, wait_finished,
+                         wait_idle, wait_js, wait_owns_blocks)
 
 
 def test_timeline_request_passes_every_state(page: Page) -> None:
@@ -32,7 +34,7 @@ def test_heatmap_blocks_follow_the_request(page: Page, engine: dict) -> None:
     set_decoding(page, preset="greedy", max_tokens=48)
     rid = send_chat(page, "Explain what a block table is.")
     # while it runs, the request owns blocks (the heatmap colours them with the request's colour)
-    during = wait_js(page, "(id) => { const h = window.__e2e.heatmap(); return h && h.per[id] > 0 ? h : false; }", rid)
+    during = wait_owns_blocks(page, rid)
     assert during["used"] >= during["per"][rid] > 0, during
     shot(page.get_by_test_id("heatmap-panel"), "panel-heatmap-running.png")
     page.get_by_test_id(f"request-row-{rid}").click()
@@ -41,7 +43,7 @@ def test_heatmap_blocks_follow_the_request(page: Page, engine: dict) -> None:
 
     wait_finished(page, rid)
     # after it finishes: nothing is in use, the request owns nothing, its full blocks stay cached
-    after = wait_js(page, "(id) => { const h = window.__e2e.heatmap(); return h && h.used === 0 && !(id in h.per) ? h : false; }", rid)
+    after = wait_idle(page, rid)
     assert after["blocks"] == engine["num_blocks"], after
     assert after["cached"] >= 2, f"the finished request's full blocks are not cached: {after}"
     assert after["cached"] + after["free"] == after["blocks"], after
@@ -86,7 +88,7 @@ def test_shared_system_prompt_shares_and_caches_blocks(page: Page, server: str) 
     assert first_body["choices"][0]["message"]["content"]
     wait_finished(page, a)
     wait_finished(page, b)
-    after = wait_js(page, "() => { const h = window.__e2e.heatmap(); return h && h.used === 0 ? h : false; }")
+    after = wait_idle(page)
     assert after["shared"] == 0 and after["cached"] >= 2, after
 
 
@@ -143,7 +145,7 @@ def test_load_generator_preempts_and_every_request_is_correct(page: Page, api: h
     assert preempted, f"no request was preempted: {rows}"
     for rid, row in rows.items():
         assert row.segments[0] == "WAITING" and row.segments[-1] == "FINISHED", (rid, row)
-    wait_js(page, "() => window.__e2e.heatmap()?.used === 0")
+    wait_idle(page)
     shot(page.get_by_test_id("timeline-panel"), "panel-timeline-preemption.png")
     shot(page.get_by_test_id("metrics-panel"), "panel-metrics.png")
     shot(page.get_by_test_id("event-log"), "panel-event-log.png")
@@ -169,7 +171,8 @@ def test_load_generator_preempts_and_every_request_is_correct(page: Page, api: h
         _, alone = api_chat(api, body)
         expected = alone["choices"][0]["message"]["content"]
         assert alone["timings"]["num_preemptions"] == 0
-        assert shown[rid] == expected, f"{rid} ({body['messages'][-1]['content']!r}) differs from the request run alone:\n{shown[rid]!r}\n{expected!r}"
+        prompt = body["messages"][-1]["content"]
+        assert shown[rid] == expected, f"{rid} ({prompt!r}) differs from the same request run alone:\n{shown[rid]!r}\n{expected!r}"
 
 
 def test_settings_shrink_the_kv_pool(page: Page, api: httpx.Client, engine: dict) -> None:
@@ -186,6 +189,8 @@ def test_settings_shrink_the_kv_pool(page: Page, api: httpx.Client, engine: dict
     expect(summary).to_have_attribute("data-free", str(smaller))
     expect(page.get_by_test_id("engine-model")).to_contain_text(f"{smaller} blocks × {engine['block_size']}")
     expect(page.get_by_test_id("heatmap-panel")).to_contain_text(f"{smaller} blocks × {engine['block_size']} tokens")
+    expect(page.get_by_test_id("heatmap-canvas")).to_have_attribute(
+        "aria-label", re.compile(rf"^KV cache blocks: 0 in use, 0 shared, 0 cached, {smaller} free\."))
     expect(field).to_have_value(str(smaller))
     shot(page.get_by_test_id("settings-panel"), "panel-settings.png")
 
@@ -193,7 +198,7 @@ def test_settings_shrink_the_kv_pool(page: Page, api: httpx.Client, engine: dict
     page.get_by_test_id("tab-chat").click()
     set_decoding(page, preset="greedy", max_tokens=16)
     rid = send_chat(page, "Say hello.")
-    during = wait_js(page, "(id) => { const h = window.__e2e.heatmap(); return h && h.per[id] > 0 ? h : false; }", rid)
+    during = wait_owns_blocks(page, rid)
     assert during["blocks"] == smaller and during["used"] <= smaller, during
     wait_finished(page, rid)
     assert heatmap(page)["blocks"] == smaller

@@ -7,12 +7,10 @@ import uuid
 import httpx
 from playwright.sync_api import Page, expect
 
-from e2e_support import send_chat, set_decoding, shot, timeline, wait_finished, wait_js
-
-IDLE = "() => { const h = window.__e2e.heatmap(); return h && h.used === 0 ? h : false; }"
+from e2e_support import send_chat, set_decoding, shot, timeline, wait_finished, wait_idle, wait_js
 
 
-def test_replay_of_a_recording_ends_in_the_live_final_state(page: Page, api: httpx.Client, server: str) -> None:
+def test_replay_of_a_recording_ends_in_the_live_final_state(page: Page, api: httpx.Client) -> None:
     page.get_by_test_id("record-start").click()
     expect(page.get_by_test_id("record-stop")).to_be_visible()
     status = api.get("/api/recordings/status").json()
@@ -28,7 +26,7 @@ def test_replay_of_a_recording_ends_in_the_live_final_state(page: Page, api: htt
     assert r.status_code == 200, r.text
     wait_finished(page, chat_id)
     wait_finished(page, api_id)
-    wait_js(page, IDLE)
+    wait_idle(page)
     page.get_by_test_id("record-stop").click()
     expect(page.get_by_test_id("record-start")).to_be_visible()
 
@@ -81,7 +79,7 @@ def test_reconnect_resumes_without_losing_state(page: Page, api: httpx.Client, e
     set_decoding(page, preset="greedy", max_tokens=16)
     before_id = send_chat(page, "Say something nice about cats.")
     before_row = wait_finished(page, before_id)
-    wait_js(page, IDLE)
+    wait_idle(page)
     before_text = summary.text_content() or ""
     before_heatmap = page.get_by_test_id("heatmap-summary").text_content() or ""
     sockets = page.evaluate("() => window.__e2e.ws.sockets.length")
@@ -111,7 +109,7 @@ def test_reconnect_resumes_without_losing_state(page: Page, api: httpx.Client, e
     assert timeline(page)[before_id] == before_row
     for line in before_text.splitlines():
         assert line in (summary.text_content() or ""), f"lost after reconnecting: {line}"
-    wait_js(page, IDLE)
+    wait_idle(page)
     # the resumed heatmap is the engine's: the same as a dashboard that connects afresh
     fresh = page.context.new_page()
     fresh.goto("/")

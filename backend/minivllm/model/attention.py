@@ -106,7 +106,7 @@ def decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor
     values = gather_blocks(v_pool, block_tables)
     kv_heads = keys.shape[2]
     qg = q.view(batch, kv_heads, heads // kv_heads, dim)
-    scores = torch.matmul(qg * scale, keys.permute(0, 2, 3, 1))  # [B, kv, G, L]
+    scores = torch.matmul(qg, keys.permute(0, 2, 3, 1)) * scale  # [B, kv, G, L]
     scores.masked_fill_(padding, float("-inf"))
     probs = torch.softmax(scores, dim=-1)
     out = torch.matmul(probs, values.permute(0, 2, 1, 3))  # [B, kv, G, D]

@@ -4,9 +4,9 @@ On a CPU, a plain fp32 `F.linear` with a skinny input (8-64 rows: one decode tok
 sequence) runs at a fraction of the machine's GEMM peak. MKL can pre-pack a weight for a given
 row count once, after which the same product runs several times faster (measured ~3.5x at 32 rows
 on the 2-core dev box; `minivllm bench throughput` shows the end-to-end effect). A packed copy only
-serves its exact row count, so a batch is padded up to the next bucket. A single row (one stream)
-is a memory-bound GEMV where packing does not help, and long prefill chunks are already efficient:
-both keep the plain path. The packed copies cost memory (one per bucket), so the buckets are chosen
+serves its exact row count, so a batch is padded up to the next bucket (16 or 32 rows). A single
+row (one stream) is a memory-bound GEMV where packing does not help, and longer prefill chunks are
+already efficient with the plain path. The packed copies cost memory (one per bucket), so the buckets are chosen
 from the model size.
 """
 
@@ -28,7 +28,7 @@ def packing_supported(weight: torch.Tensor) -> bool:
 def choose_buckets(weight_bytes: int) -> tuple[int, ...]:
     """As many buckets as the memory budget allows, the most useful (32) first."""
     chosen: list[int] = []
-    for bucket in (32, 16, 64):
+    for bucket in (32, 16):
         if weight_bytes * (len(chosen) + 1) <= PACK_MEMORY_BUDGET:
             chosen.append(bucket)
     return tuple(sorted(chosen))

@@ -137,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("bench", help="benchmarks that print comparisons side by side")
-    p.add_argument("kind", choices=["single", "throughput"])
+    p.add_argument("kind", choices=["single", "throughput", "profile"])
     p.add_argument("--output-dir", default="bench-results")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])

@@ -12,6 +12,10 @@ def run_bench(args) -> int:
         from minivllm.bench.single import bench_single
 
         return bench_single(engine, args)
+    if args.kind == "profile":
+        from minivllm.bench.profile import bench_profile
+
+        return bench_profile(engine, args)
     from minivllm.bench.throughput import bench_throughput
 
     return bench_throughput(engine, args)

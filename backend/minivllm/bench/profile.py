@@ -1,0 +1,76 @@
+"""`minivllm bench profile`: where one engine step's time goes at a given concurrency.
+
+Engine phases come from the StepFinished events (schedule, forward, sample, post-process); the
+forward pass is split by operator category with torch.profiler, and what the operators do not
+account for is Python / dispatch overhead."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from minivllm.bench.common import chat_prompt_ids, greedy, median, progress
+from minivllm.bench.prompts import CHAT_PROMPTS
+
+CATEGORIES = {
+    "GEMM (linear layers, LM head)": ("aten::mm", "aten::addmm", "mkl::_mkl_linear", "aten::linear"),
+    "attention: K/V gather through block tables": ("aten::index",),
+    "attention: scores, softmax, weighted sum": ("aten::bmm", "aten::_softmax", "aten::masked_fill_",
+                                                 "aten::_scaled_dot_product_flash_attention_for_cpu"),
+    "KV cache write (slot mapping)": ("aten::index_copy_",),
+    "norms, rotary, SwiGLU, residuals": ("aten::_fused_rms_norm", "aten::silu", "aten::mul", "aten::add",
+                                         "aten::cat", "aten::neg", "aten::pow", "aten::mean", "aten::rsqrt"),
+}
+
+
+def bench_profile(engine, args) -> int:
+    from torch.profiler import ProfilerActivity, profile
+
+    level = args.concurrency[-1]
+    prompts = chat_prompt_ids(engine.tokenizer, (CHAT_PROMPTS * 4)[:level])
+    for i, p in enumerate(prompts):
+        engine.add_request(f"profile-{i}", prompt_token_ids=p, params=greedy(args.max_tokens))
+    progress(f"prefilling {level} requests")
+    while any(r.status.value in ("WAITING", "PREFILL") for r in engine.requests.values()):
+        engine.step()
+    steps: list = []
+    unsubscribe = engine.bus.subscribe(lambda e: steps.append(e) if type(e).__name__ == "StepFinished" else None)
+    progress(f"timing decode steps at {level} concurrent")
+    for _ in range(max(4, min(16, args.max_tokens // 2))):
+        engine.step()
+    unsubscribe()
+    progress("profiling operators")
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(PROFILED_STEPS):
+            engine.step()
+    while engine.has_work():
+        engine.step()
+    _report(steps, prof, level)
+    return 0
+
+
+PROFILED_STEPS = 4
+
+
+def _report(steps, prof, level: int) -> None:
+    n = len(steps)
+    phases = {k: median([getattr(s, k) for s in steps]) for k in ("schedule_ms", "forward_ms", "sample_ms", "postprocess_ms")}
+    total = median([s.duration_ms for s in steps])
+    print(f"\n== one decode step at {level} concurrent (median of {n} steps) ==")
+    print(f"total step {total:.1f} ms  ({level / total * 1e3:.0f} tokens/s)")
+    for key, value in phases.items():
+        print(f"  {key.removesuffix('_ms'):<12} {value:7.2f} ms  {value / total:6.1%}")
+    self_us: dict[str, float] = defaultdict(float)
+    for item in prof.key_averages():
+        self_us[item.key] += item.self_cpu_time_total
+    forward_ms = phases["forward_ms"]
+    n = PROFILED_STEPS
+    print("\nforward pass by operator category (profiled self time per step, vs the unprofiled forward):")
+    accounted = 0.0
+    for category, names in CATEGORIES.items():
+        ms = sum(self_us.get(name, 0.0) for name in names) / n / 1e3
+        accounted += ms
+        print(f"  {category:<45} {ms:7.2f} ms  {ms / forward_ms:6.1%} of forward")
+    other_ops = sum(self_us.values()) / n / 1e3 - accounted
+    print(f"  {'other operators (views, copies, sampling ops)':<45} {other_ops:7.2f} ms")
+    print(f"  {'Python and dispatch overhead (forward - operators)':<45} {forward_ms - accounted - other_ops:7.2f} ms")
+    print("  (the profiler inflates small operators, so the overhead line is a lower bound)")

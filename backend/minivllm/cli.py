@@ -16,6 +16,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     g.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     g.add_argument("--seed", type=int, default=0, help="seed for random:<shape> weights")
+    g.add_argument("--threads", type=int, default=None,
+                   help="CPU threads for torch (default: torch's choice; 1 avoids thrashing on a busy machine)")
     e = p.add_argument_group("engine")
     e.add_argument("--kv-cache-memory", default="512MiB", help="KV pool size, e.g. 2GiB (ignored with --num-blocks)")
     e.add_argument("--num-blocks", type=int, default=None)
@@ -34,9 +36,13 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
 
 
 def build_engine(args: argparse.Namespace):
+    import torch
+
     from minivllm.engine.llm_engine import LLMEngine
     from minivllm.loader import load_model
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     loaded = load_model(args.model, dtype=args.dtype, device=args.device, seed=args.seed,
                         max_model_len=args.max_model_len)
     return LLMEngine(loaded, engine_config(args))

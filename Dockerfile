@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1
 # Stage 1: build the dashboard.
 FROM node:20-slim AS frontend
 WORKDIR /app
@@ -19,7 +18,7 @@ WORKDIR /app
 # instead of downloading one.
 COPY docker/wheels/ /wheels/
 RUN if ls /wheels/torch-*.whl >/dev/null 2>&1; then \
-      pip install --no-index --find-links /wheels "torch==${TORCH_VERSION}"; \
+      pip install --find-links /wheels "torch==${TORCH_VERSION}"; \
     else \
       pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"; \
     fi

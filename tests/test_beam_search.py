@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+import transformers
+from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-transformers = pytest.importorskip("transformers")
-from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM  # noqa: E402
-
-from minivllm.sampling.beam_search import BeamSearchState  # noqa: E402
+from minivllm.sampling.beam_search import BeamSearchState
 
 VOCAB = 128
 PAD = 0

@@ -16,13 +16,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import msgspec
+import openai  # these tests must run, never skip: both come with `make setup`
 import pytest
+import websockets.sync.client as websockets_sync
 
-openai = pytest.importorskip("openai")
-websockets_sync = pytest.importorskip("websockets.sync.client")
-
-from minivllm import events as ev  # noqa: E402
-from test_server_support import wait_for  # noqa: E402
+from minivllm import events as ev
+from test_server_support import wait_for
 
 API_KEY = "test-key"
 PROMPTS = ["What is a KV cache?", "Name three colors.", "Write a haiku about the sea.", "Count to five.",

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import transformers
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 from minivllm.sampling.beam_search import BeamSearchState

@@ -103,6 +103,17 @@ class ModelList(msgspec.Struct, kw_only=True):
     data: list[ModelCard]
 
 
+class ResponseEnvelope(msgspec.Struct, kw_only=True):
+    """Fields every completion response and chunk carries."""
+
+    id: str
+    created: int
+    model: str
+    usage: Usage | None = None
+    timings: RequestTimings | None = None
+    system_fingerprint: str | None = None
+
+
 class CompletionLogprobs(msgspec.Struct, kw_only=True):
     tokens: list[str]
     token_logprobs: list[float | None]
@@ -118,15 +129,9 @@ class CompletionChoice(msgspec.Struct, kw_only=True):
     stop_reason: str | int | None = None
 
 
-class CompletionResponse(msgspec.Struct, kw_only=True):
-    id: str
+class CompletionResponse(ResponseEnvelope, kw_only=True):
     object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
     choices: list[CompletionChoice]
-    usage: Usage | None = None
-    timings: RequestTimings | None = None
-    system_fingerprint: str | None = None
 
 
 class TopLogprob(msgspec.Struct, kw_only=True):
@@ -159,15 +164,9 @@ class ChatChoice(msgspec.Struct, kw_only=True):
     stop_reason: str | int | None = None
 
 
-class ChatCompletionResponse(msgspec.Struct, kw_only=True):
-    id: str
+class ChatCompletionResponse(ResponseEnvelope, kw_only=True):
     object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
     choices: list[ChatChoice]
-    usage: Usage | None = None
-    timings: RequestTimings | None = None
-    system_fingerprint: str | None = None
 
 
 class DeltaMessage(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -182,26 +181,10 @@ class ChatChunkChoice(msgspec.Struct, kw_only=True):
     finish_reason: str | None = None
 
 
-class ChatCompletionChunk(msgspec.Struct, kw_only=True):
-    id: str
+class ChatCompletionChunk(ResponseEnvelope, kw_only=True):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
     choices: list[ChatChunkChoice]
-    usage: Usage | None = None
-    timings: RequestTimings | None = None
-    system_fingerprint: str | None = None
 
 
-class CompletionChunk(msgspec.Struct, kw_only=True):
-    """Streamed /v1/completions chunks have the same shape as the full response."""
-
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    choices: list[CompletionChoice]
-    usage: Usage | None = None
-    timings: RequestTimings | None = None
-    system_fingerprint: str | None = None
+CompletionChunk = CompletionResponse  # streamed /v1/completions chunks have the full response's shape
 

@@ -102,19 +102,20 @@ def run_engine(engine: LLMEngine, prompts: list[list[int]], params: SamplingPara
     return result
 
 
+def combine_runs(mode: str, concurrency: int, runs: list[RunResult]) -> RunResult:
+    """One-request-at-a-time runs summed into one result (decode rate from the median TPOT)."""
+    blocks = [r.kv_blocks_used for r in runs if r.kv_blocks_used is not None]
+    tpot = [t for r in runs for t in r.tpot_s]
+    return RunResult(mode, concurrency, len(runs), sum(r.generated_tokens for r in runs), sum(r.wall_s for r in runs),
+                     ttft_s=[t for r in runs for t in r.ttft_s], tpot_s=tpot,
+                     decode_tokens_per_s=1 / median(tpot) if tpot else None,
+                     kv_blocks_used=max(blocks) if blocks else None)
+
+
 def run_engine_sequential(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams,
                           concurrency: int) -> RunResult:
-    total = RunResult("mini-vllm one at a time", concurrency, 0, 0, 0.0)
-    for p in prompts:
-        r = run_engine(engine, [p], params, "seq", concurrency)
-        total.num_requests += 1
-        total.generated_tokens += r.generated_tokens
-        total.wall_s += r.wall_s
-        total.ttft_s += r.ttft_s
-        total.tpot_s += r.tpot_s
-        total.kv_blocks_used = max(total.kv_blocks_used or 0, r.kv_blocks_used or 0)
-    total.decode_tokens_per_s = 1 / median(total.tpot_s) if total.tpot_s else None
-    return total
+    runs = [run_engine(engine, [p], params, "seq", concurrency) for p in prompts]
+    return combine_runs("mini-vllm one at a time", concurrency, runs)
 
 
 class StepClock:
@@ -151,16 +152,8 @@ def hf_generate(model, tokenizer, prompts: list[list[int]], max_tokens: int, mod
 
 
 def hf_sequential(model, tokenizer, prompts: list[list[int]], max_tokens: int, concurrency: int) -> RunResult:
-    total = RunResult("HF generate sequential", concurrency, 0, 0, 0.0)
-    for p in prompts:
-        r = hf_generate(model, tokenizer, [p], max_tokens, "seq", concurrency)
-        total.num_requests += 1
-        total.generated_tokens += r.generated_tokens
-        total.wall_s += r.wall_s
-        total.ttft_s += r.ttft_s
-        total.tpot_s += r.tpot_s
-    total.decode_tokens_per_s = 1 / median(total.tpot_s) if total.tpot_s else None
-    return total
+    runs = [hf_generate(model, tokenizer, [p], max_tokens, "seq", concurrency) for p in prompts]
+    return combine_runs("HF generate sequential", concurrency, runs)
 
 
 def load_hf_oracle(loaded):

@@ -148,6 +148,7 @@ class LLMEngine:
         outputs, self._pending = self._pending, []
         t0 = time.perf_counter()
         sched = self.scheduler.schedule()
+        self._count_admissions(sched)
         self._emit_step_scheduled(sched)
         if sched.is_empty:
             self.emit_metrics_if_due()
@@ -337,11 +338,13 @@ class LLMEngine:
         if wire_event is not None:
             self.bus.emit(wire_event)
 
-    def _emit_step_scheduled(self, sched: SchedulerOutput) -> None:
+    def _count_admissions(self, sched: SchedulerOutput) -> None:
         for request in sched.admitted:
-            if request.num_preemptions == 0:
+            if request.num_preemptions == 0:  # a resumed request was counted when it first came in
                 self.counters.prefix_queries += request.num_prompt_tokens
                 self.counters.prefix_hits += request.num_cached_prompt_tokens
+
+    def _emit_step_scheduled(self, sched: SchedulerOutput) -> None:
         if sched.is_empty and not sched.preempted:
             return
         self.counters.steps += 1
@@ -390,7 +393,7 @@ class LLMEngine:
     def snapshot(self) -> ev.Snapshot:
         bm = self.block_manager
         live = sorted(self.requests.values(), key=lambda r: r.arrival_time)
-        requests = [wire.request_state(r, bm, r.preview) for r in list(self.finished) + live]
+        requests = [wire.request_state(r, bm) for r in list(self.finished) + live]
         return ev.Snapshot(seq=self.bus.last_seq, ts=self.bus.now(), step=self.counters.steps,
                            config=self.info(), requests=requests, blocks=wire.block_states(bm))
 

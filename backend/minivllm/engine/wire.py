@@ -50,7 +50,7 @@ def seq_state(seq: Sequence, bm: BlockManager) -> ev.SeqState:
                        block_table=bm.block_table(seq.seq_id), finished=seq.finished)
 
 
-def request_state(request: Request, bm: BlockManager, preview: str) -> ev.RequestState:
+def request_state(request: Request, bm: BlockManager) -> ev.RequestState:
     return ev.RequestState(
         request_id=request.request_id,
         state=request.status.value,
@@ -60,7 +60,7 @@ def request_state(request: Request, bm: BlockManager, preview: str) -> ev.Reques
         priority=request.priority,
         arrival_ts=request.arrival_time,
         sampling=sampling_summary(request),
-        prompt_preview=preview,
+        prompt_preview=request.preview,
         output_tokens=request.num_generated_events,
         first_token_ts=request.first_token_time,
         finish_ts=request.finish_time,

@@ -163,3 +163,26 @@ export function useStoreSelector<T>(store: DashboardStore, select: (s: Dashboard
   const get = () => select(store.getUiState());
   return useSyncExternalStore(store.subscribe, get, get);
 }
+
+/** Runs async actions one at a time with `busy` and `error` state (buttons disable while busy). */
+export function useBusyAction(): {
+  busy: boolean;
+  error: string | null;
+  setError: (message: string | null) => void;
+  run: (fn: () => Promise<void>) => Promise<void>;
+} {
+  const [busy, setBusy] = useState(false);
+  const [error, setError] = useState<string | null>(null);
+  const run = async (fn: () => Promise<void>) => {
+    setBusy(true);
+    setError(null);
+    try {
+      await fn();
+    } catch (err) {
+      setError((err as Error).message);
+    } finally {
+      setBusy(false);
+    }
+  };
+  return { busy, error, setError, run };
+}

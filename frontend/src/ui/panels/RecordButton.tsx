@@ -2,11 +2,11 @@
 import { useEffect, useState } from "react";
 import { recordingStatus, startRecording, stopRecording } from "../../api/client";
 import type { RecordingInfo } from "../../core/wire";
+import { useBusyAction } from "../hooks";
 
 export function RecordButton(props: { onStopped?: (info: RecordingInfo | null) => void }) {
   const [active, setActive] = useState<RecordingInfo | null>(null);
-  const [busy, setBusy] = useState(false);
-  const [error, setError] = useState<string | null>(null);
+  const { busy, error, run } = useBusyAction();
 
   useEffect(() => {
     let cancelled = false;
@@ -20,17 +20,6 @@ export function RecordButton(props: { onStopped?: (info: RecordingInfo | null) =
     };
   }, []);
 
-  const run = async (fn: () => Promise<void>) => {
-    setBusy(true);
-    setError(null);
-    try {
-      await fn();
-    } catch (err) {
-      setError((err as Error).message);
-    } finally {
-      setBusy(false);
-    }
-  };
 
   return (
     <span className="record">

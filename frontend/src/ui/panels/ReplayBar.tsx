@@ -6,6 +6,7 @@ import { fmtBytes } from "../../core/format";
 import { parseRecording } from "../../core/recording";
 import { verifyRecording } from "../../core/replay";
 import type { RecordingInfo } from "../../core/wire";
+import { useBusyAction } from "../hooks";
 import { SPEEDS, type ReplayController } from "../../live/replayController";
 import { Icon } from "../components/Icon";
 
@@ -16,8 +17,7 @@ export function ReplayBar(props: { controller: ReplayController; refreshKey: num
   const info = useSyncExternalStore(controller.subscribe, controller.getInfo, controller.getInfo);
   const [recordings, setRecordings] = useState<RecordingInfo[] | null>(null);
   const [choice, setChoice] = useState("");
-  const [error, setError] = useState<string | null>(null);
-  const [busy, setBusy] = useState(false);
+  const { busy, error, setError, run: load } = useBusyAction();
   const [uploadedId, setUploadedId] = useState<string | null>(null);
   const [fileText, setFileText] = useState<string | null>(null);
 
@@ -32,7 +32,7 @@ export function ReplayBar(props: { controller: ReplayController; refreshKey: num
         setError(`Could not list recordings: ${err.message}`);
       });
   };
-  useEffect(refresh, [props.refreshKey]);
+  useEffect(refresh, [props.refreshKey, setError]); // setError is a stable state setter
 
   useEffect(() => {
     const onKey = (e: KeyboardEvent) => {
@@ -52,17 +52,6 @@ export function ReplayBar(props: { controller: ReplayController; refreshKey: num
     return () => window.removeEventListener("keydown", onKey);
   }, [controller]);
 
-  const load = async (fn: () => Promise<void>) => {
-    setBusy(true);
-    setError(null);
-    try {
-      await fn();
-    } catch (err) {
-      setError((err as Error).message);
-    } finally {
-      setBusy(false);
-    }
-  };
 
   const loadServer = () => load(async () => {
     if (!choice) return;

@@ -171,6 +171,22 @@ def test_fork_and_copy_on_write():
     bm.check_invariants()
 
 
+def test_fork_of_a_prefix_shares_only_its_blocks():
+    bm, _ = make()
+    tokens = list(range(2 * BS + 2))  # two full blocks + a partial one
+    run_prompt(bm, 1, tokens)
+    full0, full1, partial = bm.block_table(1)
+    bm.fork(1, 2, num_tokens=BS + 1)  # diverges inside the second block
+    assert bm.block_table(2) == [full0, full1] and refs(bm, [full0, full1, partial]) == [2, 2, 1]
+    src, dst = bm.prepare_write(2, BS + 1)  # the child's first own token copies the shared block
+    assert src == full1 and bm.block_table(2) == [full0, dst]
+    bm.fork(1, 3, num_tokens=BS)  # at a block boundary: nothing to copy
+    assert bm.block_table(3) == [full0] and bm.prepare_write(3, BS) is None
+    bm.fork(1, 4, num_tokens=0)
+    assert bm.block_table(4) == []
+    bm.check_invariants()
+
+
 def test_full_shared_blocks_never_copied():
     bm, _ = make()
     tokens = list(range(2 * BS))  # exactly two full blocks
@@ -330,13 +346,16 @@ class BlockManagerMachine(RuleBasedStateMachine):
         self.advance(data.draw(st.sampled_from(sorted(self.seqs))), chunk, new_token)
 
     @precondition(lambda self: self.seqs)
-    @rule(data=st.data(), diverge=st.booleans())
-    def fork(self, data, diverge):
+    @rule(data=st.data(), diverge=st.booleans(), prefix_only=st.booleans())
+    def fork(self, data, diverge, prefix_only):
+        """A plain fork (n > 1, beams), or a fork of the first ``at`` computed tokens only (the
+        followers of a request resuming after preemption)."""
         parent = data.draw(st.sampled_from(sorted(self.seqs)))
         sid, self.next_id = self.next_id, self.next_id + 1
-        self.bm.fork(parent, sid)
         tokens, computed = self.seqs[parent]
-        self.seqs[sid] = (list(tokens), computed)
+        at = data.draw(st.integers(0, computed)) if prefix_only else None
+        self.bm.fork(parent, sid, num_tokens=at)
+        self.seqs[sid] = (list(tokens if at is None else tokens[:at]), computed if at is None else at)
         if diverge:  # parallel sampling: both continue with different tokens -> copy-on-write
             self.advance(sid, 1, 0)
             self.advance(parent, 1, 1)

@@ -234,20 +234,53 @@ def test_preempted_parallel_samples_resume(tiny_model):
     assert_all_blocks_free(engine)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "known limitation: recompute preemption loses the sharing of forked sequences. Without the prefix "
-    "cache (off, or its blocks evicted) every sample recomputes its own copy of the prompt, 3 x 7 blocks "
-    "here, more than the 16-block pool that admission validated the request against (10 blocks), so the "
-    "preempted request can never be readmitted"))
-def test_preempted_parallel_samples_resume_without_prefix_cache(tiny_model):
-    params = SamplingParams(n=3, temperature=1.0, seed=5, max_tokens=12, ignore_eos=True)
-    engine = make_engine(tiny_model, num_blocks=16, block_size=4, enable_prefix_caching=False)
-    engine.add_request("samples", prompt_token_ids=list(range(40, 57)), params=params, priority=1)
-    step_until(engine, lambda: len(engine.requests["samples"].seqs) == 3)
-    engine.add_request("urgent", prompt_token_ids=[7, 8, 9, 10], params=SamplingParams(max_tokens=40, ignore_eos=True),
+MULTI_SEQUENCE_PARAMS = {
+    "samples": SamplingParams(n=3, temperature=1.0, seed=5, max_tokens=12, ignore_eos=True),
+    "beams": SamplingParams(use_beam_search=True, beam_width=3, max_tokens=12, ignore_eos=True),
+}
+
+
+@pytest.mark.parametrize("prefix_caching", [False, True], ids=["no-prefix-cache", "prefix-cache"])
+@pytest.mark.parametrize("prompt_len", [16, 17], ids=["block-aligned-prompt", "partial-block-prompt"])
+@pytest.mark.parametrize("kind", ["samples", "beams"])
+def test_preempted_multi_sequence_request_recomputes_shared_prefix_once(tiny_model, kind, prompt_len,
+                                                                        prefix_caching):
+    """Three samples (or beams) are preempted once they have diverged. On resume the common prefix is
+    recomputed once by the first sequence and the others fork from it: without the prefix cache a
+    copy per sequence (3 x 7 blocks) would exceed the 16-block pool admission validated the request
+    against, and it would never resume. With the cache, the cached prefix is reattached and the fork
+    happens either at once (aligned prompt) or after recomputing the partial block."""
+    prompt = list(range(40, 40 + prompt_len))  # block size 4
+    params = MULTI_SEQUENCE_PARAMS[kind]
+    ref_engine = make_engine(tiny_model, num_blocks=32, block_size=4, enable_prefix_caching=prefix_caching)
+    ref_engine.add_request("multi", prompt_token_ids=prompt, params=params)
+    ref = [o.token_ids for o in run(ref_engine)["multi"].outputs]
+
+    engine = make_engine(tiny_model, num_blocks=16, block_size=4, enable_prefix_caching=prefix_caching)
+    log = EventLog(engine)
+    engine.add_request("multi", prompt_token_ids=prompt, params=params, priority=1)
+    step_until(engine, lambda: len(engine.requests["multi"].seqs) == 3 and engine.requests["multi"].seqs[0].num_output_tokens >= 2)
+    # 24 + 40 tokens: the urgent request ends up needing the whole pool
+    engine.add_request("urgent", prompt_token_ids=list(range(7, 31)), params=SamplingParams(max_tokens=40, ignore_eos=True),
                        priority=0)
-    done = run(engine, max_steps=150)
-    assert [len(o.token_ids) for o in done["samples"].outputs] == [12, 12, 12]
+    shared_after_resume = []
+
+    def watch(event):  # right after each schedule, before the forward
+        request = engine.requests.get("multi")
+        if (not isinstance(event, ev.StepScheduled) or request is None or not request.num_preemptions
+                or request.refork_at is not None):
+            return
+        tables = [engine.block_manager.block_table(s.seq_id) for s in request.seqs]
+        if all(tables):
+            shared_after_resume.append(len({t[0] for t in tables}) == 1)
+
+    engine.bus.subscribe(watch)
+    done = run(engine, max_steps=400)
+    assert [rid for e in log.of(ev.StepScheduled) for rid in e.preempted] == ["multi"]
+    assert [o.token_ids for o in done["multi"].outputs] == ref
+    assert len(done["urgent"].outputs[0].token_ids) == 40
+    assert shared_after_resume and all(shared_after_resume), "the resumed sequences do not share the prompt's first block"
+    assert_all_blocks_free(engine)
 
 
 # ---- prefix caching ----------------------------------------------------------------------------

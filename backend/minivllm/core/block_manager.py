@@ -219,11 +219,15 @@ class BlockManager:
             hashes = [self.blocks[b].block_hash for b in registered]
             self._emit("cached", registered, seq_id, block_hashes=hashes)
 
-    def fork(self, parent_seq_id: int, child_seq_id: int, owner: str | None = None) -> None:
-        """Give the child the parent's blocks (shared, copy-on-write)."""
+    def fork(self, parent_seq_id: int, child_seq_id: int, owner: str | None = None,
+             num_tokens: int | None = None) -> None:
+        """Give the child the parent's blocks (shared, copy-on-write); with ``num_tokens``, only
+        the blocks holding the parent's first ``num_tokens`` tokens (the child diverges there)."""
         if child_seq_id in self._tables:
             raise ValueError(f"sequence {child_seq_id} already allocated")
         table = list(self._tables[parent_seq_id])
+        if num_tokens is not None:
+            table = table[: -(-num_tokens // self.block_size)]
         for bid in table:
             self._incref(bid)
         self._tables[child_seq_id] = table

@@ -94,6 +94,9 @@ class Request:
     num_generated_events: int = 0  # tokens reported so far, over all sequences
     preview: str = ""  # first characters of the prompt, for display
     forked: bool = False  # n > 1 requests fork their samples once the prompt is computed
+    # After a preemption, a request with several sequences recomputes their common prefix once, in
+    # its first sequence; the others are forked from it at this many tokens (None: nothing pending).
+    refork_at: int | None = None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -111,11 +114,23 @@ class Request:
 
     @property
     def num_remaining_tokens(self) -> int:
-        return sum(s.num_remaining for s in self.seqs)
+        if self.refork_at is None:
+            return sum(s.num_remaining for s in self.seqs)
+        # followers will be forked at refork_at: only their own tails remain for them
+        return self.seqs[0].num_remaining + sum(s.num_tokens - self.refork_at for s in self.seqs[1:])
 
     @property
     def sort_key(self) -> tuple[int, float]:
         return (self.priority, self.arrival_time)
+
+    def common_prefix_len(self) -> int:
+        """Tokens all live sequences agree on, leaving each at least one token to compute (the
+        sequences of a request are sampled together, so each needs its own logits)."""
+        first = self.seqs[0].token_ids
+        shared = min(s.num_tokens for s in self.seqs) - 1
+        for other in self.seqs[1:]:
+            shared = next((i for i in range(shared) if other.token_ids[i] != first[i]), shared)
+        return shared
 
     def all_seqs(self) -> list[Sequence]:
         return self.seqs + self.finished_seqs

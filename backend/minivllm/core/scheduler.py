@@ -102,6 +102,8 @@ class Scheduler:
         return out
 
     def _schedule_running(self, request: Request, budget: int, out: SchedulerOutput) -> int:
+        if request.refork_at is not None and request.seqs[0].num_computed >= request.refork_at:
+            self._fork_followers(request, request.refork_at)
         chunks = self._chunks(request, budget)
         if not any(chunks):
             return 0
@@ -129,20 +131,30 @@ class Scheduler:
         return budget
 
     def _try_admit(self, request: Request, budget: int, out: SchedulerOutput) -> str | None:
-        """Admit the request if its first chunks fit; returns why not otherwise (state unchanged)."""
-        cached = {s.seq_id: self.bm.find_cached_prefix(s.token_ids) for s in request.seqs}
-        for seq in request.seqs:
-            seq.num_computed = len(cached[seq.seq_id]) * self.bm.block_size
+        """Admit the request if its first chunks fit; returns why not otherwise (state unchanged).
+
+        A request with several sequences is one resuming after a preemption (n > 1 samples or beams
+        fork only once running). Only its first sequence, the leader, is allocated: recomputing
+        the prefix all of them share once, then forking, keeps the footprint admission validated;
+        recomputing a copy per sequence might never fit the pool again."""
+        leader, followers = request.seqs[0], request.seqs[1:]
+        cached = self.bm.find_cached_prefix(leader.token_ids)
+        leader.num_computed = len(cached) * self.bm.block_size
+        if followers:
+            self._plan_refork(request)
         chunks = self._chunks(request, budget)
-        needed = (sum(self._new_blocks(s, c) for s, c in zip(request.seqs, chunks))
-                  + self._free_cached(cached.values()))
+        needed = (self._resume_blocks(request) if request.refork_at is not None
+                  else self._blocks_needed(request, chunks)) + self._free_cached(cached)
         if not any(chunks) or needed > self.bm.num_free_blocks:
             for seq in request.seqs:
                 seq.num_computed = 0
+            request.refork_at = None
             return (f"out of KV blocks: needs {needed}, {self.bm.num_free_blocks} free"
                     if any(chunks) else "token budget used up")
-        for seq in request.seqs:
-            seq.num_computed = self.bm.allocate_seq(seq.seq_id, request.request_id, seq.token_ids)
+        fork_at = followers[0].num_computed if followers and request.refork_at is None else None
+        leader.num_computed = self.bm.allocate_seq(leader.seq_id, request.request_id, leader.token_ids)
+        if fork_at is not None:
+            self._fork_followers(request, fork_at)
         self.waiting.remove(request)
         self.running.append(request)
         out.admitted.append(request)
@@ -150,8 +162,34 @@ class Scheduler:
         self._commit(request, chunks, out)
         return None
 
+    @staticmethod
+    def _plan_refork(request: Request) -> None:
+        """Followers fork from the leader where the sequences diverge: at once when the leader's
+        cached prefix already covers that point, else once it has recomputed it."""
+        at = request.common_prefix_len()
+        if request.seqs[0].num_computed >= at:
+            for seq in request.seqs[1:]:
+                seq.num_computed = at  # forked right after the leader is allocated
+        else:
+            request.refork_at = at
+
+    def _resume_blocks(self, request: Request) -> int:
+        """New blocks a resuming request needs before all its sequences run again: the leader's
+        whole recompute plus each follower's tail, its copy of a shared partial block included.
+        Admitting on less would let the followers preempt the request again right after the fork."""
+        bs, at, leader = self.bm.block_size, request.refork_at, request.seqs[0]
+        blocks = -(-leader.num_tokens // bs) - leader.num_computed // bs
+        return blocks + sum(-(-s.num_tokens // bs) - at // bs for s in request.seqs[1:])
+
+    def _fork_followers(self, request: Request, at: int) -> None:
+        leader = request.seqs[0]
+        for seq in request.seqs[1:]:
+            self.bm.fork(leader.seq_id, seq.seq_id, request.request_id, num_tokens=at)
+            seq.num_computed = at
+        request.refork_at = None
+
     def _admitted_status(self, request: Request) -> None:
-        cached = sum(s.num_computed for s in request.seqs)
+        cached = request.seqs[0].num_computed
         if request.status == RequestStatus.PREEMPTED:
             self.set_status(request, RequestStatus.WAITING, "resuming after preemption: blocks available")
         else:
@@ -164,6 +202,9 @@ class Scheduler:
     def _chunks(self, request: Request, budget: int) -> list[int]:
         """Tokens to run per live sequence. Sequences of a multi-sequence request (forks, beams) are
         sampled together, so unless all of them can finish this step none may reach its end."""
+        if request.refork_at is not None:  # only the leader runs until the followers fork
+            lead = min(request.refork_at - request.seqs[0].num_computed, budget)
+            return [lead] + [0] * (len(request.seqs) - 1)
         remaining = [s.num_remaining for s in request.seqs]
         if sum(remaining) <= budget:
             return remaining
@@ -181,10 +222,9 @@ class Scheduler:
         needed = self.bm.blocks_needed(seq.seq_id, seq.num_computed + chunk)
         return needed + int(chunk > 0 and self._write_needs_copy(seq))
 
-    def _free_cached(self, prefixes) -> int:
-        """Cached blocks that are free count against the free pool when reattached: once each, however
-        many of the request's sequences (forks, beams resuming after preemption) share them."""
-        return len({b for block_ids in prefixes for b in block_ids if self.bm.blocks[b].ref_count == 0})
+    def _free_cached(self, block_ids: list[int]) -> int:
+        """Cached blocks that are free count against the free pool when reattached."""
+        return sum(1 for b in block_ids if self.bm.blocks[b].ref_count == 0)
 
     def _write_needs_copy(self, seq: Sequence) -> bool:
         table = self.bm.block_table(seq.seq_id)
@@ -209,6 +249,7 @@ class Scheduler:
         for seq in request.seqs:
             self.bm.free_seq(seq.seq_id)
             seq.num_computed = 0
+        request.refork_at = None
         request.num_preemptions += 1
         self.num_preemptions += 1
         out.preempted.append(request)

@@ -53,15 +53,22 @@ class RotaryEmbedding(torch.nn.Module):
         freqs = torch.outer(positions, inv_freq)
         angles = torch.cat((freqs, freqs), dim=-1)  # HF layout: first half / second half, not interleaved
         self.register_buffer("cos", angles.cos(), persistent=False)
-        self.register_buffer("sin", angles.sin(), persistent=False)
+        # rotate_half(x) * sin == swap_halves(x) * [-sin, +sin]: the sign lives in the table, so a
+        # rotation is one flip and three elementwise ops instead of slices, neg and cat.
+        signed_sin = angles.sin()
+        signed_sin[:, : head_dim // 2].neg_()
+        self.register_buffer("signed_sin", signed_sin, persistent=False)
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin for a step's positions, [tokens, 1, head_dim]: looked up once, used by every layer."""
-        return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
+        """cos and signed sin for a step's positions, [tokens, 1, head_dim]: looked up once, used by
+        every layer."""
+        return (self.cos[positions].unsqueeze(1).to(dtype),
+                self.signed_sin[positions].unsqueeze(1).to(dtype))
 
     @staticmethod
-    def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x: [tokens, heads, head_dim]; rotates every head of every token by its own position."""
-        half = x.shape[-1] // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * cos + rotated * sin
+    def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+        """x: [tokens, heads, head_dim]; rotates every head of every token by its own position.
+        Bit-identical to HF's `x * cos + rotate_half(x) * sin` (negation is exact)."""
+        tokens, heads, dim = x.shape
+        swapped = x.reshape(tokens, heads, 2, dim // 2).flip(2).view(tokens, heads, dim)
+        return x * cos + swapped * signed_sin

@@ -13,12 +13,13 @@ from minivllm.bench.prompts import CHAT_PROMPTS
 
 CATEGORIES = {
     "GEMM (linear layers, LM head)": ("aten::mm", "aten::addmm", "mkl::_mkl_linear", "aten::linear"),
-    "attention: K/V gather through block tables": ("aten::index",),
+    "attention: K/V gather through block tables": ("aten::index", "aten::index_select"),
     "attention: scores, softmax, weighted sum": ("aten::bmm", "aten::_softmax", "aten::masked_fill_",
                                                  "aten::_scaled_dot_product_flash_attention_for_cpu"),
     "KV cache write (slot mapping)": ("aten::index_copy_",),
     "norms, rotary, SwiGLU, residuals": ("aten::_fused_rms_norm", "aten::silu", "aten::mul", "aten::add",
-                                         "aten::cat", "aten::neg", "aten::pow", "aten::mean", "aten::rsqrt"),
+                                         "aten::cat", "aten::neg", "aten::pow", "aten::mean", "aten::rsqrt",
+                                         "aten::flip"),
 }
 
 

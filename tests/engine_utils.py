@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import msgspec
+
 from minivllm import events as ev
 from minivllm.engine.config import EngineConfig
 from minivllm.engine.llm_engine import LLMEngine
@@ -59,3 +61,16 @@ def chat_ids(tokenizer, question: str, system: str | None = None) -> list[int]:
 
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": question}]
     return load_chat_template_prompt(tokenizer, messages)
+
+
+def compare(folded: ev.Snapshot, snap: ev.Snapshot) -> None:
+    """Blocks exactly; every request of the later snapshot, by id."""
+    assert folded.blocks == snap.blocks
+    assert folded.step == snap.step and folded.config == snap.config
+    assert folded.seq == snap.seq
+    by_id = {r.request_id: r for r in folded.requests}
+    for request in snap.requests:
+        assert request.request_id in by_id, f"{request.request_id} missing from the folded state"
+        assert by_id[request.request_id] == request, (
+            f"{request.request_id}:\n folded   {msgspec.json.encode(by_id[request.request_id])}\n"
+            f" snapshot {msgspec.json.encode(request)}")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from engine_utils import EventLog, make_engine, run
+from engine_utils import EventLog, compare, make_engine, run
 
 from minivllm import events as ev
 from minivllm.event_bus import EventBus
@@ -47,19 +47,6 @@ def eventful_workload(engine, step: int) -> None:
     aborts = {5: "e", 6: "g", 9: "h"}  # e decoding or preempted, g in prefill or waiting, h forked
     if step in aborts:
         engine.abort_request(aborts[step])
-
-
-def compare(folded: ev.Snapshot, snap: ev.Snapshot) -> None:
-    """Blocks exactly; every request of the later snapshot, by id."""
-    assert folded.blocks == snap.blocks
-    assert folded.step == snap.step and folded.config == snap.config
-    assert folded.seq == snap.seq
-    by_id = {r.request_id: r for r in folded.requests}
-    for request in snap.requests:
-        assert request.request_id in by_id, f"{request.request_id} missing from the folded state"
-        assert by_id[request.request_id] == request, (
-            f"{request.request_id}:\n folded   {msgspec.json.encode(by_id[request.request_id])}\n"
-            f" snapshot {msgspec.json.encode(request)}")
 
 
 def test_fold_from_any_snapshot_equals_later_snapshots(tiny_model):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -103,3 +104,27 @@ def test_chat_one_turn(session_tiny, monkeypatch, capsys):
     assert main(["chat", "--model", "random:tiny", "--max-tokens", "3"]) == 0
     out = capsys.readouterr().out
     assert "you>" in out and "bot>" in out
+
+
+def test_bench_single_puts_both_engines_side_by_side(tmp_path):
+    """The benchmark command itself (not a timed test): both engines run prompt by prompt in one
+    process and the comparison, per-prompt ratios and a plot come out."""
+    proc = cli("bench", "single", "--quick", "--output-dir", str(tmp_path), timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "mini-vllm single stream" in proc.stdout and "HF generate sequential" in proc.stdout
+    assert re.search(r"speed-up vs HF generate: [\d.]+x tokens/s overall; per prompt [\d.]+x [\d.]+x \(median [\d.]+x\)",
+                     proc.stdout), proc.stdout
+    assert (tmp_path / "single.png").stat().st_size > 0 and (tmp_path / "single.json").exists()
+
+
+def test_bench_throughput_and_profile_run(tmp_path):
+    proc = cli("bench", "throughput", "--quick", "--model", "random:tiny", "--concurrency", "1", "4",
+               "--output-dir", str(tmp_path), timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"mini-vllm continuous batching\s+4\s+4\s", proc.stdout), proc.stdout
+    assert re.search(r"mini-vllm one at a time\s+4\s", proc.stdout), proc.stdout
+    assert "4 concurrent: continuous batching is" in proc.stdout
+    assert "with prefix caching" in proc.stdout and (tmp_path / "throughput.png").stat().st_size > 0
+    proc = cli("bench", "profile", "--model", "random:tiny", "--concurrency", "4", "--max-tokens", "16")
+    assert proc.returncode == 0, proc.stderr
+    assert "one decode step at 4 concurrent" in proc.stdout and "GEMM (linear layers, LM head)" in proc.stdout

@@ -187,6 +187,22 @@ def test_fork_of_a_prefix_shares_only_its_blocks():
     bm.check_invariants()
 
 
+def test_prefix_fork_never_overwrites_a_cached_block_in_place():
+    """The parent is gone before the child writes inside the last block they shared: the block is
+    the child's alone but still holds the parent's cached tokens, so it is copied, not overwritten."""
+    bm, _ = make()
+    tokens = list(range(2 * BS + 1))
+    run_prompt(bm, 1, tokens)
+    full0, full1, _ = bm.block_table(1)
+    bm.fork(1, 2, num_tokens=BS + 1)
+    bm.free_seq(1)
+    assert refs(bm, [full0, full1]) == [1, 1]
+    src, dst = bm.prepare_write(2, BS + 1)
+    assert src == full1 and bm.block_table(2) == [full0, dst]
+    assert bm.find_cached_prefix(tokens) == [full0, full1]  # the parent's blocks are still valid hits
+    bm.check_invariants()
+
+
 def test_full_shared_blocks_never_copied():
     bm, _ = make()
     tokens = list(range(2 * BS))  # exactly two full blocks

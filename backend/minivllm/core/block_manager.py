@@ -172,24 +172,35 @@ class BlockManager:
             self._emit("allocated", new, seq_id)
         return True
 
+    def needs_copy_on_write(self, seq_id: int, position: int) -> bool:
+        """Writing the KV of token ``position`` must go to a private copy of its block: the block
+        is shared, or it is hashed -- it holds computed tokens of another sequence, as after a fork
+        of a prefix that ends inside it -- and writing in place would corrupt the prefix cache."""
+        table = self._tables.get(seq_id, ())
+        idx = position // self.block_size
+        if idx >= len(table):
+            return False
+        block = self.blocks[table[idx]]
+        return block.ref_count > 1 or block.block_hash is not None
+
     def prepare_write(self, seq_id: int, position: int) -> tuple[int, int] | None:
         """Copy-on-write before writing the KV of token ``position``.
 
-        Returns ``(src, dst)`` when the block was shared and the caller must copy its KV data
-        into the fresh private block ``dst``; None when the block is already exclusive (or not
-        allocated yet -- a block from ``ensure_capacity`` is always exclusive).
+        Returns ``(src, dst)`` when the caller must copy the block's KV data into the fresh
+        private block ``dst`` (see `needs_copy_on_write`); None when the block is already the
+        sequence's own (or not allocated yet -- a block from ``ensure_capacity`` always is).
         """
-        table = self._tables[seq_id]
-        idx = position // self.block_size
-        if idx >= len(table) or self.blocks[table[idx]].ref_count <= 1:
+        if not self.needs_copy_on_write(seq_id, position):
             return None
         if not self.num_free_blocks:
             raise NoFreeBlocksError(f"no free block for copy-on-write of sequence {seq_id}")
+        table = self._tables[seq_id]
+        idx = position // self.block_size
         src, dst = table[idx], self._take_free_block()
         table[idx] = dst
         self._emit("copied", [dst], seq_id, src_block_ids=[src])
-        self._decref(src)  # stays >= 1: another table still holds it
-        self._emit("released", [src], seq_id)
+        self._decref(src)  # a hashed source held by this sequence alone becomes free (and stays cached)
+        self._emit("released" if self.blocks[src].ref_count else "freed", [src], seq_id)
         return src, dst
 
     def commit_full_blocks(self, seq_id: int, token_ids: Sequence[int], num_computed_tokens: int) -> None:

@@ -140,8 +140,7 @@ class Scheduler:
         leader, followers = request.seqs[0], request.seqs[1:]
         cached = self.bm.find_cached_prefix(leader.token_ids)
         leader.num_computed = len(cached) * self.bm.block_size
-        if followers:
-            self._plan_refork(request)
+        fork_now_at = self._plan_refork(request) if followers else None
         chunks = self._chunks(request, budget)
         needed = (self._resume_blocks(request) if request.refork_at is not None
                   else self._blocks_needed(request, chunks)) + self._free_cached(cached)
@@ -151,10 +150,9 @@ class Scheduler:
             request.refork_at = None
             return (f"out of KV blocks: needs {needed}, {self.bm.num_free_blocks} free"
                     if any(chunks) else "token budget used up")
-        fork_at = followers[0].num_computed if followers and request.refork_at is None else None
         leader.num_computed = self.bm.allocate_seq(leader.seq_id, request.request_id, leader.token_ids)
-        if fork_at is not None:
-            self._fork_followers(request, fork_at)
+        if fork_now_at is not None:
+            self._fork_followers(request, fork_now_at)
         self.waiting.remove(request)
         self.running.append(request)
         out.admitted.append(request)
@@ -163,15 +161,17 @@ class Scheduler:
         return None
 
     @staticmethod
-    def _plan_refork(request: Request) -> None:
+    def _plan_refork(request: Request) -> int | None:
         """Followers fork from the leader where the sequences diverge: at once when the leader's
-        cached prefix already covers that point, else once it has recomputed it."""
+        cached prefix already covers that point (returns it), else once the leader has recomputed
+        it (sets `refork_at`, returns None)."""
         at = request.common_prefix_len()
-        if request.seqs[0].num_computed >= at:
-            for seq in request.seqs[1:]:
-                seq.num_computed = at  # forked right after the leader is allocated
-        else:
+        if request.seqs[0].num_computed < at:
             request.refork_at = at
+            return None
+        for seq in request.seqs[1:]:
+            seq.num_computed = at  # what they will have once forked: counts their new blocks right
+        return at
 
     def _resume_blocks(self, request: Request) -> int:
         """New blocks a resuming request needs before all its sequences run again: the leader's
@@ -220,16 +220,11 @@ class Scheduler:
             have = seq.num_computed // self.bm.block_size
             return max(0, -(-(seq.num_computed + chunk) // self.bm.block_size) - have)
         needed = self.bm.blocks_needed(seq.seq_id, seq.num_computed + chunk)
-        return needed + int(chunk > 0 and self._write_needs_copy(seq))
+        return needed + int(chunk > 0 and self.bm.needs_copy_on_write(seq.seq_id, seq.num_computed))
 
     def _free_cached(self, block_ids: list[int]) -> int:
         """Cached blocks that are free count against the free pool when reattached."""
         return sum(1 for b in block_ids if self.bm.blocks[b].ref_count == 0)
-
-    def _write_needs_copy(self, seq: Sequence) -> bool:
-        table = self.bm.block_table(seq.seq_id)
-        index = seq.num_computed // self.bm.block_size
-        return index < len(table) and self.bm.blocks[table[index]].ref_count > 1
 
     def _blocks_needed(self, request: Request, chunks: list[int]) -> int:
         return sum(self._new_blocks(s, c) for s, c in zip(request.seqs, chunks))

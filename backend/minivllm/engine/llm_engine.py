@@ -60,6 +60,8 @@ class LLMEngine:
         self.counters = Counters()
         self._pending: list[RequestOutput] = []  # outputs produced outside step() (aborts)
         self._last_metrics = (0.0, 0, 0)
+        if torch.device(loaded.device).type == "cpu":
+            keep_freed_memory_for_reuse()  # process-wide, so once per engine, not per rebuild
         self._build(config or EngineConfig())
 
     # ---- configuration ------------------------------------------------------------------------
@@ -77,8 +79,6 @@ class LLMEngine:
         sched_cfg = SchedulerConfig(config.max_num_batched_tokens, config.max_num_seqs, self.max_model_len)
         self.scheduler = Scheduler(sched_cfg, self.block_manager, self._set_status)
         self.runner = ModelRunner(self.loaded.model, self.kv_cache)
-        if torch.device(self.loaded.device).type == "cpu":
-            keep_freed_memory_for_reuse()
 
     def reconfigure(self, **changes) -> None:
         """Rebuild the KV pool / scheduler with new settings; only while idle."""

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minivllm.model.attention import AttentionMetadata, KVCache, PrefillChunk, decode_context_mask
+from minivllm.model.attention import AttentionMetadata, KVCache, PrefillChunk
 from minivllm.model.llama import LlamaModel
 
 
@@ -30,7 +30,6 @@ class ModelRunner:
         self.kv_cache = kv_cache
         self.block_size = kv_cache.block_size
         self.device = next(model.parameters()).device
-        self.dtype = next(model.parameters()).dtype
 
     def execute(self, decodes: list[SeqWork], prefills: list[SeqWork],
                 copies: list[tuple[int, int]] | None = None,
@@ -65,9 +64,6 @@ class ModelRunner:
                                  if decodes else None),
             prefills=self._prefill_chunks(prefills, offset=len(decodes)),
         )
-        if decodes:
-            width = meta.decode_block_tables.shape[1] * self.block_size
-            meta.decode_mask = decode_context_mask(meta.decode_context_lens, width, self.dtype)
         return (torch.tensor(ids, dtype=torch.long, device=dev),
                 torch.tensor(pos, dtype=torch.long, device=dev), meta,
                 torch.tensor(rows, dtype=torch.long, device=dev))

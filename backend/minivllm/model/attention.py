@@ -144,7 +144,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pool: t
     parts = []
     nd = meta.num_decode_tokens
     if nd:
-        if meta.decode_mask is None:  # the runner precomputes it; direct callers may not
+        if meta.decode_mask is None:  # built by the first layer, shared by the others
             width = meta.decode_block_tables.shape[1] * k_pool.shape[1]
             meta.decode_mask = decode_context_mask(meta.decode_context_lens, width, q.dtype)
         out = decode_attention(q[:nd], k_pool, v_pool, meta.decode_block_tables, meta.decode_mask, scale)

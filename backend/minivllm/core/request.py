@@ -43,8 +43,7 @@ class Sequence:
     detokenizer: IncrementalDetokenizer | None = None
     stop_matcher: StopStringMatcher | None = None
     text: str = ""
-    logprobs: list[float] = field(default_factory=list)
-    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    top_logprobs: list[dict[int, float]] = field(default_factory=list)  # per output token: chosen + top-N
     cumulative_logprob: float = 0.0
     reported_text_len: int = 0  # how much of `text` / tokens earlier outputs already carried
     reported_tokens: int = 0

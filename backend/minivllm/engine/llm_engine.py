@@ -55,6 +55,7 @@ class LLMEngine:
         self.bus = bus or EventBus()
         self.sampler = Sampler()
         self.eos_ids = frozenset(loaded.config.eos_token_ids)
+        self.eos_id = next(iter(self.eos_ids), None)  # the one that min_tokens masks and beams end on
         self.requests: dict[str, Request] = {}
         self.finished: deque[Request] = deque(maxlen=FINISHED_HISTORY)
         self.counters = Counters()
@@ -223,18 +224,24 @@ class LLMEngine:
     def _sample_plain(self, items: list[tuple[Sequence, int]], logits: torch.Tensor) -> None:
         if not items:
             return
-        eos = next(iter(self.eos_ids), None)
-        rows = [SamplingRow(s.request.params, s.request.prompt_token_ids, s.output_token_ids, s.generator, eos)
+        rows = [SamplingRow(s.request.params, s.request.prompt_token_ids, self._outputs_for_sampler(s),
+                            s.generator, self.eos_id)
                 for s, _ in items]
         result = self.sampler(_select_rows(logits, [row for _, row in items]), rows)
         for i, (seq, _) in enumerate(items):
             top = result.top_logprobs[i] if result.top_logprobs else None
             self._append(seq, result.token_ids[i], result.logprobs[i], top)
 
+    @staticmethod
+    def _outputs_for_sampler(seq: Sequence) -> list[int]:
+        """Only penalties and min_tokens read the output so far: skip the per-step copy otherwise."""
+        p = seq.request.params
+        return seq.output_token_ids if p.needs_penalties or p.min_tokens else []
+
     def _beam_step(self, request: Request, logits: torch.Tensor) -> None:
         if request.beam is None:
             p = request.params
-            request.beam = BeamSearchState(p.beam_width, p.length_penalty, next(iter(self.eos_ids), None),
+            request.beam = BeamSearchState(p.beam_width, p.length_penalty, self.eos_id,
                                            request.max_tokens, request.num_prompt_tokens, p.n)
         choices = request.beam.step(torch.log_softmax(logits.float(), dim=-1))
         old = list(request.seqs)
@@ -256,7 +263,6 @@ class LLMEngine:
             request.finished_seqs.append(seq)
 
     def _append(self, seq: Sequence, token: int, logprob: float | None, top) -> None:
-        request = seq.request
         text = append_token(seq, token, logprob, top, self.eos_ids, self.max_model_len)
         self._emit_token(seq, token, text, logprob)
 

@@ -18,7 +18,7 @@ def append_token(seq: Sequence, token_id: int, logprob: float | None,
         text = flush_text(seq)
     else:
         if logprob is not None and seq.request.params.logprobs is not None:
-            seq.top_logprobs.append([(token_id, logprob), *(top or [])])
+            seq.top_logprobs.append(dict([(token_id, logprob), *(top or [])]))  # built once, not per output
         delta = seq.detokenizer.append(token_id) if seq.detokenizer else ""
         text = _stop_string_or_length(seq, delta, seq.request.max_tokens, max_model_len)
     seq.text += text
@@ -65,7 +65,7 @@ def completion_of(seq: Sequence) -> CompletionOutput:
         text=seq.text,
         token_ids=tokens,
         cumulative_logprob=seq.cumulative_logprob,
-        logprobs=[dict(entries) for entries in seq.top_logprobs] if seq.request.params.logprobs is not None else None,
+        logprobs=list(seq.top_logprobs) if seq.request.params.logprobs is not None else None,  # a copy: the engine appends on
         finish_reason=seq.finish_reason,
         stop_reason=seq.stop_reason,
         delta_text=seq.text[seq.reported_text_len:],

@@ -5,6 +5,7 @@ from __future__ import annotations
 from minivllm import events as ev
 from minivllm.core.block_manager import BlockEvent, BlockManager
 from minivllm.core.request import Request, Sequence
+from minivllm.sampling.params import SamplingParams
 
 
 def block_event(e: BlockEvent, bm: BlockManager) -> ev.Event | None:
@@ -30,11 +31,12 @@ def block_event(e: BlockEvent, bm: BlockManager) -> ev.Event | None:
     return None
 
 
+_DEFAULT_PARAMS = SamplingParams()  # built and validated once, not per arrival / snapshot
+
+
 def sampling_summary(request: Request) -> dict[str, object]:
     """The request's non-default decoding settings, for display."""
-    from minivllm.sampling.params import SamplingParams
-
-    defaults = SamplingParams()
+    defaults = _DEFAULT_PARAMS
     keys = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
             "frequency_penalty", "seed", "n", "use_beam_search", "beam_width", "length_penalty",
             "min_tokens", "ignore_eos", "logprobs", "stop")

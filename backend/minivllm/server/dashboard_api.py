@@ -13,23 +13,19 @@ from minivllm.server.auth import require_api_key
 from minivllm.server.chrome_trace import chrome_trace
 from minivllm.server.config import MAX_UPLOAD_SIZE
 from minivllm.server.errors import APIError, bad_request, decode_body
-from minivllm.server.state import ServerState
+from minivllm.server.state import server_of
 
 _CONFIG_FIELDS = ("num_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs")
 
 
-def _server(request: Request) -> ServerState:
-    return request.app.state.server
-
-
 @get("/state", summary="A full snapshot of the engine (the WebSocket's first message)")
 async def get_state(request: Request) -> ev.Snapshot:
-    return await _server(request).engine().call(lambda e: e.snapshot())
+    return await server_of(request).engine().call(lambda e: e.snapshot())
 
 
 @get("/config", summary="The engine configuration")
 async def get_config(request: Request) -> ev.EngineInfo:
-    return await _server(request).engine().call(lambda e: e.info())
+    return await server_of(request).engine().call(lambda e: e.info())
 
 
 @put("/config", summary="Rebuild the engine with new settings (409 while requests run)")
@@ -46,7 +42,7 @@ async def put_config(request: Request) -> ev.EngineInfo:
         return engine.info()
 
     try:
-        return await _server(request).engine().call(apply)
+        return await server_of(request).engine().call(apply)
     except EngineBusyError as exc:
         raise APIError(409, str(exc), code="engine_busy") from None
     except ValueError as exc:
@@ -55,37 +51,37 @@ async def put_config(request: Request) -> ev.EngineInfo:
 
 @post("/recordings/start", status_code=201, summary="Start recording the event stream")
 async def start_recording(request: Request) -> RecordingInfo:
-    server = _server(request)
+    server = server_of(request)
     return await server.recordings.start(server.engine())
 
 
 @post("/recordings/stop", status_code=200, summary="Stop the running recording (writes its final snapshot)")
 async def stop_recording(request: Request) -> RecordingInfo:
-    server = _server(request)
+    server = server_of(request)
     return await server.recordings.stop(server.engine())
 
 
 @get("/recordings/status", summary="The running recording, if any")
 async def recording_status(request: Request) -> RecordingStatus:
-    store = _server(request).recordings
+    store = server_of(request).recordings
     return RecordingStatus(recording=store.info(store.active.id) if store.active else None)
 
 
 @get("/recordings", summary="Recordings on disk, newest first")
 async def list_recordings(request: Request) -> list[RecordingInfo]:
-    return _server(request).recordings.list()
+    return server_of(request).recordings.list()
 
 
 @get("/recordings/{recording_id:str}", summary="Download a recording (JSONL)")
 async def download_recording(request: Request, recording_id: FromPath[str]) -> File:
-    path = _server(request).recordings.path(recording_id)
+    path = server_of(request).recordings.path(recording_id)
     return File(path, filename=path.name, media_type="application/x-ndjson")
 
 
 @post("/recordings", status_code=201, summary="Upload a recording (JSONL body or multipart file)",
       request_max_body_size=MAX_UPLOAD_SIZE)
 async def upload_recording(request: Request) -> RecordingInfo:
-    store = _server(request).recordings
+    store = server_of(request).recordings
     if request.content_type[0] == "multipart/form-data":
         form = await request.form()
         uploads = [v for v in form.values() if hasattr(v, "read")]
@@ -99,7 +95,7 @@ async def upload_recording(request: Request) -> RecordingInfo:
 
 @get("/recordings/{recording_id:str}/trace", summary="A recording as a Chrome trace (opens in Perfetto)")
 async def recording_trace(request: Request, recording_id: FromPath[str]) -> Response:
-    recording = _server(request).recordings.load(recording_id)
+    recording = server_of(request).recordings.load(recording_id)
     return Response(chrome_trace(recording),
                     headers={"Content-Disposition": f'attachment; filename="{recording_id}.trace.json"'})
 

@@ -25,7 +25,7 @@ from minivllm.server import openai_serving as s
 from minivllm.server.auth import require_api_key
 from minivllm.server.errors import APIError, bad_request, decode_body
 from minivllm.server.middleware import request_id_of
-from minivllm.server.state import ServerState
+from minivllm.server.state import ServerState, server_of
 from minivllm.tokenizer_utils import load_chat_template_prompt
 
 T = TypeVar("T")
@@ -35,8 +35,13 @@ class ClientDisconnected(Exception):
     pass
 
 
-def _server(request: Request) -> ServerState:
-    return request.app.state.server
+async def _open(request: Request, body_type: type[T]) -> tuple[ServerState, T, AsyncEngine, str]:
+    """The steps every generation route starts with: decode the body, the engine (503 while it
+    loads), the model name (404 for another)."""
+    server = server_of(request)
+    req = decode_body(await request.body(), body_type)
+    ae = server.engine()
+    return server, req, ae, _check_model(server, req.model)
 
 
 def _check_model(server: ServerState, model: str | None) -> str:
@@ -112,7 +117,7 @@ async def _respond(request: Request, server: ServerState, ae: AsyncEngine, job: 
 
 @get("/models", summary="List the served model")
 async def list_models(request: Request) -> p.ModelList:
-    server = _server(request)
+    server = server_of(request)
     server.engine()
     name = server.model_name or ""
     return p.ModelList(data=[p.ModelCard(id=name, created=server.created, root=name,
@@ -121,10 +126,7 @@ async def list_models(request: Request) -> p.ModelList:
 
 @post("/completions", status_code=200, summary="Text completion (OpenAI-compatible)")
 async def completions(request: Request) -> Response:
-    server = _server(request)
-    req = decode_body(await request.body(), p.CompletionRequest)
-    ae = server.engine()
-    model = _check_model(server, req.model)
+    server, req, ae, model = await _open(request, p.CompletionRequest)
     if req.echo or req.suffix:
         raise bad_request("echo and suffix are not supported", "echo" if req.echo else "suffix")
     prompt, prompt_ids = s.completion_prompt(req)
@@ -136,10 +138,7 @@ async def completions(request: Request) -> Response:
 
 @post("/chat/completions", status_code=200, summary="Chat completion (OpenAI-compatible)")
 async def chat_completions(request: Request) -> Response:
-    server = _server(request)
-    req = decode_body(await request.body(), p.ChatCompletionRequest)
-    ae = server.engine()
-    model = _check_model(server, req.model)
+    server, req, ae, model = await _open(request, p.ChatCompletionRequest)
     params = _chat_params(req)
     messages = s.chat_messages(req)
     with _engine_errors():

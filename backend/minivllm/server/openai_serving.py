@@ -87,10 +87,6 @@ def usage(out: RequestOutput) -> p.Usage:
                    prompt_tokens_details=p.PromptTokensDetails(cached_tokens=out.metrics.num_cached_tokens))
 
 
-def finish_reason(o: CompletionOutput) -> str | None:
-    return o.finish_reason
-
-
 def sse(payload: Any) -> bytes:
     return b"data: " + _encoder.encode(payload) + b"\n\n"
 
@@ -157,12 +153,12 @@ def full_response(job: Job, out: RequestOutput) -> p.ChatCompletionResponse | p.
     if job.kind == "chat":
         choices = [p.ChatChoice(index=o.index, message=p.ChatResponseMessage(content=o.text),
                                 logprobs=chat_logprobs(o.logprobs, job.top_logprobs, job.tokens) if o.logprobs is not None else None,
-                                finish_reason=finish_reason(o), stop_reason=o.stop_reason) for o in outputs]
+                                finish_reason=o.finish_reason, stop_reason=o.stop_reason) for o in outputs]
         return p.ChatCompletionResponse(id=job.response_id, created=job.created, model=job.model, choices=choices,
                                         usage=usage(out), timings=timings(out))
     choices = [p.CompletionChoice(index=o.index, text=o.text,
                                   logprobs=completion_logprobs(o.logprobs, job.tokens) if o.logprobs is not None else None,
-                                  finish_reason=finish_reason(o), stop_reason=o.stop_reason) for o in outputs]
+                                  finish_reason=o.finish_reason, stop_reason=o.stop_reason) for o in outputs]
     return p.CompletionResponse(id=job.response_id, created=job.created, model=job.model, choices=choices,
                                 usage=usage(out), timings=timings(out))
 
@@ -187,7 +183,7 @@ def chunks_for(job: Job, out: RequestOutput, state: StreamState) -> list[bytes]:
             continue
         new_entries = o.logprobs[state.sent_tokens[i]:] if o.logprobs is not None else None
         text = o.text[state.sent_text[i]:]
-        reason = finish_reason(o)
+        reason = o.finish_reason
         if not text and reason is None and not new_entries:
             continue
         state.sent_tokens[i], state.sent_text[i], state.done[i] = len(o.token_ids), len(o.text), reason is not None

@@ -91,3 +91,8 @@ class ServerState:
             raise APIError(503, "the model is still loading; retry when GET /health answers 200",
                            code="model_loading")
         raise APIError(503, ae.dead_reason or "the engine is not running", code="engine_dead")
+
+
+def server_of(request) -> ServerState:
+    """The ServerState of the app handling this request."""
+    return request.app.state.server

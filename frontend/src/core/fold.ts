@@ -164,10 +164,6 @@ export class EngineDraft {
     return this.requests;
   }
 
-  blockList(): readonly BlockView[] {
-    return this.blocks;
-  }
-
   private ownRequests(): Map<string, RequestView> {
     if (!this.fresh.has(this.requests)) {
       this.requests = new Map(this.requests);

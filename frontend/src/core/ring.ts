@@ -49,15 +49,7 @@ export function ringTail<T>(r: Ring<T>, n: number): T[] {
   return r.buf.slice(Math.max(r.start, r.end - n), r.end) as T[];
 }
 
-export function ringAt<T>(r: Ring<T>, i: number): T | undefined {
-  const j = r.start + i;
-  return j >= r.start && j < r.end ? r.buf[j] : undefined;
-}
-
 export function ringLast<T>(r: Ring<T>): T | undefined {
   return r.end > r.start ? r.buf[r.end - 1] : undefined;
 }
 
-export function ringForEach<T>(r: Ring<T>, fn: (item: T, index: number) => void): void {
-  for (let j = r.start; j < r.end; j++) fn(r.buf[j]!, j - r.start);
-}

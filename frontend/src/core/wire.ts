@@ -59,10 +59,3 @@ export const EVENT_TYPES: readonly EventType[] = [
   "config_changed",
 ];
 
-export function eventSeq(e: AnyEvent): number {
-  return e.seq ?? 0;
-}
-
-export function eventTs(e: AnyEvent): number {
-  return e.ts ?? 0;
-}

@@ -20,14 +20,13 @@ export interface ReplayInfo {
   startTs: number;
   endTs: number;
   step: number;
-  hasFooter: boolean;
 }
 
 export const SPEEDS = [0.1, 0.25, 0.5, 1, 2, 4, 8, 16] as const;
 
 const EMPTY: ReplayInfo = {
   loaded: false, name: "", source: null, playing: false, speed: 1, position: 0, length: 0,
-  clockTs: 0, startTs: 0, endTs: 0, step: 0, hasFooter: false,
+  clockTs: 0, startTs: 0, endTs: 0, step: 0,
 };
 
 export class ReplayController {
@@ -64,15 +63,6 @@ export class ReplayController {
     this.clockTs = this.index.startTs;
     this.store.setState(this.index.stateAt(0), this.clockTs);
     this.detach ??= frameLoop.addTask(this.task);
-    this.notify(true);
-  }
-
-  unload(): void {
-    this.index = null;
-    this.playing = false;
-    this.detach?.();
-    this.detach = null;
-    this.info = EMPTY;
     this.notify(true);
   }
 
@@ -171,7 +161,6 @@ export class ReplayController {
       startTs: index.startTs,
       endTs: index.endTs,
       step: this.store.state.engine.step,
-      hasFooter: index.recording.footer !== null,
     };
     for (const fn of this.listeners) fn();
   }

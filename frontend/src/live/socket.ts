@@ -12,7 +12,6 @@ export interface ConnectionInfo {
   attempts: number;
   /** Why the last resync or disconnect happened, for the badge's tooltip. */
   detail: string;
-  lastMessageAt: number | null;
 }
 
 export interface SocketLike {
@@ -46,7 +45,7 @@ export class LiveConnection {
   private stopped = true;
   private resumable = false;
   private lastTs = 0;
-  info: ConnectionInfo = { status: "offline", attempts: 0, detail: "", lastMessageAt: null };
+  info: ConnectionInfo = { status: "offline", attempts: 0, detail: "" };
   private readonly listeners = new Set<() => void>();
 
   constructor(
@@ -141,7 +140,6 @@ export class LiveConnection {
     } catch {
       return;
     }
-    this.info = { ...this.info, lastMessageAt: Date.now() };
     switch (msg.type) {
       case "snapshot":
         this.store.applySnapshot(msg);

@@ -23,8 +23,6 @@ export class DashboardStore {
   lastSeq = 0;
   /** Called when the buffer overflows; the source should resync. */
   onOverflow: (() => void) | null = null;
-  /** Milliseconds the last fold took (for the stress page). */
-  lastFoldMs = 0;
   hasSnapshot = false;
 
   constructor(initial?: DashboardState) {
@@ -35,11 +33,6 @@ export class DashboardStore {
 
   get state(): DashboardState {
     return this.current;
-  }
-
-  /** The state as React last saw it (changes at most every UI interval). */
-  get uiState(): DashboardState {
-    return this.ui;
   }
 
   push(events: readonly AnyEvent[]): void {
@@ -98,7 +91,6 @@ export class DashboardStore {
   /** Folds what is buffered; true when the state changed. Called once per frame. */
   flush(): boolean {
     if (this.pendingSnapshot === null && this.pending.length === 0) return false;
-    const t0 = performance.now();
     let next = this.current;
     if (this.pendingSnapshot !== null) {
       const snap = this.pendingSnapshot;
@@ -112,7 +104,6 @@ export class DashboardStore {
       this.pending = [];
       next = reduce(next, batch);
     }
-    this.lastFoldMs = performance.now() - t0;
     if (next === this.current) return false;
     this.current = next;
     this.version++;

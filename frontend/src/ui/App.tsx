@@ -96,7 +96,6 @@ function Main() {
     mode,
     selected,
     select: setSelected,
-    liveStore,
   }), [mode, selected, liveStore, replayStore]);
 
   return (

@@ -10,8 +10,6 @@ export interface DashboardContextValue {
   mode: ViewMode;
   selected: string | null;
   select: (requestId: string | null) => void;
-  /** Present on the real app; absent on the stress page (no server). */
-  liveStore?: DashboardStore;
 }
 
 export const DashboardContext = createContext<DashboardContextValue | null>(null);

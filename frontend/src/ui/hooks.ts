@@ -149,15 +149,6 @@ export function usePublishedState(store: DashboardStore, fn: (state: DashboardSt
   }, [store]);
 }
 
-/** Runs `fn` every frame (after the fold) while mounted. */
-export function useFrame(fn: (now: number) => void): void {
-  const latest = useRef(fn);
-  useEffect(() => {
-    latest.current = fn;
-  });
-  useEffect(() => frameLoop.addDrawer((now) => latest.current(now)), []);
-}
-
 /** A slice of the store's UI state; re-renders only when the slice changes (Object.is). */
 export function useStoreSelector<T>(store: DashboardStore, select: (s: DashboardState) => T): T {
   const get = () => select(store.getUiState());

@@ -1,5 +1,6 @@
-// Light / dark themes: CSS variables on :root (styles.css), `data-theme` when the user overrides the
-// system preference. Canvases read the variables into a Palette, re-read when the theme changes.
+// Light / dark themes: CSS variables on :root (styles.css) selected by `data-theme`, which always
+// holds the resolved theme: the user's choice, or the system preference for "system" (followed
+// live). Canvases read the variables into a Palette, re-read when the theme changes.
 
 export type ThemeChoice = "system" | "light" | "dark";
 
@@ -25,19 +26,18 @@ export interface Palette {
 
 let version = 0;
 let palette: Palette | null = null;
-const listeners = new Set<() => void>();
 
 function cssVar(style: CSSStyleDeclaration, name: string, fallback: string): string {
   const v = style.getPropertyValue(name).trim();
   return v || fallback;
 }
 
-export function isDark(): boolean {
-  if (typeof document === "undefined") return false;
-  const forced = document.documentElement.dataset.theme;
-  if (forced === "dark") return true;
-  if (forced === "light") return false;
+function systemPrefersDark(): boolean {
   return typeof matchMedia === "function" && matchMedia("(prefers-color-scheme: dark)").matches;
+}
+
+export function isDark(): boolean {
+  return typeof document !== "undefined" && document.documentElement.dataset.theme === "dark";
 }
 
 export function getPalette(): Palette {
@@ -72,15 +72,9 @@ export function paletteVersion(): number {
   return version;
 }
 
-export function onPaletteChange(fn: () => void): () => void {
-  listeners.add(fn);
-  return () => listeners.delete(fn);
-}
-
 function invalidate(): void {
   palette = null;
   version++;
-  for (const fn of listeners) fn();
 }
 
 export function storedTheme(): ThemeChoice {
@@ -93,9 +87,7 @@ export function storedTheme(): ThemeChoice {
 }
 
 export function applyTheme(choice: ThemeChoice): void {
-  const root = document.documentElement;
-  if (choice === "system") delete root.dataset.theme;
-  else root.dataset.theme = choice;
+  document.documentElement.dataset.theme = choice === "system" ? (systemPrefersDark() ? "dark" : "light") : choice;
   try {
     if (choice === "system") localStorage.removeItem("minivllm.theme");
     else localStorage.setItem("minivllm.theme", choice);
@@ -108,7 +100,9 @@ export function applyTheme(choice: ThemeChoice): void {
 export function watchSystemTheme(): () => void {
   if (typeof matchMedia !== "function") return () => undefined;
   const mq = matchMedia("(prefers-color-scheme: dark)");
-  const fn = () => invalidate();
+  const fn = () => {
+    if (storedTheme() === "system") applyTheme("system");
+  };
   mq.addEventListener("change", fn);
   return () => mq.removeEventListener("change", fn);
 }

@@ -4,7 +4,7 @@ import { useEffect, useReducer, useRef, useState } from "react";
 import { describeParams, type DecodingParams } from "../../core/openai";
 import { EmptyState } from "../components/Card";
 import { Toggle } from "../components/fields";
-import { chatReducer, clockMs, choiceText, historyBefore, initialChat, isStreaming, type AssistantTurn, type Turn } from "./chatState";
+import { activeChoice, chatReducer, clockMs, historyBefore, initialChat, isStreaming, requestCandidates, type AssistantTurn, type Turn } from "./chatState";
 import { DecodingControls } from "./DecodingControls";
 import { MessageStats } from "./MessageStats";
 import { TokenText } from "./TokenText";
@@ -155,9 +155,9 @@ function AssistantMessage(props: {
   onShowRequest: (candidates: string[]) => boolean;
 }) {
   const t = props.turn;
-  const choice = t.result.choices.find((c) => c.index === t.activeChoice) ?? t.result.choices[0];
+  const choice = activeChoice(t);
   const live = t.status === "streaming";
-  const candidates = [t.requestId, t.result.id].filter((x): x is string => x !== null);
+  const candidates = requestCandidates(t);
   return (
     <li className={`message message-assistant status-${t.status}`} data-testid="message-assistant" data-status={t.status}>
       <div className="message-meta muted small">
@@ -175,7 +175,7 @@ function AssistantMessage(props: {
       {choice === undefined && live ? (
         <div className="message-text muted"><span className="caret" aria-hidden="true" /> waiting for the first token…</div>
       ) : (
-        <TokenText tokens={choice?.tokens ?? []} text={choice?.text ?? choiceText(t)} tokenView={props.tokenView} streaming={live} testId="message-content" />
+        <TokenText tokens={choice?.tokens ?? []} text={choice?.text ?? ""} tokenView={props.tokenView} streaming={live} testId="message-content" />
       )}
       {t.status === "error" && <div className="error-text small" role="alert" data-testid="message-error">{t.error}</div>}
       {t.status === "stopped" && <div className="muted small">Stopped — the request was aborted on the server.</div>}

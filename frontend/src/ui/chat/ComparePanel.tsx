@@ -3,7 +3,7 @@
 import { useCallback, useReducer, useState } from "react";
 import { describeParams, matchingPreset, PRESET_NAMES, presetParams, type DecodingParams, type PresetName } from "../../core/openai";
 import { NumberField, Select, Toggle } from "../components/fields";
-import { chatReducer, clockMs, initialChat, isStreaming, type AssistantTurn, type ChatAction, type ChatState } from "./chatState";
+import { chatReducer, clockMs, initialChat, isStreaming, requestCandidates, type AssistantTurn, type ChatAction, type ChatState } from "./chatState";
 import { MessageStats } from "./MessageStats";
 import { TokenText } from "./TokenText";
 import { useStreams } from "./useStream";
@@ -97,7 +97,7 @@ export function ComparePanel(props: { model: string | null; onShowRequest: (cand
                   {turn.status === "error" && <div className="error-text small" role="alert">{turn.error}</div>}
                   <MessageStats turn={turn} testId={`compare-stats-${col}`} />
                   {(turn.requestId ?? turn.result.id) && (
-                    <button type="button" className="btn btn-ghost btn-small" onClick={() => props.onShowRequest([turn.requestId, turn.result.id].filter((x): x is string => x !== null))}>Show in timeline</button>
+                    <button type="button" className="btn btn-ghost btn-small" onClick={() => props.onShowRequest(requestCandidates(turn))}>Show in timeline</button>
                   )}
                 </>
               )}

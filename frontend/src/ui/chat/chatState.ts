@@ -83,8 +83,18 @@ function mapTurn(state: ChatState, id: string, fn: (t: AssistantTurn) => Assista
   return changed ? { turns } : state;
 }
 
+/** The choice on screen: the selected one, or the first while the selected one has not arrived. */
+export function activeChoice(t: AssistantTurn) {
+  return t.result.choices.find((c) => c.index === t.activeChoice) ?? t.result.choices[0];
+}
+
 export function choiceText(t: AssistantTurn): string {
-  return t.result.choices.find((c) => c.index === t.activeChoice)?.text ?? t.result.choices[0]?.text ?? "";
+  return activeChoice(t)?.text ?? "";
+}
+
+/** The ids the turn's request may have in the engine: the client's, then the server's. */
+export function requestCandidates(t: AssistantTurn): string[] {
+  return [t.requestId, t.result.id].filter((x): x is string => x !== null);
 }
 
 /** The messages to send for the assistant turn at `index` (everything before it). */
@@ -125,7 +135,7 @@ export interface TurnStats {
 export function turnStats(t: AssistantTurn): TurnStats {
   const timings = t.result.timings;
   const usage = t.result.usage;
-  const choice = t.result.choices.find((c) => c.index === t.activeChoice) ?? t.result.choices[0];
+  const choice = activeChoice(t);
   const clientTtft = t.firstTokenAt !== null ? (t.firstTokenAt - t.startedAt) / 1000 : null;
   const generated = usage?.completion_tokens ?? timings?.generated_tokens ?? (t.result.choices.reduce((n, c) => n + c.tokens.length, 0) || null);
   const decodeS = t.endedAt !== null && t.firstTokenAt !== null ? (t.endedAt - t.firstTokenAt) / 1000 : null;

@@ -179,9 +179,10 @@ function TimeChart(props: { spec: ChartSpec; span: Span }) {
   );
 }
 
-function HistogramChart(props: { id: string; title: string; values: number[]; color: (p: Palette) => string }) {
-  const { values } = props;
-  const stats = useMemo(() => summary(values), [values]);
+type Summary = ReturnType<typeof summary>;
+
+function HistogramChart(props: { id: string; title: string; values: number[]; stats: Summary; color: (p: Palette) => string }) {
+  const { values, stats } = props;
   const ref = useCanvas({
     key: () => [values],
     draw: (ctx, size) => {
@@ -244,21 +245,21 @@ function drawAxesHist(ctx: CanvasRenderingContext2D, w: number, h: number, top: 
 
 function kpis(state: DashboardState) {
   const last = ringLast(state.metrics);
-  const lat = ringItems(state.latencies);
-  const ttft = summary(lat.map((l) => l.ttft ?? NaN));
-  const tpot = summary(lat.map((l) => l.tpot ?? NaN));
   const hitRate = last && last.prefix_cache_queries > 0 ? last.prefix_cache_hits / last.prefix_cache_queries : null;
-  return { last, ttft, tpot, hitRate };
+  return { last, hitRate };
 }
 
 export function MetricsPanel() {
   const { store } = useDashboard();
   const state = useThrottledDashboardState(store, 250);
   const [span, setSpan] = useState<Span>("300");
-  const { last, ttft, tpot, hitRate } = kpis(state);
+  const { last, hitRate } = kpis(state);
   const latencies = state.latencies;
   const ttftValues = useMemo(() => ringItems(latencies).map((l) => l.ttft ?? NaN).filter(Number.isFinite), [latencies]);
   const tpotValues = useMemo(() => ringItems(latencies).map((l) => l.tpot ?? NaN).filter(Number.isFinite), [latencies]);
+  // once per latency change, shared by the KPIs and the histograms
+  const ttft = useMemo(() => summary(ttftValues), [ttftValues]);
+  const tpot = useMemo(() => summary(tpotValues), [tpotValues]);
   const empty = last === undefined && ttft.n === 0;
   return (
     <Card
@@ -282,8 +283,8 @@ export function MetricsPanel() {
       ) : (
         <div className="charts">
           {CHARTS.map((spec) => <TimeChart key={spec.id} spec={spec} span={span} />)}
-          <HistogramChart id="ttft" title="TTFT distribution" values={ttftValues} color={(p) => p.series[0]!} />
-          <HistogramChart id="tpot" title="TPOT distribution" values={tpotValues} color={(p) => p.series[1]!} />
+          <HistogramChart id="ttft" title="TTFT distribution" values={ttftValues} stats={ttft} color={(p) => p.series[0]!} />
+          <HistogramChart id="tpot" title="TPOT distribution" values={tpotValues} stats={tpot} color={(p) => p.series[1]!} />
         </div>
       )}
     </Card>

@@ -1,6 +1,7 @@
 // The selected request: its state, timings, decoding settings and the text it generated so far.
 import { requestColor } from "../../core/color";
 import { fmtSeconds } from "../../core/format";
+import { currentSegmentState } from "../../core/timeline";
 import { ringItems } from "../../core/ring";
 import { Card, EmptyState } from "../components/Card";
 import { useDashboard } from "../context";
@@ -25,7 +26,7 @@ export function RequestDetail() {
   }
   const bySeq = new Map<number, string>();
   if (tokens !== undefined) for (const t of ringItems(tokens)) bySeq.set(t.seq_id, (bySeq.get(t.seq_id) ?? "") + t.text);
-  const last = timeline?.segments[timeline.segments.length - 1];
+  const shownState = (timeline && currentSegmentState(timeline)) ?? r.state;
   const ttft = r.first_token_ts !== null ? r.first_token_ts - r.arrival_ts : null;
   const sampling = Object.entries(r.sampling).map(([k, v]) => `${k}=${JSON.stringify(v)}`).join(" ");
   return (
@@ -37,7 +38,7 @@ export function RequestDetail() {
       <div className="detail-head">
         <span className="swatch swatch-lg" style={{ background: requestColor(r.request_id, getPalette().dark) }} />
         <b className="mono" data-testid="request-detail-id">{r.request_id}</b>
-        <span className={`state-chip state-${(last?.state ?? r.state).toLowerCase()}`} data-testid="request-detail-state">{STATE_LABEL[last?.state ?? r.state]}</span>
+        <span className={`state-chip state-${shownState.toLowerCase()}`} data-testid="request-detail-state">{STATE_LABEL[shownState]}</span>
         {r.finish_reason && <span className="muted small">({r.finish_reason})</span>}
       </div>
       <dl className="detail-grid">

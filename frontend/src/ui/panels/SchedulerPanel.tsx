@@ -4,7 +4,7 @@ import { useMemo, useState } from "react";
 import type { DashboardState } from "../../core/dashboard";
 import { describeChunks, describeEvent, prefillTokens } from "../../core/describe";
 import { fmtMs } from "../../core/format";
-import { ringTail } from "../../core/ring";
+import { ringItems, ringTail } from "../../core/ring";
 import { EVENT_TYPES, type EventType, type StepFinished } from "../../core/wire";
 import { Card, EmptyState } from "../components/Card";
 import { useDashboard } from "../context";
@@ -115,7 +115,7 @@ export function EventLogPanel() {
   const [hidden, setHidden] = useState<ReadonlySet<EventType>>(() => new Set(DEFAULT_HIDDEN));
   const counts = useMemo(() => {
     const c = new Map<EventType, number>();
-    for (const e of ringTail(state.log, state.log.cap)) c.set(e.type, (c.get(e.type) ?? 0) + 1);
+    for (const e of ringItems(state.log)) c.set(e.type, (c.get(e.type) ?? 0) + 1);
     return c;
   }, [state.log]);
   const rows = useMemo(() => {

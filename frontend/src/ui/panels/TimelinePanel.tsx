@@ -1,6 +1,6 @@
 // Request timeline: a Gantt chart on canvas, one row per request, with a DOM list of the rows
 // (buttons: keyboard and e2e friendly) drawn beside it at the same row height.
-import { memo, useEffect, useMemo, useRef, useState, type MouseEvent } from "react";
+import { memo, useCallback, useEffect, useMemo, useRef, useState, type MouseEvent } from "react";
 import { requestColor } from "../../core/color";
 import type { DashboardState, RequestTimeline, Segment, SegmentState } from "../../core/dashboard";
 import { fmtSeconds, fmtTick, niceTicks } from "../../core/format";
@@ -184,7 +184,8 @@ export function TimelinePanel() {
     selectedRef.current = selected;
   });
   const contentH = AXIS_H + rowIds.length * ROW_H;
-  const onSelect = (id: string) => select(selected === id ? null : id);
+  // stable between renders, so memo(RowLabel) skips rows whose props did not change
+  const onSelect = useCallback((id: string) => select(selected === id ? null : id), [select, selected]);
 
   const canvasRef = useCanvas({
     // scroll position from the scroll event: reading scrollTop here would force a layout every frame

@@ -10,7 +10,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 SERVE_ARGS ?=
 
-.PHONY: setup setup-python setup-frontend setup-browser frontend run test test-backend test-frontend e2e bench lint docker chat schema clean
+.PHONY: setup setup-python setup-frontend setup-browser frontend run test test-backend test-frontend e2e bench lint docker chat schema clean bench-llamacpp
 
 setup: setup-python setup-frontend
 
@@ -57,6 +57,7 @@ e2e: setup setup-browser frontend
 bench: setup-python
 	$(VENV)/bin/minivllm bench single
 	$(VENV)/bin/minivllm bench throughput
+	$(VENV)/bin/minivllm bench quality
 
 lint: setup
 	cd frontend && npm run lint
@@ -71,3 +72,8 @@ docker:
 
 clean:
 	rm -rf $(VENV) frontend/node_modules frontend/dist
+
+# llama.cpp's llama-batched-bench next to mini-vllm (builds llama.cpp once into .cache/llamacpp/, ~10+ min on 2 cores)
+bench-llamacpp: setup-python
+	bash scripts/build_llamacpp.sh
+	$(VENV)/bin/minivllm bench llamacpp

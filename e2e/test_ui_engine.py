@@ -175,9 +175,33 @@ def test_load_generator_preempts_and_every_request_is_correct(page: Page, api: h
         assert shown[rid] == expected, f"{rid} ({prompt!r}) differs from the same request run alone:\n{shown[rid]!r}\n{expected!r}"
 
 
+def _expect_weights_shown(page: Page, info: dict) -> None:
+    """The header and the Engine tab's read-only Weights section show the precision from /api/config."""
+    precision = info["quantization"] if info["quantization"] not in ("", "none") else info["dtype"]
+    short = re.sub(r"\s*\(.*\)\s*$", "", precision)
+    header = page.get_by_test_id("engine-precision")
+    expect(header).to_contain_text(short)
+    if info["weight_bytes"] > 0:
+        # e.g. "int4 g32 · 95.2 MiB weights (18% of fp32)"
+        expect(header).to_have_text(re.compile(rf"^{re.escape(short)} · [\d.]+ [KMG]iB weights \([\d.]+% of fp32\)$"))
+        shown = float(re.search(r"\(([\d.]+)% of fp32", header.text_content() or "").group(1))  # type: ignore[union-attr]
+        assert abs(shown - 100 * info["weight_bytes"] / info["weight_fp32_bytes"]) <= 1, (shown, info)
+        expect(page.get_by_test_id("settings-weight-memory")).to_contain_text(f"{shown:g}% of the ")
+    else:
+        expect(header).to_have_text(short)
+    expect(page.get_by_test_id("settings-precision")).to_have_text(precision)
+    expect(page.get_by_test_id("settings-weights")).to_contain_text("fixed at load")
+    expect(page.get_by_test_id("settings-kernel")).to_have_text(info["kernels"])
+
+
 def test_settings_shrink_the_kv_pool(page: Page, api: httpx.Client, engine: dict) -> None:
     smaller = engine["num_blocks"] - 4
+    info = api.get("/api/config").json()
+    assert info["quantization"] and info["weight_bytes"] >= 0 and isinstance(info["kernels"], list), info
     page.get_by_test_id("tab-settings").click()
+    _expect_weights_shown(page, info)
+    shot(page.locator("#tabpanel-settings"), "panel-engine-tab.png")
+    shot(page.locator("header.topbar"), "header.png")
     field = page.get_by_test_id("settings-num-blocks")
     expect(field).to_have_value(str(engine["num_blocks"]))
     field.fill(str(smaller))
@@ -192,6 +216,11 @@ def test_settings_shrink_the_kv_pool(page: Page, api: httpx.Client, engine: dict
     expect(page.get_by_test_id("heatmap-canvas")).to_have_attribute(
         "aria-label", re.compile(rf"^KV cache blocks: 0 in use, 0 shared, 0 cached, {smaller} free\."))
     expect(field).to_have_value(str(smaller))
+    # rebuilding the engine keeps the weights as loaded
+    after = api.get("/api/config").json()
+    assert {k: after[k] for k in ("quantization", "weight_bytes", "weight_fp32_bytes", "kernels")} == \
+        {k: info[k] for k in ("quantization", "weight_bytes", "weight_fp32_bytes", "kernels")}, after
+    _expect_weights_shown(page, after)
     shot(page.get_by_test_id("settings-panel"), "panel-settings.png")
 
     # the smaller pool serves requests

@@ -20,10 +20,19 @@ def embedded_tokenizer(embedded_path):
 
 @pytest.fixture(scope="session")
 def embedded_model():
-    """Our from-scratch model on the embedded weights, fp32 (LoadedModel)."""
+    """Our from-scratch model on the embedded weights dequantized to fp32 (LoadedModel): the
+    precision HF's GGUF reader gives the oracle."""
     from minivllm.loader import load_model
 
-    return load_model(None, dtype="float32", device="cpu")
+    return load_model(None, dtype="float32", device="cpu", quantization="none")
+
+
+@pytest.fixture(scope="session")
+def embedded_model_q4():
+    """The embedded model at its default precision: Q4_1 layers in 4 bits, the Q8_0 embedding in int8."""
+    from minivllm.loader import load_model
+
+    return load_model(None, dtype="float32", device="cpu", quantization="auto")
 
 
 @pytest.fixture(scope="session")

@@ -107,13 +107,16 @@ def test_chat_one_turn(session_tiny, monkeypatch, capsys):
 
 
 def test_bench_single_puts_both_engines_side_by_side(tmp_path):
-    """The benchmark command itself (not a timed test): both engines run prompt by prompt in one
-    process and the comparison, per-prompt ratios and a plot come out."""
+    """The benchmark command itself (not a timed test): the default (4-bit) engine, the same engine
+    on fp32 weights and HF run prompt by prompt in one process; ratios per prompt, the machine line
+    and a plot come out."""
     proc = cli("bench", "single", "--quick", "--output-dir", str(tmp_path), timeout=600)
     assert proc.returncode == 0, proc.stderr
-    assert "mini-vllm single stream" in proc.stdout and "HF generate sequential" in proc.stdout
-    assert re.search(r"speed-up vs HF generate: [\d.]+x tokens/s overall; per prompt [\d.]+x [\d.]+x \(median [\d.]+x\)",
-                     proc.stdout), proc.stdout
+    assert "mini-vllm int4 g32" in proc.stdout and "HF generate sequential" in proc.stdout
+    for other in (r"mini-vllm float32", "HF generate sequential"):
+        assert re.search(rf"speed-up vs {other}: [\d.]+x tokens/s overall; per prompt [\d.]+x [\d.]+x "
+                         rf"\(median [\d.]+x\)", proc.stdout), proc.stdout
+    assert re.search(r"machine: CPU capability \w+, \d+ threads, streaming bandwidth [\d.]+ GB/s", proc.stdout)
     assert (tmp_path / "single.png").stat().st_size > 0 and (tmp_path / "single.json").exists()
 
 

@@ -15,8 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minivllm.engine.model_runner import ModelRunner, SeqWork
-from minivllm.model.attention import KVCache
+from minivllm.engine.scoring import forward_prefills
 
 ATOL = 1e-4
 RTOL_ULPS = 1e-6  # ~8 fp32 ULPs
@@ -49,24 +48,11 @@ def report(capsys, line: str) -> None:
 def our_forward(loaded, sequences: list[list[int]], block_size: int = 16):
     """All sequences as prefills of ONE flattened forward pass. Returns, per sequence, its list of
     hidden states ([len, hidden] each) and its logits at every position."""
-    cfg = loaded.config
-    total_blocks = sum(-(-len(s) // block_size) for s in sequences)
-    kv = KVCache(cfg.num_hidden_layers, total_blocks + 1, block_size, cfg.num_key_value_heads, cfg.head_dim,
-                 torch.float32)
-    runner = ModelRunner(loaded.model, kv)
-    works, next_block = [], 1  # block 0 left unused
-    for s in sequences:
-        n = -(-len(s) // block_size)
-        works.append(SeqWork(list(s), 0, list(range(next_block, next_block + n))))
-        next_block += n
     hidden: list[torch.Tensor] = []
-    runner.execute([], works, hidden_states_out=hidden)
+    logits = forward_prefills(loaded, sequences, block_size, hidden_states_out=hidden)
     out, start = [], 0
-    for s in sequences:
-        states = [h[start:start + len(s)] for h in hidden]
-        with torch.inference_mode():
-            logits = loaded.model.compute_logits(states[-1])
-        out.append((states, logits))
+    for s, seq_logits in zip(sequences, logits):
+        out.append(([h[start:start + len(s)] for h in hidden], seq_logits))
         start += len(s)
     return out
 

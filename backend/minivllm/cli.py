@@ -7,6 +7,7 @@ import os
 import sys
 
 from minivllm.engine.config import EngineConfig
+from minivllm.quant.policy import INT4_GROUP_SIZES, QUANTIZATION_CHOICES, QuantConfig
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -15,6 +16,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="HF directory, .gguf file, cached hub id or random:<shape> (default: embedded SmolLM2-135M-Instruct)")
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     g.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    g.add_argument("--quantization", default="auto", choices=list(QUANTIZATION_CHOICES),
+                   help="weight precision: auto (what the checkpoint holds: the embedded Q4_1 GGUF runs in 4 bits), "
+                        "none (dequantized to --dtype), int8 (per channel), int4 (groups, see --group-size)")
+    g.add_argument("--group-size", type=int, default=32, choices=list(INT4_GROUP_SIZES),
+                   help="int4 group size when quantizing at load")
     g.add_argument("--seed", type=int, default=0, help="seed for random:<shape> weights")
     g.add_argument("--threads", type=int, default=None,
                    help="CPU threads for torch (default: torch's choice; 1 avoids thrashing on a busy machine)")
@@ -35,6 +41,10 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
                         enable_prefix_caching=not args.no_prefix_caching)
 
 
+def quant_config(args: argparse.Namespace) -> QuantConfig:
+    return QuantConfig(args.quantization, args.group_size, os.environ.get("MINIVLLM_QUANT_KERNEL") or None)
+
+
 def build_engine(args: argparse.Namespace):
     import torch
 
@@ -44,7 +54,7 @@ def build_engine(args: argparse.Namespace):
     if args.threads:
         torch.set_num_threads(args.threads)
     loaded = load_model(args.model, dtype=args.dtype, device=args.device, seed=args.seed,
-                        max_model_len=args.max_model_len)
+                        max_model_len=args.max_model_len, quantization=quant_config(args))
     return LLMEngine(loaded, engine_config(args))
 
 
@@ -143,12 +153,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("bench", help="benchmarks that print comparisons side by side")
-    p.add_argument("kind", choices=["single", "throughput", "profile"])
+    p.add_argument("kind", choices=["single", "throughput", "profile", "quality", "llamacpp"])
     p.add_argument("--output-dir", default="bench-results")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--num-prompts", type=int, default=None, help="prompts per run (default: the concurrency)")
     p.add_argument("--skip-hf", action="store_true", help="do not run the Hugging Face baselines")
+    p.add_argument("--skip-fp32", action="store_true",
+                   help="single: do not run the fp32-weights baseline next to a quantized engine")
     p.add_argument("--quick", action="store_true", help="fewer tokens and prompts (smoke test)")
     add_model_args(p)
     p.set_defaults(func=cmd_bench)

@@ -195,6 +195,11 @@ class EngineInfo(msgspec.Struct):
     enable_prefix_caching: bool
     dtype: str
     device: str
+    # read-only, fixed at load; defaults keep recordings made before quantization readable
+    quantization: str = "none"  # what the weights run in, e.g. "int4 g32 (embedding and LM head: int8 g32)"
+    weight_bytes: int = 0  # bytes the weights occupy as stored (packed copies included)
+    weight_fp32_bytes: int = 0  # the same parameters in fp32, for the ratio
+    kernels: list[str] = []  # one line per layer group: which kernel serves which row counts
 
 
 class SeqState(msgspec.Struct):

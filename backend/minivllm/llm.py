@@ -9,6 +9,7 @@ from minivllm.engine.config import EngineConfig
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.engine.outputs import RequestOutput
 from minivllm.loader import load_model
+from minivllm.quant.policy import QuantConfig
 from minivllm.sampling.params import SamplingParams
 from minivllm.tokenizer_utils import load_chat_template_prompt
 
@@ -20,9 +21,9 @@ class LLM:
     with continuous batching."""
 
     def __init__(self, model: str | None = None, *, dtype: str = "float32", device: str | None = None,
-                 seed: int = 0, **engine_options):
+                 seed: int = 0, quantization: str | QuantConfig = "auto", **engine_options):
         loaded = load_model(model, dtype=dtype, device=device, seed=seed,
-                            max_model_len=engine_options.get("max_model_len"))
+                            max_model_len=engine_options.get("max_model_len"), quantization=quantization)
         self.engine = LLMEngine(loaded, EngineConfig(**engine_options))
         self.tokenizer = loaded.tokenizer
         self._ids = itertools.count()

@@ -7,6 +7,15 @@ from __future__ import annotations
 def run_bench(args) -> int:
     from minivllm.cli import build_engine
 
+    if args.kind == "quality":  # loads the model once per precision itself
+        from minivllm.bench.quality import bench_quality
+
+        return bench_quality(args)
+    if args.kind == "llamacpp":
+        from minivllm.bench.llamacpp import bench_llamacpp, find_llamacpp_bench
+
+        find_llamacpp_bench()  # fail before loading the model when llama.cpp is not built
+        return bench_llamacpp(build_engine(args), args)
     engine = build_engine(args)
     if args.kind == "single":
         from minivllm.bench.single import bench_single

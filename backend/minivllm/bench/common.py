@@ -173,5 +173,11 @@ def load_hf_oracle(loaded):
     return model.eval()
 
 
+def precision_label(engine) -> str:
+    """'float32', or the weights' precision ('int4 g32') for table titles and mode names."""
+    info = engine.info()
+    return info.dtype if info.quantization in ("none", info.dtype) else info.quantization.split(" (")[0]
+
+
 def fmt(x: float | None, scale: float = 1.0, digits: int = 1) -> str:
     return "-" if x is None else f"{x * scale:.{digits}f}"

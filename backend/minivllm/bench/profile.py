@@ -9,10 +9,13 @@ from __future__ import annotations
 from collections import defaultdict
 
 from minivllm.bench.common import chat_prompt_ids, greedy, median, progress
+from minivllm.bench.machine import machine_line
 from minivllm.bench.prompts import CHAT_PROMPTS
 
 CATEGORIES = {
-    "GEMM (linear layers, LM head)": ("aten::mm", "aten::addmm", "mkl::_mkl_linear", "aten::linear"),
+    "GEMM (linear layers, LM head)": ("aten::mm", "aten::addmm", "mkl::_mkl_linear", "aten::linear",
+                                      "aten::_weight_int4pack_mm_for_cpu", "aten::_weight_int8pack_mm",
+                                      "aten::_weight_int4pack_mm"),
     "attention: K/V gather through block tables": ("aten::index", "aten::index_select"),
     "attention: scores, softmax, weighted sum": ("aten::bmm", "aten::_softmax", "aten::masked_fill_",
                                                  "aten::_scaled_dot_product_flash_attention_for_cpu"),
@@ -46,7 +49,20 @@ def bench_profile(engine, args) -> int:
     while engine.has_work():
         engine.step()
     _report(steps, prof, level)
+    _print_floor(engine, level, median([st.duration_ms for st in steps]))
     return 0
+
+
+def _print_floor(engine, rows: int, step_ms: float) -> None:
+    """The weight-read floor: a decode step cannot be faster than streaming its weights once."""
+    from minivllm.bench.machine import cpu_capability, streaming_bandwidth_gbs
+    from minivllm.quant.install import streamed_bytes
+
+    read = streamed_bytes(engine.loaded.model, rows)
+    bandwidth = streaming_bandwidth_gbs()
+    floor_ms = read / bandwidth / 1e6
+    print(f"\nweight-read floor at {rows} rows: {read / 2**20:.0f} MiB of weights per step / {bandwidth:.1f} GB/s "
+          f"(CPU {cpu_capability()}) = {floor_ms:.1f} ms; this step is {step_ms / floor_ms:.2f}x the floor")
 
 
 PROFILED_STEPS = 4
@@ -57,6 +73,7 @@ def _report(steps, prof, level: int) -> None:
     phases = {k: median([getattr(s, k) for s in steps]) for k in ("schedule_ms", "forward_ms", "sample_ms", "postprocess_ms")}
     total = median([s.duration_ms for s in steps])
     print(f"\n== one decode step at {level} concurrent (median of {n} steps) ==")
+    print(machine_line())
     print(f"total step {total:.1f} ms  ({level / total * 1e3:.0f} tokens/s)")
     for key, value in phases.items():
         print(f"  {key.removesuffix('_ms'):<12} {value:7.2f} ms  {value / total:6.1%}")

@@ -6,8 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from minivllm.bench.common import (chat_prompt_ids, greedy, hf_generate, hf_sequential, load_hf_oracle, median,
+                                   precision_label,
                                    progress, run_engine, run_engine_sequential)
 from minivllm.bench.prompts import CHAT_PROMPTS, SYSTEM_PROMPT_WORDS
+from minivllm.bench.machine import machine_line
 from minivllm.bench.report import plot_throughput, print_table, save_json
 
 SEQUENTIAL_SAMPLE = 4  # one-at-a-time rates do not depend on the concurrency level: sample a few prompts
@@ -41,8 +43,9 @@ def bench_throughput(engine, args) -> int:
             progress(f"HF generate static batch of {level}")
             results.append(hf_generate(hf, engine.tokenizer, batch, max_tokens, "HF generate static batch", level))
             results.append(_relabel(hf_seq, level))
-    title = f"{engine.loaded.name}, {engine.info().dtype}, chat prompts x {max_tokens} new tokens (greedy, ignore_eos)"
+    title = f"{engine.loaded.name}, {precision_label(engine)}, chat prompts x {max_tokens} new tokens (greedy, ignore_eos)"
     print_table(results, "throughput: " + title)
+    print(machine_line())
     _print_ratios(results, levels)
     prefix = bench_prefix_cache(engine, max_tokens=8, count=4 if args.quick else 8)
     save_json(results, out_dir / "throughput.json", {"prefix_cache_ttft": prefix})

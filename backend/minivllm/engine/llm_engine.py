@@ -100,7 +100,9 @@ class LLMEngine:
             num_blocks=self.block_manager.num_blocks, block_size=self.config.block_size,
             max_num_batched_tokens=self.config.max_num_batched_tokens, max_num_seqs=self.config.max_num_seqs,
             enable_prefix_caching=self.config.enable_prefix_caching,
-            dtype=str(self.loaded.dtype).removeprefix("torch."), device=str(self.loaded.device))
+            dtype=str(self.loaded.dtype).removeprefix("torch."), device=str(self.loaded.device),
+            quantization=self.loaded.quant.mode, weight_bytes=self.loaded.quant.weight_bytes,
+            weight_fp32_bytes=self.loaded.quant.fp32_bytes, kernels=self.loaded.quant.kernel_lines())
 
     # ---- requests -----------------------------------------------------------------------------
 

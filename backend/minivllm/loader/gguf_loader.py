@@ -7,7 +7,6 @@ so we reuse it for the tensors (dequantized to numpy) instead of re-deriving the
 from __future__ import annotations
 
 import importlib.util
-import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -59,19 +58,3 @@ def load_gguf_tokenizer(path: Path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-
-
-def load_gguf_tensors(path: Path, cfg: LlamaConfig, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
-    try:
-        parsed = load_gguf_checkpoint(str(path), return_tensors=True,
-                                      model_to_load=_name_map_source(cfg), torch_dtype=dtype)
-    except Exception as exc:
-        raise CorruptCheckpointError(f"cannot read tensors of GGUF file {path}: {exc}") from exc
-    return parsed["tensors"]
-
-
-def gguf_cache_key(path: Path, dtype: torch.dtype) -> str:
-    st = os.stat(path)
-    return f"{path.stem}-{st.st_size}-{int(st.st_mtime)}-{str(dtype).removeprefix('torch.')}"

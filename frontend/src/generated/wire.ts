@@ -314,11 +314,15 @@ export interface EngineInfo {
   device: string;
   dtype: string;
   enable_prefix_caching: boolean;
+  kernels?: string[];
   max_model_len: number;
   max_num_batched_tokens: number;
   max_num_seqs: number;
   model: string;
   num_blocks: number;
+  quantization?: string;
+  weight_bytes?: number;
+  weight_fp32_bytes?: number;
 }
 /**
  * This interface was referenced by `WireTypes`'s JSON-Schema

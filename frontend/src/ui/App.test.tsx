@@ -61,6 +61,8 @@ describe("App", () => {
     expect(screen.getByTestId("timeline-summary").textContent).toContain("e ABORTED [WAITING,ABORTED]");
     expect(screen.getAllByTestId("scheduler-step-row").length).toBe(11);
     expect(screen.getByTestId("engine-model").textContent).toContain("random:tiny");
+    // a recording from before quantization: no weight sizes, so the header names just the precision
+    expect(screen.getByTestId("engine-precision").textContent).toBe("float32");
     // select a request from the accessible list mirror of the timeline
     await act(async () => {
       fireEvent.click(screen.getByTestId("request-row-c"));

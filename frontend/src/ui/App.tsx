@@ -3,6 +3,7 @@
 import { useCallback, useEffect, useMemo, useState } from "react";
 import { listModels } from "../api/client";
 import { defaultParams, type DecodingParams } from "../core/openai";
+import { weightsSummary } from "../core/weights";
 import { frameLoop } from "../live/frameLoop";
 import { ReplayController } from "../live/replayController";
 import { LiveConnection } from "../live/socket";
@@ -108,6 +109,11 @@ function Main() {
             <span className="brand-model muted" data-testid="engine-model" title={config.model ? `${config.model} · ${config.dtype} on ${config.device}` : undefined}>
               {config.model ? `${config.model} · ${config.num_blocks} blocks × ${config.block_size}` : "no engine yet"}
             </span>
+            {config.model && (
+              <span className="brand-precision muted" data-testid="engine-precision" title={`Weights: ${weightsSummary(config, false)} (fixed at load)`}>
+                {weightsSummary(config)}
+              </span>
+            )}
           </div>
           <div className="segmented" role="group" aria-label="View">
             <button type="button" aria-pressed={mode === "live"} data-testid="mode-live" onClick={() => setMode("live")}>Live</button>

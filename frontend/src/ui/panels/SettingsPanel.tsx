@@ -1,8 +1,10 @@
 // Engine settings: GET / PUT /api/config. The server rebuilds the engine when it is idle (409 while busy).
+// Below them, read-only, the weights as loaded (precision, memory, kernels): PUT cannot change those.
 import { useEffect, useState } from "react";
 import { ApiError, getConfig, putConfig } from "../../api/client";
 import type { ConfigUpdate, EngineInfo } from "../../core/wire";
 import { NumberField, Toggle } from "../components/fields";
+import { WeightsSection } from "./WeightsSection";
 
 type Form = Required<{ [K in keyof ConfigUpdate]: NonNullable<ConfigUpdate[K]> }>;
 
@@ -79,23 +81,26 @@ export function SettingsPanel(props: { liveConfig: EngineInfo | null }) {
   };
 
   return (
-    <form className="settings" data-testid="settings-panel" onSubmit={(e) => { e.preventDefault(); void apply(); }}>
-      <p className="muted small">
-        {config.model} · {config.dtype} on {config.device} · max model length {config.max_model_len}. Shrink the KV pool and run the load
-        generator to watch preemption happen.
-      </p>
-      <div className="form-grid">
-        <NumberField label="KV blocks" value={form.num_blocks} min={1} onChange={(v) => set("num_blocks", v)} testId="settings-num-blocks" hint="Size of the paged KV-cache pool" />
-        <NumberField label="Block size (tokens)" value={form.block_size} min={1} onChange={(v) => set("block_size", v)} testId="settings-block-size" />
-        <NumberField label="Token budget per step" value={form.max_num_batched_tokens} min={1} onChange={(v) => set("max_num_batched_tokens", v)} testId="settings-max-batched-tokens" hint="max_num_batched_tokens" />
-        <NumberField label="Max running sequences" value={form.max_num_seqs} min={1} onChange={(v) => set("max_num_seqs", v)} testId="settings-max-seqs" />
-      </div>
-      <Toggle label="Prefix caching" checked={form.enable_prefix_caching} onChange={(v) => set("enable_prefix_caching", v)} testId="settings-prefix-caching" />
-      <div className="row gap">
-        <button type="submit" className="btn btn-primary" data-testid="settings-apply" disabled={!dirty || busy}>Apply</button>
-        <button type="button" className="btn" data-testid="settings-reset" disabled={!dirty || busy} onClick={() => setForm(formOf(config))}>Reset</button>
-      </div>
-      {status && <p className={`small ${status.kind === "error" ? "error-text" : status.kind === "ok" ? "ok-text" : "muted"}`} role={status.kind === "error" ? "alert" : "status"} data-testid="settings-status">{status.text}</p>}
-    </form>
+    <div className="settings-tab">
+      <form className="settings" data-testid="settings-panel" onSubmit={(e) => { e.preventDefault(); void apply(); }}>
+        <p className="muted small">
+          {config.model} · {config.dtype} on {config.device} · max model length {config.max_model_len}. Shrink the KV pool and run the load
+          generator to watch preemption happen.
+        </p>
+        <div className="form-grid">
+          <NumberField label="KV blocks" value={form.num_blocks} min={1} onChange={(v) => set("num_blocks", v)} testId="settings-num-blocks" hint="Size of the paged KV-cache pool" />
+          <NumberField label="Block size (tokens)" value={form.block_size} min={1} onChange={(v) => set("block_size", v)} testId="settings-block-size" />
+          <NumberField label="Token budget per step" value={form.max_num_batched_tokens} min={1} onChange={(v) => set("max_num_batched_tokens", v)} testId="settings-max-batched-tokens" hint="max_num_batched_tokens" />
+          <NumberField label="Max running sequences" value={form.max_num_seqs} min={1} onChange={(v) => set("max_num_seqs", v)} testId="settings-max-seqs" />
+        </div>
+        <Toggle label="Prefix caching" checked={form.enable_prefix_caching} onChange={(v) => set("enable_prefix_caching", v)} testId="settings-prefix-caching" />
+        <div className="row gap">
+          <button type="submit" className="btn btn-primary" data-testid="settings-apply" disabled={!dirty || busy}>Apply</button>
+          <button type="button" className="btn" data-testid="settings-reset" disabled={!dirty || busy} onClick={() => setForm(formOf(config))}>Reset</button>
+        </div>
+        {status && <p className={`small ${status.kind === "error" ? "error-text" : status.kind === "ok" ? "ok-text" : "muted"}`} role={status.kind === "error" ? "alert" : "status"} data-testid="settings-status">{status.text}</p>}
+      </form>
+      <WeightsSection config={config} />
+    </div>
   );
 }

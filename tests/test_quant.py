@@ -1,0 +1,203 @@
+"""Quantized weights: formats, GGUF blocks, every kernel path against the dequantized reference, the
+chooser, the load-time policy and its errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from minivllm.quant import kernels
+from minivllm.quant.chooser import choose_kernels
+from minivllm.quant.formats import (Int4Weight, Int8Weight, QuantizationError, concat_rows, quantize_int4,
+                                    quantize_int8, to_per_channel, weight_bytes)
+from minivllm.quant.gguf_tensors import q4_1_blocks, q8_0_blocks, read_gguf_tensors, rotary_unpermute_index
+from minivllm.quant.linear import QuantEmbedding, QuantLinear
+from minivllm.quant.policy import QuantConfig
+
+CPU = torch.device("cpu")
+# bf16 activations carry 8 mantissa bits: a K-term dot product of unit-scale values is off by about
+# sqrt(K) * 2**-9 relative to its magnitude; 2% of the output's scale covers K up to ~1500 with margin
+BF16_REL_TOL = 0.02
+
+
+def random_int4(n: int, k: int, group: int = 32, seed: int = 0) -> Int4Weight:
+    return quantize_int4("w", torch.randn(n, k, generator=torch.Generator().manual_seed(seed)) * 0.05, group)
+
+
+def assert_close_to_reference(y: torch.Tensor, ref: torch.Tensor, exact: bool) -> None:
+    scale = ref.abs().max().item()
+    err = (y - ref).abs().max().item()
+    assert err <= (1e-4 * max(scale, 1) if exact else BF16_REL_TOL * scale), f"max err {err} (output scale {scale})"
+
+
+@pytest.mark.parametrize("n,k,group", [(96, 64, 32), (960, 576, 32), (100, 128, 64), (576, 1536, 128), (8, 32, 32)])
+@pytest.mark.parametrize("rows", [1, 3, 8, 17, 40])
+def test_every_int4_kernel_matches_the_dequantized_weight(n, k, group, rows):
+    weight = random_int4(n, k, group)
+    x = torch.randn(rows, k)
+    ref = x @ weight.dequantize().t()
+    for kernel in kernels.candidates(weight, CPU, torch.float32):
+        assert_close_to_reference(kernel(x), ref, kernel.exact)
+
+
+@pytest.mark.parametrize("shape", [(96, 64), (49152 // 16, 576), (33, 80)])
+@pytest.mark.parametrize("rows", [1, 5, 32])
+def test_every_int8_kernel_matches_the_dequantized_weight(shape, rows):
+    weight = quantize_int8("w", torch.randn(*shape) * 0.05)
+    x = torch.randn(rows, shape[1])
+    ref = x @ weight.dequantize().t()
+    names = []
+    for kernel in kernels.candidates(weight, CPU, torch.float32):
+        assert_close_to_reference(kernel(x), ref, kernel.exact)
+        names.append(kernel.name)
+    assert names == ["int8pack/bf16", "int8pack/fp32"]
+
+
+def test_dequant_kernel_is_exact_for_both_formats():
+    for weight in (random_int4(64, 64), quantize_int8("w", torch.randn(48, 64))):
+        x = torch.randn(5, 64)
+        y = kernels.Dequant(weight, CPU, torch.float32)(x)
+        assert torch.allclose(y, x @ weight.dequantize().t(), atol=1e-5)
+
+
+def test_quantizers_round_to_within_half_a_step():
+    w = torch.randn(64, 256)
+    q4 = quantize_int4("w", w, 64)
+    step4 = q4.scale.repeat_interleave(64, 1)
+    assert ((q4.dequantize() - w).abs() <= step4 / 2 + 1e-6).all()
+    assert q4.q.min() >= 0 and q4.q.max() <= 15
+    q8 = quantize_int8("w", w)
+    assert ((q8.dequantize() - w).abs() <= q8.scale / 2 + 1e-6).all()
+    assert q8.per_channel and q8.scale.shape == (64, 1)
+
+
+def test_a_layer_whose_input_is_not_a_multiple_of_the_group_is_named_in_the_error():
+    with pytest.raises(QuantizationError, match=r"layers\.3\.mlp\.down_proj.*\(64, 96\).*group size 64"):
+        quantize_int4("layers.3.mlp.down_proj", torch.randn(64, 96), 64)
+
+
+def _q4_1_bytes(q: np.ndarray, d: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """Encode blocks the way ggml does: f16 d, f16 m, then byte j = q[j] | q[j + 16] << 4."""
+    rows, blocks = d.shape
+    out = np.zeros((rows, blocks, 20), dtype=np.uint8)
+    out[..., 0:2] = d.astype(np.float16)[..., None].view(np.uint8)
+    out[..., 2:4] = m.astype(np.float16)[..., None].view(np.uint8)
+    qb = q.reshape(rows, blocks, 32)
+    out[..., 4:] = qb[..., :16] | (qb[..., 16:] << 4)
+    return out.reshape(rows, -1)
+
+
+def test_q4_1_blocks_decode_to_d_times_q_plus_m():
+    rng = np.random.default_rng(0)
+    q = rng.integers(0, 16, (6, 64)).astype(np.uint8)
+    d = rng.random((6, 2)).astype(np.float16).astype(np.float32)
+    m = -rng.random((6, 2)).astype(np.float16).astype(np.float32)
+    weight = q4_1_blocks(_q4_1_bytes(q, d, m), 6, 64)
+    expected = q.astype(np.float32) * np.repeat(d, 32, 1) + np.repeat(m, 32, 1)
+    assert np.allclose(weight.dequantize().numpy(), expected, atol=1e-6)
+    assert torch.equal(weight.q, torch.from_numpy(q))
+
+
+def test_q8_0_blocks_decode_to_d_times_q():
+    rng = np.random.default_rng(1)
+    q = rng.integers(-127, 128, (4, 64)).astype(np.int8)
+    d = rng.random((4, 2)).astype(np.float16)
+    raw = np.zeros((4, 2, 34), dtype=np.uint8)
+    raw[..., 0:2] = d[..., None].view(np.uint8)
+    raw[..., 2:] = q.reshape(4, 2, 32).view(np.uint8)
+    weight = q8_0_blocks(raw.reshape(4, -1), 4, 64)
+    assert np.allclose(weight.dequantize().numpy(), q.astype(np.float32) * np.repeat(d.astype(np.float32), 32, 1))
+
+
+def test_embedded_gguf_tensors_equal_transformers_dequantized_reading(embedded_path):
+    """Our block reader (no float detour) against the oracle's reader: every tensor, bit for bit,
+    which also checks the un-permutation of Q/K rows."""
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    from minivllm.loader.gguf_loader import _name_map_source, load_gguf_config
+    from minivllm.model.config import LlamaConfig
+
+    cfg = LlamaConfig.from_hf(load_gguf_config(embedded_path), name="x")
+    ours = read_gguf_tensors(embedded_path, cfg.num_attention_heads, cfg.num_key_value_heads)
+    theirs = load_gguf_checkpoint(str(embedded_path), return_tensors=True, model_to_load=_name_map_source(cfg),
+                                  torch_dtype=torch.float32)["tensors"]
+    assert set(ours.tensors) == set(theirs)
+    assert {ours.types[n] for n in ours.tensors if "_proj" in n} == {"Q4_1"}
+    assert ours.types["model.embed_tokens.weight"] == "Q8_0" and not ours.dequantized
+    for name, value in theirs.items():
+        mine = ours.tensors[name]
+        mine = mine if isinstance(mine, torch.Tensor) else mine.dequantize()
+        assert torch.equal(mine, value), name
+
+
+def test_rotary_unpermute_index_is_a_permutation_that_interleaves_halves():
+    index = rotary_unpermute_index(8, 2)
+    assert sorted(index.tolist()) == list(range(8))
+    assert index.tolist() == [0, 2, 1, 3, 4, 6, 5, 7]
+
+
+def test_fused_rows_concatenate_and_mixed_groups_are_refused():
+    a, b = random_int4(32, 64, seed=1), random_int4(16, 64, seed=2)
+    fused = concat_rows([a, b])
+    assert torch.equal(fused.dequantize(), torch.cat([a.dequantize(), b.dequantize()]))
+    with pytest.raises(QuantizationError, match="different quantized formats"):
+        concat_rows([a, random_int4(16, 64, group=64)])
+
+
+def test_per_channel_requantization_of_q8_0_stays_within_half_a_row_step():
+    grouped = quantize_int8("w", torch.randn(16, 128), group_size=32)
+    per_channel = to_per_channel(grouped)
+    assert per_channel.per_channel
+    assert ((per_channel.dequantize() - grouped.dequantize()).abs() <= per_channel.scale / 2 + 1e-6).all()
+
+
+def test_int4_g32_stores_half_a_byte_per_weight_plus_two_fp32_per_group():
+    weight = random_int4(960, 576)
+    assert weight_bytes(weight) == 960 * 576 // 2 + 2 * 960 * (576 // 32) * 4  # 18.75% of fp32
+
+
+def test_embedding_lookup_and_tied_head_share_one_int8_table():
+    table = quantize_int8("embed", torch.randn(80, 64))
+    emb = QuantEmbedding(table, CPU, torch.float32)
+    ids = torch.tensor([0, 5, 79, 5])
+    assert torch.allclose(emb(ids), table.dequantize()[ids], atol=1e-6)
+    head = QuantLinear("lm_head", emb.as_weight(), CPU, torch.float32)
+    assert all(k.q.data_ptr() == emb.q.data_ptr() for k in head.candidates)
+
+
+def test_chooser_times_every_candidate_and_keeps_only_the_chosen():
+    layers = [QuantLinear(f"l{i}", random_int4(96, 64, seed=i), CPU, torch.float32) for i in range(3)]
+    (choice,) = choose_kernels(layers, buckets=(1, 8))
+    assert choice.layers == 3 and set(choice.timings_ms) == {1, 8}
+    assert set(choice.timings_ms[1]) == {"int4pack/bf16", "int4pack/fp32"}
+    for layer in layers:
+        used = {k.name for _, k in layer.plan}
+        assert {k.name for k in layer.candidates} == used
+        fastest_at_1 = min(choice.timings_ms[1], key=choice.timings_ms[1].get)
+        assert layer.kernel_for(1).name == fastest_at_1 or layer.kernel_for(1).exact
+
+
+def test_forcing_an_unknown_kernel_lists_the_available_ones():
+    layer = QuantLinear("l", random_int4(96, 64), CPU, torch.float32)
+    with pytest.raises(ValueError, match="int4pack/bf16"):
+        layer.force("fbgemm")
+
+
+def test_unknown_quantization_lists_the_choices():
+    with pytest.raises(ValueError, match="auto, none, int8, int4"):
+        QuantConfig("int3").validate()
+    with pytest.raises(ValueError, match="32, 64, 128"):
+        QuantConfig("int4", group_size=48).validate()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here: the CUDA kernels cannot run")
+@pytest.mark.parametrize("rows", [1, 8, 33])
+def test_cuda_kernels_match_the_dequantized_weight(rows):
+    device = torch.device("cuda")
+    for weight in (random_int4(256, 512), quantize_int8("w", torch.randn(256, 512) * 0.05)):
+        x = torch.randn(rows, 512, device=device, dtype=torch.bfloat16)
+        ref = x.float() @ weight.dequantize().to(device).t()
+        for kernel in kernels.candidates(weight, device, torch.bfloat16):
+            y = kernel(x).float()
+            assert (y - ref).abs().max() <= 0.03 * ref.abs().max(), kernel.name

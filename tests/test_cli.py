@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -131,3 +132,18 @@ def test_bench_throughput_and_profile_run(tmp_path):
     proc = cli("bench", "profile", "--model", "random:tiny", "--concurrency", "4", "--max-tokens", "16")
     assert proc.returncode == 0, proc.stderr
     assert "one decode step at 4 concurrent" in proc.stdout and "GEMM (linear layers, LM head)" in proc.stdout
+
+
+def test_bench_quality_reports_every_precision_against_fp32(tmp_path):
+    """The quality command end to end on the tiny random model (real tokenizer and text): one row per
+    precision, the fp32 reference at KL 0 and full agreement, quantized rows smaller and not exact."""
+    proc = cli("bench", "quality", "--quick", "--model", "random:tiny", "--output-dir", str(tmp_path), timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["precision"]: r for r in json.loads((tmp_path / "quality.json").read_text())}
+    assert set(rows) == {"fp32 (none)", "auto (default)", "auto, exact kernels (fp32 activations)",
+                         "int8 per channel", "int4 g32", "int4 g64"}
+    ref = rows["fp32 (none)"]
+    assert ref["kl_mean"] == 0 and ref["top1_agreement"] == 1 and ref["greedy_identical"] == ref["greedy_prompts"]
+    for name in ("int8 per channel", "int4 g32"):
+        assert rows[name]["weights_mib"] < ref["weights_mib"] and rows[name]["kl_mean"] > 0
+    assert "machine: CPU capability" in proc.stdout and (tmp_path / "quality.png").stat().st_size > 0

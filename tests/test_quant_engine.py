@@ -5,7 +5,7 @@ Tolerances: the 4-bit default reads exactly the GGUF's Q4_1 values, so its only 
 fp32-dequantized model is (a) the Q8_0 embedding/head requantized per channel and (b) activations
 rounded to bf16 where the chooser picks the bf16 kernels (a CPU-dependent choice). Measured on the
 AVX2 dev box: KL(fp32 || default) 0.0025 nats/token, top-1 agreement 94.3% on the ~120 positions of
-this test (97.5% over the 2,000 of `bench quality`). The bounds below (KL < 0.02, top-1 > 90%) leave
+this test (97.5% over the ~1,500 of `bench quality`). The bounds below (KL < 0.02, top-1 > 90%) leave
 room for another CPU's kernel choice and are far from a real defect (a wrong block layout, scale or
 permutation gives KL > 1, top-1 < 60%).
 """

@@ -18,12 +18,11 @@ from pathlib import Path
 
 import torch
 
-from minivllm.bench.common import chat_prompt_ids, progress
+from minivllm.bench.common import chat_prompt_ids, greedy, progress
 from minivllm.bench.machine import machine_line
 from minivllm.bench.prompts import CHAT_PROMPTS
 from minivllm.engine.scoring import forward_prefills
 from minivllm.quant.policy import QuantConfig
-from minivllm.sampling.params import SamplingParams
 
 TEXT_FILE = "declaration_of_independence.txt"
 WINDOW = 256  # tokens per scored window (each window is an independent sequence)
@@ -101,7 +100,7 @@ def _greedy(loaded, prompts, max_tokens) -> list[list[int]]:
 
     engine = LLMEngine(loaded, EngineConfig(num_blocks=256))
     outs = {}
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)  # stops at EOS, as a user sees it
+    params = greedy(max_tokens)  # ignore_eos: every prompt compares the same 64 tokens
     for i, p in enumerate(prompts):
         engine.add_request(f"q{i}", prompt_token_ids=p, params=params)
     while engine.has_work():

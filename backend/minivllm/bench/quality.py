@@ -43,7 +43,7 @@ class QualityRow:
     greedy_matching_prefix: float  # mean tokens before the first difference
 
 
-def precisions(model_spec: str | None, group_sizes=(32, 64)) -> list[tuple[str, QuantConfig]]:
+def precisions(group_sizes=(32, 64)) -> list[tuple[str, QuantConfig]]:
     rows = [("fp32 (none)", QuantConfig("none")), ("auto (default)", QuantConfig("auto")),
             ("auto, exact kernels (fp32 activations)", QuantConfig("auto", kernel="exact")),
             ("int8 per channel", QuantConfig("int8"))]
@@ -59,7 +59,7 @@ def bench_quality(args) -> int:
     text = resources.files("minivllm.bench").joinpath("data", TEXT_FILE).read_text()
     reference = None
     rows = []
-    for label, quant in precisions(args.model):
+    for label, quant in precisions():
         progress(f"loading {label}")
         loaded = load_model(args.model, dtype=args.dtype, device=args.device, seed=args.seed, quantization=quant)
         windows = _windows(loaded.tokenizer.encode(text), 2 if args.quick else 8)

@@ -50,10 +50,11 @@ def choose_kernels(layers: list[QuantLinear], forced: str | None = None,
             rows = [b for b in buckets if b <= HEAD_MAX_ROWS] if members[0].name == "lm_head" else buckets
             timings = _time_group(members, tuple(rows))
             plan = _plan_from(timings, members[0])
+        plan = _merge(plan)  # fewer entries for QuantLinear.kernel_for to scan on every call
         for layer in members:
             layer.set_plan(plan)
             layer.drop_unused()
-        choices.append(GroupChoice(key, len(members), _merge(plan), timings))
+        choices.append(GroupChoice(key, len(members), plan, timings))
     return choices
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from minivllm.quant.formats import Int4Weight, Int8Weight, QuantizedWeight, ceil_div, to_per_channel
+from minivllm.quant.formats import Int4Weight, QuantizedWeight, ceil_div, to_per_channel
 
 CPU_INT4_ROW_MULTIPLE = 16  # torch's CPU int4 packing needs N % 16 == 0: pad with zero rows
 
@@ -148,4 +148,4 @@ def _short(dtype: torch.dtype) -> str:
     return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
 
 
-__all__ = ["Kernel", "Int4PackCPU", "Int8PackCPU", "Int4PackCUDA", "Dequant", "candidates", "Int8Weight"]
+__all__ = ["Kernel", "Int4PackCPU", "Int8PackCPU", "Int4PackCUDA", "Dequant", "candidates"]

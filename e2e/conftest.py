@@ -80,9 +80,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     # with the browser and other jobs and every engine step slows down by an order of magnitude.
     env.setdefault("OMP_NUM_THREADS", os.environ.get("MINIVLLM_E2E_THREADS", "1"))
     env.pop("MINIVLLM_API_KEY", None)
-    # one kernel for every row count: the load test compares batched, preempted outputs with the
-    # request alone, which a timing-dependent per-row-count kernel choice could make differ
-    env.setdefault("MINIVLLM_QUANT_KERNEL", "bf16")
     log = (ARTIFACTS / "server.log").open("w")
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"

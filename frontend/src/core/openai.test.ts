@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { applyChunk, applyData, chatRequestBody, emptyResult, matchingPreset, presetParams, SseParser } from "./openai";
+import { applyChunk, applyData, chatRequestBody, emptyResult, loadRequestBody, matchingPreset, presetParams, SseParser } from "./openai";
 
 describe("SseParser", () => {
   it("handles events split anywhere, CRLF, comments and multi-line data", () => {
@@ -75,6 +75,13 @@ describe("request bodies and presets", () => {
     const balanced = chatRequestBody(null, [], presetParams("balanced", { seed: 3 }));
     expect(balanced).toMatchObject({ top_k: 40, top_p: 0.9, min_p: 0.05, repetition_penalty: 1.05, seed: 3 });
     expect(balanced).not.toHaveProperty("model");
+  });
+
+  it("load-generator requests sample at the chosen temperature and nothing else", () => {
+    const body = loadRequestBody("hello", 0, 32, 2);
+    expect(body).toEqual({ messages: [{ role: "user", content: "hello" }], max_tokens: 32, n: 2, stream: true,
+      stream_options: { include_usage: true }, temperature: 0, top_p: 1 });
+    expect(loadRequestBody("x", 0.8, 16, 1)).toMatchObject({ temperature: 0.8, max_tokens: 16, n: 1 });
   });
 
   it("beam search sends use_beam_search with n = width", () => {

@@ -104,6 +104,13 @@ export function chatRequestBody(model: string | null, messages: readonly ChatTur
   return body;
 }
 
+/** Body for one load-generator request: plain sampling at `temperature` (no hidden top-k/top-p/min-p
+ *  or penalty), so temperature 0 is true greedy and a request can be replayed alone to compare. */
+export function loadRequestBody(prompt: string, temperature: number, maxTokens: number, n: number): Record<string, unknown> {
+  const p = presetParams("greedy", { temperature, max_tokens: maxTokens, n, logprobs: false });
+  return chatRequestBody(null, [{ role: "user", content: prompt }], p);
+}
+
 // ---- Server-Sent Events -------------------------------------------------------------------------------
 
 /** Incremental SSE parser: feed text as it arrives, get each complete event's `data` back. */

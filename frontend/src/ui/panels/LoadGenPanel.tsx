@@ -3,7 +3,7 @@
 // tab; "choices per request" (n) multiplies the sequences the engine batches.
 import { useEffect, useRef, useState } from "react";
 import { streamCompletion } from "../../api/stream";
-import { chatRequestBody, defaultParams } from "../../core/openai";
+import { loadRequestBody } from "../../core/openai";
 import { fmtRate } from "../../core/format";
 import { NumberField } from "../components/fields";
 
@@ -75,7 +75,7 @@ export function LoadGenPanel() {
       p.sent++;
       let seen = 0;
       try {
-        const body = chatRequestBody(null, [{ role: "user", content: prompt }], { ...defaultParams(), temperature, max_tokens: maxTokens, n: choices, logprobs: false });
+        const body = loadRequestBody(prompt, temperature, maxTokens, choices);
         await streamCompletion("/v1/chat/completions", body, ctrl.signal, (r) => {
           const len = r.choices.reduce((n, c) => n + c.text.length, 0);
           p.chars += len - seen;

@@ -43,13 +43,18 @@ def seeded(seed: int) -> torch.Generator:
 @pytest.mark.parametrize(
     "kwargs,message",
     [
-        ({"temperature": -1.0}, "temperature must be >= 0, got -1.0"),
+        ({"temperature": -1.0}, "temperature must be a finite number >= 0, got -1.0"),
+        ({"temperature": float("nan")}, "temperature must be a finite number >= 0, got nan"),
+        ({"temperature": float("inf")}, "temperature must be a finite number >= 0, got inf"),
+        ({"top_p": float("nan")}, "top_p must be in (0, 1], got nan"),
+        ({"presence_penalty": float("nan")}, "presence_penalty must be in [-2, 2], got nan"),
         ({"top_p": 0.0}, "top_p must be in (0, 1], got 0.0"),
         ({"top_p": 1.5}, "top_p must be in (0, 1], got 1.5"),
         ({"top_k": -2}, "top_k must be -1 or 0 (disabled) or >= 1, got -2"),
         ({"min_p": 1.5}, "min_p must be in [0, 1], got 1.5"),
         ({"min_p": -0.1}, "min_p must be in [0, 1], got -0.1"),
-        ({"repetition_penalty": 0.0}, "repetition_penalty must be > 0, got 0.0"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty must be a finite number > 0, got 0.0"),
+        ({"repetition_penalty": float("inf")}, "repetition_penalty must be a finite number > 0, got inf"),
         ({"presence_penalty": 2.5}, "presence_penalty must be in [-2, 2], got 2.5"),
         ({"frequency_penalty": -3}, "frequency_penalty must be in [-2, 2], got -3"),
         ({"n": 0}, "n must be an integer >= 1, got 0"),
@@ -58,7 +63,12 @@ def seeded(seed: int) -> torch.Generator:
         ({"min_tokens": 20, "max_tokens": 10}, "min_tokens must be <= max_tokens=10, got 20"),
         ({"logprobs": 21}, "logprobs must be in [0, 20] or None, got 21"),
         ({"logprobs": -1}, "logprobs must be in [0, 20] or None, got -1"),
-        ({"seed": 1.5}, "seed must be an integer or None, got 1.5"),
+        ({"seed": 1.5}, "seed must be an integer in [0, 9223372036854775807]"),
+        ({"seed": -1}, "seed must be an integer in [0, 9223372036854775807]"),
+        ({"seed": 2**64 - 1, "n": 2}, "seed must be an integer in [0, 9223372036854775806]"),
+        ({"seed": 2**63 - 1, "n": 2}, "seed must be an integer in [0, 9223372036854775806]"),
+        ({"use_beam_search": True, "length_penalty": 1e308}, "length_penalty must be in [-10, 10], got 1e+308"),
+        ({"use_beam_search": True, "length_penalty": float("nan")}, "length_penalty must be in [-10, 10]"),
         ({"use_beam_search": True, "beam_width": 0}, "beam_width must be an integer >= 1, got 0"),
         ({"use_beam_search": True, "n": 3, "beam_width": 2}, "n must be <= beam_width=2 for beam search, got 3"),
         ({"stop": ["ok", ""]}, "stop must not contain empty strings"),
@@ -69,6 +79,12 @@ def test_validation_messages(kwargs, message):
     with pytest.raises(ValueError) as exc:
         SamplingParams(**kwargs)
     assert message in str(exc.value)
+
+
+def test_the_largest_valid_seed_seeds_every_sample():
+    p = SamplingParams(seed=2**63 - 3, n=3)
+    for index in range(p.n):  # what the engine does per sample; an overflow here would fail mid-step
+        torch.Generator().manual_seed(p.seed + index)
 
 
 def test_validate_catches_later_mutation():

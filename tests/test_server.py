@@ -177,6 +177,14 @@ BAD_INPUT = [
     ("/v1/completions", {"prompt": "x", "logprobs": 21}, "logprobs", "[0, 20]"),
     ("/v1/completions", {"prompt": "x", "presence_penalty": 3}, "presence_penalty", "[-2, 2]"),
     ("/v1/completions", {"prompt": "x", "stop": [""]}, "stop", "empty"),
+    # each of these once aborted every running request from inside a step
+    ("/v1/completions", {"prompt": "x", "seed": 2**64 - 1, "n": 2, "temperature": 1}, "seed", "[0, 9223372036854775806]"),
+    ("/v1/completions", {"prompt": "x", "seed": -5}, "seed", "[0, 9223372036854775807]"),
+    ("/v1/completions", {"prompt": "x", "top_k": 2**70}, "top_k", "vocabulary size"),
+    ("/v1/completions", {"prompt": "x", "top_k": 10**6}, "top_k", "vocabulary size"),
+    ("/v1/completions", {"prompt": "x", "use_beam_search": True, "n": 2, "length_penalty": 1e308}, "length_penalty",
+     "[-10, 10]"),
+    ("/v1/completions", b'{"prompt": "x", "temperature": 1e999}', "temperature", "out of range"),
     ("/v1/completions", {"prompt": ["a", "b"]}, "prompt", "batched"),
     ("/v1/completions", {"prompt": [1, 99999999]}, "prompt", "out of range"),
     ("/v1/completions", {"prompt": "x", "echo": True}, "echo", "not supported"),
@@ -203,6 +211,32 @@ def test_bad_input_gets_a_400_in_openai_shape(client, route, body, param, words)
     err = error_of(r)
     assert err["type"] == "invalid_request_error" and err["param"] == param
     assert words in err["message"], err["message"]
+
+
+def test_bad_input_never_disturbs_a_streaming_request(client):
+    """Every bad-input case above is sent while a greedy stream runs; the stream must finish as it
+    does alone (same text, its finish_reason)."""
+    victim = {"prompt": "The victim request", "temperature": 0, "max_tokens": 400, "ignore_eos": True}
+    streamed: list[str] = []
+
+    def stream() -> None:
+        with client.stream("POST", "/v1/completions", json={**victim, "stream": True}) as r:
+            streamed.append("".join(r.iter_text()))
+
+    thread = threading.Thread(target=stream)
+    thread.start()
+    wait_for(lambda: server_of(client.app).async_engine.engine.requests, timeout=30)
+    for route, body, param, _ in BAD_INPUT:
+        kwargs = {"content": body, "headers": {"content-type": "application/json"}} if isinstance(body, bytes) else {"json": body}
+        r = client.post(route, **kwargs)
+        assert r.status_code == 400 and error_of(r)["param"] == param, r.text
+    overlapped = not streamed  # the victim was still streaming when the last case was answered
+    thread.join(60)
+    chunks = [e for e in sse_events(streamed[0]) if e != "[DONE]"]
+    assert [c["finish_reason"] for e in chunks for c in e["choices"] if c["finish_reason"]] == ["length"]
+    alone = client.post("/v1/completions", json=victim).json()["choices"][0]
+    assert "".join(c["text"] for e in chunks for c in e["choices"]) == alone["text"]
+    assert overlapped
 
 
 def test_prompt_too_long_names_both_numbers(client):
@@ -355,11 +389,32 @@ def test_state_and_config(client):
     assert client.post("/v1/completions", json={"prompt": "Hello", **GREEDY}).status_code == 200
 
     for bad, param in (({"num_blocks": 0}, "num_blocks"), ({"max_num_seqs": "many"}, "max_num_seqs"),
-                       ({"block_size": -1}, "block_size")):
+                       ({"block_size": -1}, "block_size"), ({"num_blocks": 10**12}, "num_blocks"),
+                       ({"num_blocks": 10**9, "block_size": 16}, "num_blocks")):
         r = client.put("/api/config", json=bad)
-        assert r.status_code == 400 and error_of(r)["param"] == param
-    assert client.get("/api/config").json()["num_blocks"] == 32
+        assert r.status_code == 400 and error_of(r)["param"] == param, r.text
+    assert "GiB" in error_of(client.put("/api/config", json={"num_blocks": 10**12}))["message"]
+    after = client.get("/api/config").json()
+    assert (after["num_blocks"], after["block_size"]) == (32, 8)
     assert client.post("/v1/completions", json={"prompt": "Hello", **GREEDY}).status_code == 200
+
+
+def test_a_rebuild_that_fails_puts_the_old_configuration_back(client):
+    engine = server_of(client.app).async_engine.engine
+    before = client.get("/api/config").json()
+    real_build = engine._build
+
+    def build_that_fails_once(config):
+        engine._build = real_build
+        raise RuntimeError("simulated allocator failure")
+
+    engine._build = build_that_fails_once
+    r = client.put("/api/config", json={"num_blocks": 48})
+    assert r.status_code == 500 and "simulated allocator failure" in error_of(r)["message"]
+    assert client.get("/api/config").json() == before
+    engine.block_manager.check_invariants()
+    assert client.post("/v1/completions", json={"prompt": "Hello", **GREEDY}).status_code == 200
+    assert client.put("/api/config", json={"num_blocks": 48}).json()["num_blocks"] == 48
 
 
 def test_config_change_is_409_while_a_request_runs(client):

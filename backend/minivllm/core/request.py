@@ -96,6 +96,7 @@ class Request:
     # After a preemption, a request with several sequences recomputes their common prefix once, in
     # its first sequence; the others are forked from it at this many tokens (None: nothing pending).
     refork_at: int | None = None
+    error: str | None = None  # why the request failed inside the engine (it then finished as "abort")
 
     @property
     def num_prompt_tokens(self) -> int:

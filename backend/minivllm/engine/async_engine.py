@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-from minivllm.engine.llm_engine import LLMEngine
+from minivllm.engine.llm_engine import LLMEngine, RequestFailedError
 from minivllm.engine.outputs import RequestOutput
 from minivllm.sampling.params import SamplingParams
 
@@ -149,7 +149,7 @@ class AsyncEngine:
             self._abort_running(exc)
             return
         for out in outputs:
-            self._deliver(out.request_id, out)
+            self._deliver(out.request_id, out if out.error is None else RequestFailedError(out.error))
 
     def _abort_running(self, exc: Exception) -> None:
         # only the requests the failed step ran: those still waiting hold no blocks and never saw it

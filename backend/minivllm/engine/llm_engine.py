@@ -6,6 +6,7 @@ Single-threaded by design: the async front end (`async_engine.py`) owns the thre
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from minivllm.detokenizer import IncrementalDetokenizer
 from minivllm.engine import wire
 from minivllm.engine.config import EngineConfig
 from minivllm.engine.malloc_tuning import keep_freed_memory_for_reuse
+from minivllm.engine.memory_budget import check_pool_fits
 from minivllm.engine.model_runner import ModelRunner, SeqWork
 from minivllm.engine.outputs import RequestOutput
 from minivllm.engine.postprocess import append_token, request_output
@@ -33,10 +35,15 @@ from minivllm.sampling.sampler import Sampler, SamplingRow
 from minivllm.stop_strings import StopStringMatcher
 
 FINISHED_HISTORY = 256  # finished requests kept for snapshots (the timeline of late joiners)
+log = logging.getLogger("minivllm.engine")
 
 
 class EngineBusyError(RuntimeError):
     """The configuration cannot change while requests run."""
+
+
+class RequestFailedError(RuntimeError):
+    """One request failed inside the engine (its sampling or post-processing); the others went on."""
 
 
 @dataclass
@@ -82,17 +89,30 @@ class LLMEngine:
         self.runner = ModelRunner(self.loaded.model, self.kv_cache)
 
     def reconfigure(self, **changes) -> None:
-        """Rebuild the KV pool / scheduler with new settings; only while idle."""
+        """Rebuild the KV pool / scheduler with new settings; only while idle. Transactional: a size
+        that cannot fit is refused before anything changes, and a rebuild that still fails puts the
+        old configuration back."""
         if self.has_unfinished_requests():
             raise EngineBusyError("the engine configuration can only change while no request runs")
-        new = self.config.with_changes(**changes)
+        old, new = self.config, self.config.with_changes(**changes)
         new.validate()
-        new.resolved_num_blocks(self.loaded.config, self.loaded.dtype)  # fail before tearing down
+        num_blocks = new.resolved_num_blocks(self.loaded.config, self.loaded.dtype)
         new.resolved_max_model_len(self.loaded.config)
+        check_pool_fits(num_blocks * self._bytes_per_block(new), self.kv_cache.num_bytes,
+                        torch.device(self.loaded.device), num_blocks)
         del self.kv_cache  # free the old pool before allocating the new one
-        self._build(new)
+        try:
+            self._build(new)
+        except Exception:
+            self._build(old)
+            raise
         self.finished.clear()
         self.bus.emit(ev.ConfigChanged(config=self.info()))
+
+    def _bytes_per_block(self, config: EngineConfig) -> int:
+        cfg = self.loaded.config
+        return KVCache.bytes_per_block(cfg.num_hidden_layers, config.block_size, cfg.num_key_value_heads,
+                                       cfg.head_dim, self.loaded.dtype)
 
     def info(self) -> ev.EngineInfo:
         return ev.EngineInfo(
@@ -168,7 +188,8 @@ class LLMEngine:
         ready = self._advance(decodes + prefills)
         touched = self._sample(ready, logits)
         t3 = time.perf_counter()
-        outputs += [request_output(r) for r in touched]
+        outputs += [request_output(r) for r in touched if r.error is None]
+        outputs, self._pending = outputs + self._pending, []  # + the requests that failed in this step
         self._emit_step_finished(sched, len(ready), t0, t1, t2, t3)
         return outputs
 
@@ -194,10 +215,12 @@ class LLMEngine:
     # ---- sampling -----------------------------------------------------------------------------
 
     def _sample(self, ready: list[tuple[Sequence, int]], logits: torch.Tensor) -> list[Request]:
+        """Samples every ready sequence. A fault in one request's sampling or post-processing fails
+        that request alone (see `_fail_request`); the step goes on for the others."""
         by_request: dict[str, list[tuple[Sequence, int]]] = {}
         for seq, row in ready:
             by_request.setdefault(seq.request.request_id, []).append((seq, row))
-        plain: list[tuple[Sequence, int]] = []
+        plain: list[tuple[Request, list[tuple[Sequence, int]]]] = []
         touched = []
         for rid, items in by_request.items():
             request = self.requests[rid]
@@ -206,12 +229,15 @@ class LLMEngine:
                 # rows in beam order: after a preemption, some beams may finish recomputing as decodes
                 # and others as prefill chunks, which the runner lays out decodes first
                 items.sort(key=lambda item: request.seqs.index(item[0]))
-                self._beam_step(request, logits[[row for _, row in items]])
+                self._contained(request, "sampling", self._beam_step, request, logits[[row for _, row in items]])
             else:
-                plain += self._expand_samples(request, items)
+                expanded = self._contained(request, "forking", self._expand_samples, request, items)
+                if expanded is not None:
+                    plain.append((request, expanded))
         self._sample_plain(plain, logits)
         for request in touched:
-            self._after_sampling(request)
+            if request.error is None:
+                self._contained(request, "finishing", self._after_sampling, request)
         return touched
 
     def _expand_samples(self, request: Request, items: list[tuple[Sequence, int]]) -> list[tuple[Sequence, int]]:
@@ -223,16 +249,55 @@ class LLMEngine:
         children = [self._fork(request, parent, list(parent.token_ids), index) for index in range(1, request.params.n)]
         return items + [(child, row) for child in children]
 
-    def _sample_plain(self, items: list[tuple[Sequence, int]], logits: torch.Tensor) -> None:
+    def _sample_plain(self, groups: list[tuple[Request, list[tuple[Sequence, int]]]], logits: torch.Tensor) -> None:
+        """One sampler call for all requests' rows. If it raises, each request is sampled alone (its
+        seeded generators rewound first), so only the request that caused it fails."""
+        items = [item for _, group in groups for item in group]
         if not items:
             return
+        generators = [(s.generator, s.generator.get_state()) for s, _ in items if s.generator is not None]
         rows = [SamplingRow(s.request.params, s.request.prompt_token_ids, self._outputs_for_sampler(s),
                             s.generator, self.eos_id)
                 for s, _ in items]
-        result = self.sampler(_select_rows(logits, [row for _, row in items]), rows)
-        for i, (seq, _) in enumerate(items):
+        try:
+            result = self.sampler(_select_rows(logits, [row for _, row in items]), rows)
+        except Exception as exc:  # noqa: BLE001 - contained below, per request
+            if len(groups) == 1:
+                self._fail_request(groups[0][0], "sampling", exc)
+                return
+            for generator, state in generators:
+                generator.set_state(state)
+            for group in groups:
+                self._sample_plain([group], logits)
+            return
+        first = 0
+        for request, group in groups:
+            self._contained(request, "post-processing", self._append_sampled, group, result, first)
+            first += len(group)
+
+    def _append_sampled(self, group: list[tuple[Sequence, int]], result, first: int) -> None:
+        for i, (seq, _) in enumerate(group, start=first):
             top = result.top_logprobs[i] if result.top_logprobs else None
             self._append(seq, result.token_ids[i], result.logprobs[i], top)
+
+    def _contained(self, request: Request, phase: str, fn, *args):
+        """fn(*args); an exception fails `request` alone and returns None."""
+        try:
+            return fn(*args)
+        except Exception as exc:  # noqa: BLE001 - a fault in one request must not reach the others
+            self._fail_request(request, phase, exc)
+            return None
+
+    def _fail_request(self, request: Request, phase: str, exc: Exception) -> None:
+        """Finish a request whose own processing raised: its blocks are freed, its client gets the
+        error (RequestOutput.error), and nothing shared (the pool, the batch) is affected."""
+        log.error("request %s failed while %s", request.request_id, phase, exc_info=exc)
+        request.error = f"internal error while {phase} the request: {type(exc).__name__}: {exc}"
+        if not request.is_finished:
+            for seq in request.seqs:
+                seq.finish_reason = seq.finish_reason or "abort"
+            self._finish_request(request, "abort", f"failed while {phase}: {type(exc).__name__}")
+        self._pending.append(request_output(request))
 
     @staticmethod
     def _outputs_for_sampler(seq: Sequence) -> list[int]:

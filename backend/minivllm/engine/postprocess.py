@@ -91,4 +91,5 @@ def request_output(request: Request) -> RequestOutput:
             num_cached_tokens=request.num_cached_prompt_tokens,
             num_preemptions=request.num_preemptions,
         ),
+        error=request.error,
     )

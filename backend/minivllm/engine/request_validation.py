@@ -26,6 +26,9 @@ def validate_request(ids: list[int], params: SamplingParams, engine: "LLMEngine"
     """Returns the effective max_tokens; raises RequestRejectedError with both numbers on failure."""
     params.validate()
     limit, vocab = engine.max_model_len, engine.loaded.config.vocab_size
+    if params.top_k > vocab:
+        raise RequestRejectedError(f"top_k must be -1 or 0 (disabled) or at most the vocabulary size {vocab}, "
+                                   f"got {params.top_k}", "top_k")
     if not ids:
         raise RequestRejectedError("the prompt is empty", "prompt")
     bad = [t for t in ids if not 0 <= t < vocab]

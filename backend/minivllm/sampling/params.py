@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import math
+
 _GREEDY_EPS = 1e-5
 MAX_LOGPROBS = 20
+MAX_SEED = 2**63 - 1  # a torch generator seed is an int64; sample i of a request uses seed + i
+MAX_LENGTH_PENALTY = 10.0  # generated_len ** length_penalty must stay a finite float
 
 
 def _is_int(x: object) -> bool:
@@ -13,7 +17,8 @@ def _is_int(x: object) -> bool:
 
 
 def _is_number(x: object) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
+    """A finite int or float (NaN and infinities would poison every logit they touch)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 @dataclass
@@ -66,7 +71,7 @@ class SamplingParams:
         if not _is_int(self.n) or self.n < 1:
             raise ValueError(f"n must be an integer >= 1, got {self.n!r}")
         if not _is_number(self.temperature) or self.temperature < 0.0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
         if not _is_number(self.top_p) or not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if not _is_int(self.top_k) or not (self.top_k in (-1, 0) or self.top_k >= 1):
@@ -74,13 +79,15 @@ class SamplingParams:
         if not _is_number(self.min_p) or not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
         if not _is_number(self.repetition_penalty) or self.repetition_penalty <= 0.0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty!r}")
+            raise ValueError(f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty!r}")
         if not _is_number(self.presence_penalty) or not -2.0 <= self.presence_penalty <= 2.0:
             raise ValueError(f"presence_penalty must be in [-2, 2], got {self.presence_penalty!r}")
         if not _is_number(self.frequency_penalty) or not -2.0 <= self.frequency_penalty <= 2.0:
             raise ValueError(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty!r}")
-        if self.seed is not None and not _is_int(self.seed):
-            raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
+        width = max(self.n, self.beam_width if _is_int(self.beam_width) else 1)
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= MAX_SEED - (width - 1)):
+            raise ValueError(f"seed must be an integer in [0, {MAX_SEED - (width - 1)}] (2**63 - 1 less one per "
+                             f"extra sample), got {self.seed!r}")
         if not all(isinstance(s, str) for s in self.stop):  # type: ignore[union-attr]
             raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}")
         if any(s == "" for s in self.stop):  # type: ignore[union-attr]
@@ -101,8 +108,9 @@ class SamplingParams:
             not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS
         ):
             raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}] or None, got {self.logprobs!r}")
-        if not _is_number(self.length_penalty):
-            raise ValueError(f"length_penalty must be a number, got {self.length_penalty!r}")
+        if not _is_number(self.length_penalty) or abs(self.length_penalty) > MAX_LENGTH_PENALTY:
+            raise ValueError(f"length_penalty must be in [-{MAX_LENGTH_PENALTY:g}, {MAX_LENGTH_PENALTY:g}], "
+                             f"got {self.length_penalty!r}")
         if self.beam_width is not None and (not _is_int(self.beam_width) or self.beam_width < 1):
             raise ValueError(f"beam_width must be an integer >= 1, got {self.beam_width!r}")
         if self.use_beam_search:

@@ -32,7 +32,7 @@ async def get_config(request: Request) -> ev.EngineInfo:
 async def put_config(request: Request) -> ev.EngineInfo:
     update = decode_body(await request.body(), ConfigUpdate)
     changes = {k: v for k, v in ((f, getattr(update, f)) for f in ConfigUpdate.__struct_fields__) if v is not None}
-    for name in _CONFIG_FIELDS:  # checked here: the engine drops its KV pool before it validates num_blocks
+    for name in _CONFIG_FIELDS:  # checked here too, to name the field before the engine thread is involved
         if name in changes and changes[name] < 1:
             raise bad_request(f"{name} must be >= 1, got {changes[name]}", name)
 
@@ -46,7 +46,7 @@ async def put_config(request: Request) -> ev.EngineInfo:
     except EngineBusyError as exc:
         raise APIError(409, str(exc), code="engine_busy") from None
     except ValueError as exc:
-        raise bad_request(str(exc)) from None
+        raise bad_request(str(exc), getattr(exc, "param", None)) from None
 
 
 @post("/recordings/start", status_code=201, summary="Start recording the event stream")

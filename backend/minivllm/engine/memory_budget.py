@@ -1,0 +1,48 @@
+"""How much memory a new KV pool may take: what the device has available now, plus the pool it
+replaces (freed first), less a reserve for the step's temporaries. Checked before the old pool is
+touched, so an impossible size is a clear 400, not an allocator failure half-way through a rebuild."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+RESERVE_FRACTION = 0.10  # of what is available: logits, K/V gathers and the allocator's slack
+
+
+class ConfigRejectedError(ValueError):
+    """An engine setting that cannot be applied; `param` names it."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+def available_bytes(device: torch.device) -> int | None:
+    """Free memory on `device` (None where it cannot be read)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    meminfo = Path("/proc/meminfo")
+    if not meminfo.exists():
+        return None
+    for line in meminfo.read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return None
+
+
+def check_pool_fits(new_bytes: int, current_bytes: int, device: torch.device, num_blocks: int) -> None:
+    free = available_bytes(device)
+    if free is None:
+        return
+    budget = int((free + current_bytes) * (1 - RESERVE_FRACTION))
+    if new_bytes > budget:
+        raise ConfigRejectedError(
+            f"num_blocks {num_blocks} needs a {_gib(new_bytes)} KV pool, but {_gib(budget)} is available for it "
+            f"({_gib(free)} free on {device.type} plus the current {_gib(current_bytes)} pool, less a "
+            f"{RESERVE_FRACTION:.0%} reserve)", "num_blocks")
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -259,3 +260,43 @@ def test_failed_step_spares_requests_still_waiting(tiny_model):
     assert "injected kernel failure" in v1 and "injected kernel failure" in v2
     assert not isinstance(queued, str), f"the waiting request failed too: {queued}"
     assert queued.finished and len(queued.outputs[0].token_ids) == 20
+
+
+def test_tokenizing_a_prompt_never_freezes_running_streams(engine):
+    """A prompt whose tokenization does not end (until released) must not stop a running stream:
+    tokenizing happens off the engine thread. On the engine thread, the victim below would wait for
+    the release and the test would time out."""
+    llm_engine = engine.engine
+    real_encode, entered, release = llm_engine.encode, threading.Event(), threading.Event()
+
+    def stuck_encode(prompt):
+        if prompt == "a huge prompt":
+            entered.set()
+            release.wait(TIMEOUT_S)
+        return real_encode(prompt)
+
+    llm_engine.encode = stuck_encode
+    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+
+    async def main():
+        victim = engine.generate(PROMPT, params, request_id="victim")
+        first = await victim.__anext__()
+        huge = asyncio.ensure_future(_last(engine.generate("a huge prompt", params, request_id="huge")))
+        await asyncio.get_running_loop().run_in_executor(None, entered.wait, TIMEOUT_S)
+        last = first
+        async for last in victim:
+            pass
+        still_tokenizing = not huge.done()
+        release.set()
+        return last, still_tokenizing, await huge
+
+    last, still_tokenizing, huge = arun(main())
+    assert last.finished and len(last.outputs[0].token_ids) == 30 and still_tokenizing
+    assert huge.finished and len(huge.outputs[0].token_ids) == 30
+
+
+async def _last(outputs):
+    out = None
+    async for out in outputs:
+        pass
+    return out

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import resource
 import threading
 
 import msgspec
@@ -177,6 +179,7 @@ BAD_INPUT = [
     ("/v1/completions", {"prompt": "x", "logprobs": 21}, "logprobs", "[0, 20]"),
     ("/v1/completions", {"prompt": "x", "presence_penalty": 3}, "presence_penalty", "[-2, 2]"),
     ("/v1/completions", {"prompt": "x", "stop": [""]}, "stop", "empty"),
+    ("/v1/completions", {"prompt": "x", "n": 8, "stop": [f"stop {i}" for i in range(20_000)]}, "stop", "at most 64"),
     # each of these once aborted every running request from inside a step
     ("/v1/completions", {"prompt": "x", "seed": 2**64 - 1, "n": 2, "temperature": 1}, "seed", "[0, 9223372036854775806]"),
     ("/v1/completions", {"prompt": "x", "seed": -5}, "seed", "[0, 9223372036854775807]"),
@@ -364,6 +367,9 @@ def test_metrics_prometheus_text(client):
                  "prompt_tokens_total", "generation_tokens_total"):
         assert f"minivllm:{name}{label}" in text
     assert f"minivllm:generation_tokens_total{label} 12.0" in text
+    rss = float(re.search(r"^process_resident_memory_bytes (\S+)$", text, re.M).group(1))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    assert 50 * 2**20 < rss <= peak * 1.01, (rss, peak)
     hits = float(text.split(f"minivllm:prefix_cache_hits_total{label} ")[1].split()[0])
     assert hits > 0  # the second identical prompt reused the first one's full blocks
     for name in ("time_to_first_token_seconds", "time_per_output_token_seconds", "e2e_request_latency_seconds",

@@ -15,7 +15,7 @@ import logging
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from minivllm.engine.llm_engine import LLMEngine, RequestFailedError
@@ -41,6 +41,9 @@ class AsyncEngine:
         self._stopping = False
         self.dead_reason: str | None = None
         self._thread = threading.Thread(target=self._run, name="minivllm-engine", daemon=True)
+        # Tokenizing and chat templates take seconds on a multi-MB prompt: never on the engine thread,
+        # where they would freeze every running stream. One worker: encodes run one at a time.
+        self._tokenizer_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="minivllm-tokenize")
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
@@ -53,6 +56,7 @@ class AsyncEngine:
         self._wakeup.set()
         if self._thread.is_alive():
             self._thread.join(timeout)
+        self._tokenizer_pool.shutdown(wait=False, cancel_futures=True)
 
     @property
     def is_alive(self) -> bool:
@@ -71,6 +75,11 @@ class AsyncEngine:
         self._commands.put((fn, future))
         self._wakeup.set()
         return future
+
+    async def tokenize(self, fn: Callable[[Any], T]) -> T:
+        """Run `fn(tokenizer)` off the engine thread (the tokenizer is read-only once loaded)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._tokenizer_pool, fn, self.engine.tokenizer)
 
     def abort(self, request_id: str) -> None:
         if self.is_alive:
@@ -91,6 +100,8 @@ class AsyncEngine:
         finished = rejected = False
         try:
             try:
+                if prompt_token_ids is None:
+                    prompt_token_ids = await self.tokenize(lambda _: self.engine.encode(prompt or ""))
                 await self.call(lambda e: e.add_request(request_id, prompt, params, prompt_token_ids, priority))
             except Exception:
                 rejected = True  # never added: there is nothing of ours to abort under this id

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -77,6 +77,7 @@ class ServerMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self._engine = _EngineCollector()
         self.registry.register(self._engine)
+        ProcessCollector(registry=self.registry)  # process_resident_memory_bytes, CPU seconds, open fds
         labels = ["model_name"]
         self.ttft = Histogram("minivllm:time_to_first_token_seconds", "Time to first token.", labels,
                               buckets=_LATENCY_BUCKETS, registry=self.registry)

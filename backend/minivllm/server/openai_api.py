@@ -142,7 +142,7 @@ async def chat_completions(request: Request) -> Response:
     params = _chat_params(req)
     messages = s.chat_messages(req)
     with _engine_errors():
-        prompt_ids = await ae.call(lambda e: load_chat_template_prompt(e.tokenizer, messages, req.add_generation_prompt))
+        prompt_ids = await ae.tokenize(lambda tok: load_chat_template_prompt(tok, messages, req.add_generation_prompt))
     job = s.Job("chat", f"chatcmpl-{request_id_of(request.scope)}", model, params, server.token_text,
                 top_logprobs=req.top_logprobs or 0,
                 include_usage=bool(req.stream_options and req.stream_options.include_usage))

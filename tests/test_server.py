@@ -481,12 +481,15 @@ def test_recordings_lifecycle_download_trace_and_upload(client):
     lines = download.content.splitlines()
     big = b"\n".join([*lines[:-1], *[lines[1]] * (5_000_000 // len(lines[1])), lines[-1]])
     assert len(big) > 4 * 2**20  # over the general body limit: uploads have their own
-    assert client.post("/api/recordings", content=big).status_code == 201
+    ndjson = {"content-type": "application/x-ndjson"}
+    assert client.post("/api/recordings", content=big, headers=ndjson).status_code == 201
 
     broken = b"\n".join([*lines[:2], b'{"type": "token", "request_id": 5}', *lines[3:]])
-    r = client.post("/api/recordings", content=broken)
+    r = client.post("/api/recordings", content=broken, headers=ndjson)
     assert r.status_code == 400 and "line 3" in error_of(r)["message"]
-    assert error_of(client.post("/api/recordings", content=b"not json"))["message"].count("line 1") == 1
+    assert error_of(client.post("/api/recordings", content=b"not json", headers=ndjson))["message"].count("line 1") == 1
+    r = client.post("/api/recordings", content=download.content, headers={"content-type": "text/plain"})
+    assert r.status_code == 415 and error_of(r)["code"] == "unsupported_media_type"
     assert client.get("/api/recordings/nope").status_code == 404
     assert client.get("/api/recordings/..%2F..%2Fetc%2Fpasswd").status_code == 404
     assert client.get("/api/recordings/nope/trace").status_code == 404

@@ -143,7 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=None, help="require this bearer key (or set MINIVLLM_API_KEY)")
-    p.add_argument("--cors-origin", action="append", default=[], help="allowed CORS origin (repeatable)")
+    p.add_argument("--cors-origin", action="append", default=[],
+                   help="another site allowed to call the API and open the event WebSocket (repeatable)")
+    p.add_argument("--allowed-host", action="append", default=[],
+                   help="a Host name to answer besides localhost/127.0.0.1 (repeatable; a DNS-rebinding guard)")
     p.add_argument("--recordings-dir", default="recordings")
     p.add_argument("--frontend-dist", default=None, help="built dashboard to serve (default: frontend/dist)")
     p.add_argument("--ws-queue-limit", type=int, default=20_000,

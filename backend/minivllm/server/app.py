@@ -21,6 +21,7 @@ from minivllm.server.config import ServerConfig
 from minivllm.server.dashboard_api import dashboard_router
 from minivllm.server.errors import handle_exception
 from minivllm.server.events_ws import events_router
+from minivllm.server.exposure import exposure_guard
 from minivllm.server.middleware import request_id_middleware
 from minivllm.server.openai_api import openai_router
 from minivllm.server.ops import health, metrics
@@ -49,7 +50,7 @@ def create_app(config: ServerConfig | LLMEngine) -> Litestar:
                         frontend_index, frontend],
         lifespan=[_lifespan],
         state=State({"server": ServerState(config)}),
-        middleware=[request_id_middleware],
+        middleware=[request_id_middleware, exposure_guard(config.allowed_hosts, config.cors_origins)],
         exception_handlers={Exception: handle_exception},
         cors_config=CORSConfig(allow_origins=config.cors_origins, expose_headers=["X-Request-Id"])
         if config.cors_origins else None,

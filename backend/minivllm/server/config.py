@@ -21,6 +21,8 @@ class ServerConfig:
     engine: LLMEngine | Callable[[], LLMEngine]
     api_key: str | None = None  # guards /v1, /api and /ws when set
     cors_origins: list[str] = field(default_factory=list)
+    # Host names served when bound to loopback (None: no Host check; see server/exposure.py)
+    allowed_hosts: list[str] | None = None
     recordings_dir: Path = Path("recordings")
     frontend_dist: Path | None = None  # None: frontend/dist in the repo
     ws_queue_limit: int = 20_000  # events buffered per WebSocket client before it is resynced

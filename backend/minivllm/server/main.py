@@ -11,16 +11,19 @@ import uvicorn
 
 from minivllm.server.app import create_app
 from minivllm.server.config import ServerConfig
+from minivllm.server.exposure import allowed_hosts_for, redact_api_keys
 
 
 def serve(args: argparse.Namespace) -> int:
     from minivllm.cli import build_engine
 
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("uvicorn.access").addFilter(redact_api_keys)
     config = ServerConfig(
         engine=lambda: build_engine(args),
         api_key=args.api_key or os.environ.get("MINIVLLM_API_KEY") or None,
         cors_origins=list(args.cors_origin),
+        allowed_hosts=allowed_hosts_for(args.host, args.allowed_host),
         recordings_dir=Path(args.recordings_dir),
         frontend_dist=Path(args.frontend_dist) if args.frontend_dist else None,
         ws_queue_limit=args.ws_queue_limit,

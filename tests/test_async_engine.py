@@ -300,3 +300,24 @@ async def _last(outputs):
     async for out in outputs:
         pass
     return out
+
+
+def test_an_error_while_idle_does_not_kill_the_engine_thread(engine):
+    llm_engine = engine.engine
+    real, failures = llm_engine.emit_metrics_if_due, []
+
+    def failing(*args, **kwargs):
+        failures.append(1)
+        raise RuntimeError("injected idle failure")
+
+    llm_engine.emit_metrics_if_due = failing
+    deadline = time.monotonic() + TIMEOUT_S
+    while len(failures) < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    llm_engine.emit_metrics_if_due = real
+    assert len(failures) >= 3 and engine.is_alive
+
+    async def main():
+        return await _last(engine.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=4), request_id="after"))
+
+    assert arun(main()).finished

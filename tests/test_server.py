@@ -256,6 +256,11 @@ def test_unknown_model_is_404_and_nothing_is_lost(client):
     assert r.status_code == 404 and error_of(r)["code"] == "model_not_found"
     assert client.post("/v1/chat/completions", json=chat_body(model="random:tiny")).status_code == 200
     assert error_of(client.get("/v1/nothing-here"))["type"] == "not_found_error"
+    for method, path in (("POST", "/v1/nope"), ("PUT", "/v1/nope/deeper"), ("POST", "/api/nope")):
+        r = client.request(method, path, json={})
+        assert r.status_code == 404 and error_of(r)["message"] == f"no route for {method} {path}", r.text
+    for method, path in (("DELETE", "/v1/completions"), ("POST", "/health"), ("POST", "/api/recordings/x/trace")):
+        assert client.request(method, path).status_code == 405, path  # the route exists, not this method
 
 
 def test_internal_error_is_500_and_the_server_keeps_serving(client):

@@ -195,3 +195,13 @@ def test_feed_overflow_drops_and_reset_restarts():
         assert feed.take() == []
     finally:
         loop.close()
+
+
+def test_a_long_stop_list_is_summarised_in_events_and_snapshots():
+    from minivllm.engine.wire import stop_summary
+
+    assert stop_summary(["a", "b"]) == ["a", "b"]
+    many = [f"stop-{i}-" + "x" * 60 for i in range(64)]
+    shown = stop_summary(many)
+    assert len(shown) == 5 and shown[-1] == "(+60 more)" and all(len(s) <= 40 for s in shown[:4])
+    assert shown[0].startswith("stop-0-") and shown[0].endswith("…")

@@ -127,13 +127,19 @@ class AsyncEngine:
                 if self.engine.has_work():
                     self._step()
                 else:
-                    self.engine.emit_metrics_if_due()
-                    self._wakeup.wait(self.idle_poll_s)
-                    self._wakeup.clear()
+                    self._idle()
         except BaseException as exc:  # noqa: BLE001 - record why the engine died for /health
             log.exception("engine thread died")
             self.dead_reason = f"engine thread died: {exc!r}"
             self._fail_all(EngineDeadError(self.dead_reason))
+
+    def _idle(self) -> None:
+        try:
+            self.engine.emit_metrics_if_due()
+        except Exception:  # noqa: BLE001 - a metrics sample is not worth the engine thread
+            log.exception("idle metrics sample failed; the engine goes on")
+        self._wakeup.wait(self.idle_poll_s)
+        self._wakeup.clear()
 
     def _drain_commands(self) -> None:
         while True:

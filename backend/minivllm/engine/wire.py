@@ -42,8 +42,20 @@ def sampling_summary(request: Request) -> dict[str, object]:
             "min_tokens", "ignore_eos", "logprobs", "stop")
     summary: dict[str, object] = {k: getattr(request.params, k) for k in keys
                                   if getattr(request.params, k) != getattr(defaults, k)}
+    if "stop" in summary:
+        summary["stop"] = stop_summary(request.params.stop)  # type: ignore[arg-type]
     summary["max_tokens"] = request.max_tokens
     return summary
+
+
+STOP_SHOWN, STOP_CHARS_SHOWN = 4, 40
+
+
+def stop_summary(stop: list[str]) -> list[str]:
+    """The stop list as shown in events and snapshots: a few entries, each cut short, and a count of
+    the rest (a snapshot carries this for every request it lists)."""
+    shown = [s if len(s) <= STOP_CHARS_SHOWN else s[:STOP_CHARS_SHOWN - 1] + "…" for s in stop[:STOP_SHOWN]]
+    return shown + ([f"(+{len(stop) - STOP_SHOWN} more)"] if len(stop) > STOP_SHOWN else [])
 
 
 def seq_state(seq: Sequence, bm: BlockManager) -> ev.SeqState:

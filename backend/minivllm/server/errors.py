@@ -66,6 +66,19 @@ def decode_body(body: bytes, kind: type):
         raise decode_error(exc) from None
 
 
+_PARAM = re.compile(r"\{[^}]+\}")
+_CATCH_ALL = "/{file_path:path}"
+
+
+def _has_route(request: Request) -> bool:
+    """Whether a route other than the dashboard's catch-all declares this path (any method)."""
+    path = request.url.path.rstrip("/") or "/"
+    for route in request.app.routes:
+        if route.path != _CATCH_ALL and re.fullmatch(_PARAM.sub("[^/]+", route.path.rstrip("/") or "/"), path):
+            return True
+    return False
+
+
 def handle_exception(request: Request, exc: Exception) -> Response:
     """The app's one exception handler: known errors keep their status, the rest are 500s."""
     if isinstance(exc, APIError):
@@ -74,8 +87,9 @@ def handle_exception(request: Request, exc: Exception) -> Response:
         detail = exc.detail
         if exc.status_code == 413:
             detail = "the request body is too large"
-        elif exc.status_code == 404:
-            detail = f"no route for {request.method} {request.url.path}"
+        elif exc.status_code == 404 or (exc.status_code == 405 and not _has_route(request)):
+            # a 405 on a path no route declares comes from the dashboard's GET catch-all: a 404
+            return error_response(404, f"no route for {request.method} {request.url.path}")
         return Response(error_body(exc.status_code, detail), status_code=exc.status_code,
                         headers=exc.headers or None)
     log.exception("internal error while handling %s %s", request.method, request.url.path)

@@ -5,15 +5,17 @@ from __future__ import annotations
 import re
 import resource
 import threading
+import time
 
 import msgspec
 import pytest
 from litestar.testing import TestClient
 
 from minivllm import events as ev
-from minivllm.recording import parse_lines
+from minivllm.recording import parse_lines, read_recording
 from minivllm.server.app import create_app
 from minivllm.server.config import ServerConfig
+from minivllm.server.recordings import RecordingLimits
 from minivllm.state_fold import fold
 from test_server_support import server_of, sse_events, tiny_app, tiny_engine, wait_for
 
@@ -498,6 +500,56 @@ def test_recordings_lifecycle_download_trace_and_upload(client):
     assert client.get("/api/recordings/nope").status_code == 404
     assert client.get("/api/recordings/..%2F..%2Fetc%2Fpasswd").status_code == 404
     assert client.get("/api/recordings/nope/trace").status_code == 404
+
+
+def _record(client) -> bytes:
+    client.post("/api/recordings/start")
+    client.post("/v1/completions", json={"prompt": "Record me", "max_tokens": 5, "temperature": 0})
+    rid = client.post("/api/recordings/stop").json()["id"]
+    return client.get(f"/api/recordings/{rid}").content
+
+
+def test_recordings_folder_keeps_to_its_quota_oldest_first(tmp_path):
+    limits = RecordingLimits(max_count=3)
+    with TestClient(tiny_app(tmp_path, recording_limits=limits)) as c:
+        content = _record(c)
+        ndjson = {"content-type": "application/x-ndjson"}
+        ids = [c.get("/api/recordings").json()[0]["id"]]
+        for _ in range(4):
+            time.sleep(0.01)  # distinct modification times
+            ids.append(c.post("/api/recordings", content=content, headers=ndjson).json()["id"])
+        assert {r["id"] for r in c.get("/api/recordings").json()} == set(ids[-3:])
+        assert c.get(f"/api/recordings/{ids[0]}").status_code == 404
+    limits = RecordingLimits(max_total_bytes=3 * len(content) + 10)
+    with TestClient(tiny_app(tmp_path / "by-size", recording_limits=limits)) as c:
+        for _ in range(5):
+            c.post("/api/recordings", content=content, headers=ndjson)
+        listed = c.get("/api/recordings").json()
+        assert len(listed) == 3 and sum(r["size_bytes"] for r in listed) <= limits.max_total_bytes
+        r = c.post("/api/recordings", content=content * 4, headers=ndjson)
+        assert r.status_code == 413 and "at most" in error_of(r)["message"]
+
+
+def test_a_live_recording_stops_growing_at_its_cap_and_stays_readable(tmp_path):
+    limits = RecordingLimits(max_active_bytes=6000)
+    with TestClient(tiny_app(tmp_path, recording_limits=limits)) as c:
+        c.post("/api/recordings/start")
+        for _ in range(3):
+            c.post("/v1/completions", json={"prompt": "Record me", "max_tokens": 20, "temperature": 0})
+        stopped = c.post("/api/recordings/stop").json()
+        recording = read_recording(tmp_path / "recordings" / f"{stopped['id']}.jsonl")
+        size = (tmp_path / "recordings" / f"{stopped['id']}.jsonl").stat().st_size
+        footer = len(msgspec.json.encode(recording.footer)) + 1
+        assert size - footer <= limits.max_active_bytes < size and recording.footer is not None
+        assert stopped["num_events"] == len(recording.events) > 0
+
+
+def test_links_in_the_recordings_folder_are_never_listed_or_served(client, tmp_path):
+    secret = tmp_path / "secret.jsonl"
+    secret.write_bytes(_record(client))
+    (tmp_path / "recordings" / "linked.jsonl").symlink_to(secret)
+    assert "linked" not in {r["id"] for r in client.get("/api/recordings").json()}
+    assert client.get("/api/recordings/linked").status_code == 404
 
 
 # ---- static files and docs -------------------------------------------------------------------

@@ -148,6 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allowed-host", action="append", default=[],
                    help="a Host name to answer besides localhost/127.0.0.1 (repeatable; a DNS-rebinding guard)")
     p.add_argument("--recordings-dir", default="recordings")
+    p.add_argument("--recordings-quota", default="2GiB",
+                   help="the recordings folder's size limit; the oldest recordings are deleted to make room")
     p.add_argument("--frontend-dist", default=None, help="built dashboard to serve (default: frontend/dist)")
     p.add_argument("--ws-queue-limit", type=int, default=20_000,
                    help="events buffered per WebSocket client before it gets a resync and a fresh snapshot")

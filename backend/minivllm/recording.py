@@ -29,8 +29,11 @@ class Recorder:
     """An event-bus subscriber appending to a JSONL file. Writes are buffered by the file object,
     so the engine thread only pays for an encode and a buffered write."""
 
-    def __init__(self, path: Path, snapshot: ev.Snapshot):
+    def __init__(self, path: Path, snapshot: ev.Snapshot, max_bytes: int | None = None):
         self.path = path
+        self.max_bytes = max_bytes  # past this the recorder drops events (the footer still lands)
+        self.num_bytes = 0
+        self.num_dropped = 0
         self.created = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         self.first_ts = snapshot.ts
         self.last_ts = snapshot.ts
@@ -38,7 +41,7 @@ class Recorder:
         self._lock = threading.Lock()
         self._file = path.open("wb")
         header = ev.RecordingHeader(version=ev.RECORDING_VERSION, created=self.created, snapshot=snapshot)
-        self._file.write(_encoder.encode(header) + b"\n")
+        self._write(_encoder.encode(header) + b"\n")
         self._after = snapshot.seq
 
     def __call__(self, event: ev.Event) -> None:
@@ -47,9 +50,17 @@ class Recorder:
         with self._lock:
             if self._file.closed:
                 return
-            self._file.write(_encoder.encode(event) + b"\n")
+            line = _encoder.encode(event) + b"\n"
+            if self.max_bytes is not None and self.num_bytes + len(line) > self.max_bytes:
+                self.num_dropped += 1
+                return
+            self._write(line)
             self.num_events += 1
             self.last_ts = event.ts
+
+    def _write(self, line: bytes) -> None:
+        self._file.write(line)
+        self.num_bytes += len(line)
 
     def close(self, final: ev.Snapshot | None = None) -> None:
         """Stop; with `final` (taken on the engine thread after the last event) write the footer."""

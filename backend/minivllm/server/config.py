@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from minivllm.engine.llm_engine import LLMEngine
+from minivllm.server.recordings import RecordingLimits
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_FRONTEND_DIST = REPO_ROOT / "frontend" / "dist"
@@ -24,6 +25,7 @@ class ServerConfig:
     # Host names served when bound to loopback (None: no Host check; see server/exposure.py)
     allowed_hosts: list[str] | None = None
     recordings_dir: Path = Path("recordings")
+    recording_limits: RecordingLimits = field(default_factory=RecordingLimits)
     frontend_dist: Path | None = None  # None: frontend/dist in the repo
     ws_queue_limit: int = 20_000  # events buffered per WebSocket client before it is resynced
     ws_flush_interval_s: float = 0.05  # flush events that arrive outside engine steps this often

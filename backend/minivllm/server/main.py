@@ -11,7 +11,9 @@ import uvicorn
 
 from minivllm.server.app import create_app
 from minivllm.server.config import ServerConfig
+from minivllm.engine.config import parse_memory
 from minivllm.server.exposure import allowed_hosts_for, redact_api_keys
+from minivllm.server.recordings import RecordingLimits
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -25,6 +27,7 @@ def serve(args: argparse.Namespace) -> int:
         cors_origins=list(args.cors_origin),
         allowed_hosts=allowed_hosts_for(args.host, args.allowed_host),
         recordings_dir=Path(args.recordings_dir),
+        recording_limits=RecordingLimits(max_total_bytes=parse_memory(args.recordings_quota)),
         frontend_dist=Path(args.frontend_dist) if args.frontend_dist else None,
         ws_queue_limit=args.ws_queue_limit,
     )

@@ -11,6 +11,7 @@ import datetime as dt
 import re
 import secrets
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
@@ -23,6 +24,17 @@ from minivllm.server.errors import APIError
 
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")
 SUFFIX = ".jsonl"
+GiB = 1 << 30
+
+
+@dataclass(frozen=True)
+class RecordingLimits:
+    """The folder's quota (the oldest finished recordings are deleted to make room) and the cap on
+    one live recording (past it, events are dropped and counted; the footer snapshot still lands)."""
+
+    max_total_bytes: int = 2 * GiB
+    max_count: int = 200
+    max_active_bytes: int = 256 << 20
 
 
 class _Stamp(msgspec.Struct):
@@ -35,8 +47,9 @@ class _Active:
 
 
 class RecordingStore:
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, limits: RecordingLimits | None = None):
         self.directory = Path(directory)
+        self.limits = limits or RecordingLimits()
         self.active: _Active | None = None
         self._info_cache: dict[str, tuple[tuple[float, int], RecordingInfo]] = {}
 
@@ -46,11 +59,12 @@ class RecordingStore:
         if self.active is not None:
             raise APIError(409, f"recording {self.active.id} is already running; stop it first")
         self.directory.mkdir(parents=True, exist_ok=True)
+        self._make_room(self.limits.max_active_bytes)
         rid = _new_id("rec")
         path = self._path(rid)
 
         def begin(engine) -> _Active:
-            recorder = Recorder(path, engine.snapshot())
+            recorder = Recorder(path, engine.snapshot(), self.limits.max_active_bytes)
             return _Active(rid, recorder, engine.bus.subscribe(recorder))
 
         self.active = await ae.call(begin)
@@ -74,14 +88,13 @@ class RecordingStore:
     def list(self) -> list[RecordingInfo]:
         if not self.directory.is_dir():
             return []
-        ids = [p.name.removesuffix(SUFFIX) for p in self.directory.glob(f"*{SUFFIX}") if _ID.fullmatch(p.stem)]
-        infos = [self.info(rid) for rid in ids]
+        infos = [self.info(p.stem) for p in self._files()]
         return sorted(infos, key=lambda i: (i.created, i.id), reverse=True)
 
     def path(self, rid: str) -> Path:
         """The file of an existing recording; 404 for anything else (including path tricks)."""
         path = self._path(rid) if _ID.fullmatch(rid) else None
-        if path is None or not path.is_file():
+        if path is None or not path.is_file() or path.is_symlink():  # a link could point anywhere
             raise APIError(404, f"no recording with id {rid!r}", code="recording_not_found")
         return path
 
@@ -95,14 +108,38 @@ class RecordingStore:
             raise APIError(400, f"recording {rid} is malformed: {exc}") from None
 
     def save_upload(self, body: bytes) -> RecordingInfo:
+        if len(body) > self.limits.max_total_bytes:
+            raise APIError(413, f"the recording is {len(body)} bytes; the recordings folder holds at most "
+                                f"{self.limits.max_total_bytes}")
         try:
             parse_lines(body.splitlines())
         except RecordingFormatError as exc:
             raise APIError(400, f"not a valid recording: {exc}", param="line") from None
         self.directory.mkdir(parents=True, exist_ok=True)
+        self._make_room(len(body))
         rid = _new_id("upload")
         self._path(rid).write_bytes(body)
         return self.info(rid)
+
+    def _files(self) -> list[Path]:
+        """The recordings in the folder (regular files only: links are never listed or served)."""
+        if not self.directory.is_dir():
+            return []
+        return [p for p in self.directory.glob(f"*{SUFFIX}")
+                if _ID.fullmatch(p.stem) and p.is_file() and not p.is_symlink()]
+
+    def _make_room(self, incoming: int) -> None:
+        """Delete the oldest finished recordings until one more of `incoming` bytes fits the quota."""
+        active = self._path(self.active.id) if self.active is not None else None
+        files = sorted((p for p in self._files() if p != active), key=lambda p: p.stat().st_mtime)
+        total = sum(p.stat().st_size for p in files) + (_size(active) if active else 0)
+        count = len(files) + (active is not None)
+        while files and (count + 1 > self.limits.max_count or total + incoming > self.limits.max_total_bytes):
+            oldest = files.pop(0)
+            total -= oldest.stat().st_size
+            count -= 1
+            oldest.unlink()
+            self._info_cache.pop(oldest.stem, None)
 
     def info(self, rid: str) -> RecordingInfo:
         path = self._path(rid)

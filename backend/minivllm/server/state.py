@@ -31,7 +31,7 @@ class ServerState:
         self.max_model_len: int | None = None
         self.created = int(time.time())
         self.metrics = ServerMetrics()
-        self.recordings = RecordingStore(config.recordings_dir)
+        self.recordings = RecordingStore(config.recordings_dir, config.recording_limits)
         self.token_text: TokenText | None = None
         self._loader: threading.Thread | None = None
 

@@ -16,7 +16,7 @@ from minivllm.engine.llm_engine import LLMEngine
 from minivllm.sampling.params import SamplingParams
 from minivllm.server.client_feed import MAX_HOLD_TICKS, ClientFeed
 from minivllm.state_fold import StateFolder
-from test_server_support import server_of, tiny_app, tiny_model
+from test_server_support import server_of, tiny_app, tiny_model, wait_for
 
 _decode = msgspec.json.Decoder(ev.WsMessage).decode
 TIMEOUT = 20
@@ -205,3 +205,21 @@ def test_a_long_stop_list_is_summarised_in_events_and_snapshots():
     shown = stop_summary(many)
     assert len(shown) == 5 and shown[-1] == "(+60 more)" and all(len(s) <= 40 for s in shown[:4])
     assert shown[0].startswith("stop-0-") and shown[0].endswith("…")
+
+
+def test_clients_past_the_cap_are_closed_with_a_clear_code(tmp_path):
+    from litestar.exceptions import WebSocketDisconnect
+
+    from minivllm.server.events_ws import CLOSE_TOO_MANY_CLIENTS
+
+    with TestClient(tiny_app(tmp_path, max_ws_clients=2)) as c:
+        with c.websocket_connect("/ws/events") as first, c.websocket_connect("/ws/events") as second:
+            assert isinstance(receive(first), ev.Snapshot) and isinstance(receive(second), ev.Snapshot)
+            with c.websocket_connect("/ws/events") as third:
+                with pytest.raises(WebSocketDisconnect) as closed:
+                    third.receive_text(timeout=TIMEOUT)
+                assert closed.value.code == CLOSE_TOO_MANY_CLIENTS and "too many" in closed.value.detail
+        # the two left: their places are free again (once their handlers have finished)
+        wait_for(lambda: server_of(c.app).ws_clients == 0, timeout=TIMEOUT, what="the clients to leave")
+        with c.websocket_connect("/ws/events") as again:
+            assert isinstance(receive(again), ev.Snapshot)

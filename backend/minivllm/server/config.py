@@ -29,6 +29,7 @@ class ServerConfig:
     frontend_dist: Path | None = None  # None: frontend/dist in the repo
     ws_queue_limit: int = 20_000  # events buffered per WebSocket client before it is resynced
     ws_flush_interval_s: float = 0.05  # flush events that arrive outside engine steps this often
+    max_ws_clients: int = 32  # each takes a snapshot on the engine thread and a feed of events
     max_body_size: int = 4 * MiB  # larger request bodies get a 413
 
     @property

@@ -24,6 +24,7 @@ from minivllm.server.errors import APIError
 from minivllm.server.state import ServerState
 
 REPLAY_BATCH = 2000  # events per message when replaying `since`
+CLOSE_TOO_MANY_CLIENTS = 4429  # 4000-4999: application codes; 429 as in HTTP's "too many requests"
 
 
 class _Client:
@@ -100,6 +101,11 @@ async def events_socket(socket: WebSocket) -> None:
                            reason="since must be an integer" if isinstance(exc, ValueError) else exc.message[:120])
         return
     await socket.accept()
+    if server.ws_clients >= server.config.max_ws_clients:
+        await socket.close(code=CLOSE_TOO_MANY_CLIENTS,
+                           reason=f"too many dashboard clients ({server.ws_clients}); close another tab")
+        return
+    server.ws_clients += 1
     feed = ClientFeed(asyncio.get_running_loop(), server.config.ws_queue_limit)
     client = _Client(socket, ae, feed, binary)
     tasks: list[asyncio.Task] = []
@@ -118,6 +124,7 @@ async def events_socket(socket: WebSocket) -> None:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         ae.engine.bus.unsubscribe(feed)
+        server.ws_clients -= 1
         with contextlib.suppress(Exception):
             await socket.close()
 

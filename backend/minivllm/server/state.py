@@ -33,6 +33,7 @@ class ServerState:
         self.metrics = ServerMetrics()
         self.recordings = RecordingStore(config.recordings_dir, config.recording_limits)
         self.token_text: TokenText | None = None
+        self.ws_clients = 0
         self._loader: threading.Thread | None = None
 
     # ---- lifecycle ----------------------------------------------------------------------------

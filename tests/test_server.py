@@ -205,13 +205,60 @@ BAD_INPUT = [
     ("/v1/chat/completions", {"messages": "hello"}, "messages", "Expected `array"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages",
      "only text"),
+    ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, "messages", "role must be one of"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 0}, "n", ">= 1"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, "temperature",
+     "Expected `float"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_k": -7}, "top_k", ">= 1"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "min_p": 2}, "min_p", "[0, 1]"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "frequency_penalty": -9},
+     "frequency_penalty", "[-2, 2]"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "repetition_penalty": 0},
+     "repetition_penalty", "> 0"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "seed": 2**63}, "seed",
+     "[0, 9223372036854775807]"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "stop": "x" * 5000}, "stop",
+     "at most 4096"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "stop_token_ids": [-1]},
+     "stop_token_ids", "non-negative"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "min_tokens": 9, "max_tokens": 3},
+     "min_tokens", "<= max_tokens"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "use_beam_search": True, "n": 9},
+     "n", "max_num_seqs"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 10**9}, "max_tokens",
+     "maximum context length"),
+    ("/v1/chat/completions", [1, 2, 3], None, "Expected `object"),
+    ("/v1/chat/completions", b"\xff\xfe", None, "malformed JSON"),
+    ("/v1/completions", {"prompt": "x", "logprobs": -1}, "logprobs", "[0, 20]"),
+    ("/v1/completions", {"prompt": "x", "min_tokens": -1}, "min_tokens", ">= 0"),
+    ("/v1/completions", {"prompt": "x", "length_penalty": float("1e308"), "use_beam_search": True}, "length_penalty",
+     "[-10, 10]"),
+    ("/v1/completions", {"prompt": []}, "prompt", "empty"),
+    ("/v1/completions", {"prompt": [[1, 2], [3]]}, "prompt", "batched"),
+    ("/v1/completions", {"prompt": "x", "suffix": "y"}, "suffix", "not supported"),
+    ("/v1/completions", {"prompt": "x", "n": 3, "use_beam_search": True, "max_tokens": 400}, "max_tokens", "KV blocks"),
+    ("PUT /api/config", {"num_blocks": 0}, "num_blocks", ">= 1"),
+    ("PUT /api/config", {"num_blocks": 10**12}, "num_blocks", "GiB"),
+    ("PUT /api/config", {"block_size": "big"}, "block_size", "Expected `int"),
+    ("PUT /api/config", {"max_num_seqs": -1}, "max_num_seqs", ">= 1"),
+    ("PUT /api/config", {"max_num_batched_tokens": 0}, "max_num_batched_tokens", ">= 1"),
+    ("PUT /api/config", {"enable_prefix_caching": "yes"}, "enable_prefix_caching", "Expected `bool"),
+    ("PUT /api/config", b"{", None, "malformed JSON"),
+    ("/api/recordings", b'{"type": "nonsense"}', "line", "not a valid recording"),
 ]
 
 
-@pytest.mark.parametrize("route,body,param,words", BAD_INPUT, ids=[f"{i}-{c[0][4:]}-{c[2]}" for i, c in enumerate(BAD_INPUT)])
-def test_bad_input_gets_a_400_in_openai_shape(client, route, body, param, words):
+def send(client, route: str, body):
+    """POST (or the method written before the path) `body` as JSON, or raw bytes sent as JSON."""
+    method, _, path = route.rpartition(" ")
     kwargs = {"content": body, "headers": {"content-type": "application/json"}} if isinstance(body, bytes) else {"json": body}
-    r = client.post(route, **kwargs)
+    return client.request(method or "POST", path, **kwargs)
+
+
+@pytest.mark.parametrize("route,body,param,words", BAD_INPUT,
+                         ids=[f"{i}-{c[0].rpartition('/')[2]}-{c[2]}" for i, c in enumerate(BAD_INPUT)])
+def test_bad_input_gets_a_400_in_openai_shape(client, route, body, param, words):
+    r = send(client, route, body)
     assert r.status_code == 400, r.text
     err = error_of(r)
     assert err["type"] == "invalid_request_error" and err["param"] == param
@@ -232,8 +279,7 @@ def test_bad_input_never_disturbs_a_streaming_request(client):
     thread.start()
     wait_for(lambda: server_of(client.app).async_engine.engine.requests, timeout=30)
     for route, body, param, _ in BAD_INPUT:
-        kwargs = {"content": body, "headers": {"content-type": "application/json"}} if isinstance(body, bytes) else {"json": body}
-        r = client.post(route, **kwargs)
+        r = send(client, route, body)
         assert r.status_code == 400 and error_of(r)["param"] == param, r.text
     overlapped = not streamed  # the victim was still streaming when the last case was answered
     thread.join(60)

@@ -92,14 +92,14 @@ class LLMEngine:
         """Rebuild the KV pool / scheduler with new settings; only while idle. Transactional: a size
         that cannot fit is refused before anything changes, and a rebuild that still fails puts the
         old configuration back."""
-        if self.has_unfinished_requests():
-            raise EngineBusyError("the engine configuration can only change while no request runs")
         old, new = self.config, self.config.with_changes(**changes)
-        new.validate()
+        new.validate()  # a setting that can never apply is a 400 even while requests run
         num_blocks = new.resolved_num_blocks(self.loaded.config, self.loaded.dtype)
         new.resolved_max_model_len(self.loaded.config)
         check_pool_fits(num_blocks * self._bytes_per_block(new), self.kv_cache.num_bytes,
                         torch.device(self.loaded.device), num_blocks)
+        if self.has_unfinished_requests():
+            raise EngineBusyError("the engine configuration can only change while no request runs")
         del self.kv_cache  # free the old pool before allocating the new one
         try:
             self._build(new)

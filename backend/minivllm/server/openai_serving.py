@@ -38,11 +38,16 @@ def sampling_params(req: p.SamplingFields, max_tokens: int | None, logprobs: int
         raise bad_request(str(exc), (names or {}).get(field_name, field_name)) from None
 
 
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")  # OpenAI's
+
+
 def chat_messages(req: p.ChatCompletionRequest) -> list[dict[str, str]]:
     if not req.messages:
         raise bad_request("messages must contain at least one message", "messages")
     out = []
     for i, m in enumerate(req.messages):
+        if m.role not in CHAT_ROLES:
+            raise bad_request(f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}, got {m.role!r}", "messages")
         if isinstance(m.content, list):
             if any(part.type != "text" for part in m.content):
                 raise bad_request(f"messages[{i}]: only text content parts are supported", "messages")

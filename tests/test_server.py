@@ -605,8 +605,20 @@ def test_frontend_not_built_page_and_docs(client):
     r = client.get("/")
     assert r.status_code == 200 and "build" in r.text.lower() and r.headers["content-type"].startswith("text/html")
     assert client.get("/docs").status_code == 200
-    paths = client.get("/docs/openapi.json").json()["paths"]
+    document = client.get("/docs/openapi.json").json()
+    paths = document["paths"]
     assert {"/v1/completions", "/v1/chat/completions", "/api/config", "/health", "/metrics"} <= set(paths)
+    # request bodies, with the engine's limits on their fields
+    body = paths["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    chat = document["components"]["schemas"][body["$ref"].rsplit("/", 1)[1]]
+    assert "messages" in chat["required"]
+    number = lambda field: next(b for b in chat["properties"][field]["anyOf"] if b["type"] == "number")  # noqa: E731
+    assert number("top_p") == {"type": "number", "exclusiveMinimum": 0, "maximum": 1}
+    assert number("temperature")["minimum"] == 0
+    assert chat["properties"]["presence_penalty"] == {"type": "number", "default": 0.0, "minimum": -2, "maximum": 2}
+    stop_array = next(b for b in chat["properties"]["stop"]["anyOf"] if b["type"] == "array")
+    assert stop_array["maxItems"] == 64
+    assert "requestBody" in paths["/v1/completions"]["post"] and "requestBody" in paths["/api/config"]["put"]
 
 
 def test_frontend_dist_with_client_route_fallback(tmp_path):

@@ -14,7 +14,7 @@ from litestar import Litestar
 from litestar.config.cors import CORSConfig
 from litestar.datastructures import State
 from litestar.openapi import OpenAPIConfig
-from litestar.openapi.plugins import JsonRenderPlugin, SwaggerRenderPlugin
+from litestar.openapi.plugins import SwaggerRenderPlugin
 
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.server.config import ServerConfig
@@ -24,6 +24,7 @@ from minivllm.server.events_ws import events_router
 from minivllm.server.exposure import exposure_guard
 from minivllm.server.middleware import request_id_middleware
 from minivllm.server.openai_api import openai_router
+from minivllm.server.openapi_doc import DocumentedJsonRenderPlugin
 from minivllm.server.ops import health, metrics
 from minivllm.server.state import ServerState
 from minivllm.server.static import frontend, frontend_index
@@ -44,7 +45,7 @@ def create_app(config: ServerConfig | LLMEngine) -> Litestar:
         config = ServerConfig(engine=config)
     openapi = OpenAPIConfig(title="mini-vllm", version="0.1.0", path="/docs",
                             description="OpenAI-compatible API, dashboard API and live engine events.",
-                            render_plugins=[SwaggerRenderPlugin(path="/"), JsonRenderPlugin(path="/openapi.json")])
+                            render_plugins=[SwaggerRenderPlugin(path="/"), DocumentedJsonRenderPlugin(path="/openapi.json")])
     return Litestar(
         route_handlers=[openai_router(), dashboard_router(), events_router(), health, metrics,
                         frontend_index, frontend],

@@ -1,0 +1,75 @@
+"""The OpenAPI document with request bodies: the routes decode their bodies themselves (to name the
+offending field in OpenAI's error shape), so Litestar cannot see their types; this adds each body's
+JSON Schema (generated from the msgspec Struct) and the engine's limits on its fields, so clients,
+fuzzers and the dashboard share one contract."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from litestar import Request
+from litestar.openapi.plugins import JsonRenderPlugin
+
+from minivllm.sampling.params import MAX_LENGTH_PENALTY, MAX_LOGPROBS, MAX_SEED, MAX_STOP_STRINGS
+from minivllm.server import openai_protocol as p
+from minivllm.server.api_types import ConfigUpdate
+
+REQUEST_BODIES: dict[tuple[str, str], type] = {
+    ("/v1/completions", "post"): p.CompletionRequest,
+    ("/v1/chat/completions", "post"): p.ChatCompletionRequest,
+    ("/api/config", "put"): ConfigUpdate,
+}
+
+# What `SamplingParams.validate` and `validate_request` enforce, as JSON Schema keywords on the
+# number (or array) branch of each field. The vocabulary and context limits depend on the model.
+FIELD_LIMITS: dict[str, dict[str, Any]] = {
+    "temperature": {"minimum": 0},
+    "top_p": {"exclusiveMinimum": 0, "maximum": 1},
+    "top_k": {"minimum": -1},
+    "min_p": {"minimum": 0, "maximum": 1},
+    "presence_penalty": {"minimum": -2, "maximum": 2},
+    "frequency_penalty": {"minimum": -2, "maximum": 2},
+    "repetition_penalty": {"exclusiveMinimum": 0},
+    "length_penalty": {"minimum": -MAX_LENGTH_PENALTY, "maximum": MAX_LENGTH_PENALTY},
+    "seed": {"minimum": 0, "maximum": MAX_SEED},
+    "n": {"minimum": 1},
+    "max_tokens": {"minimum": 1},
+    "max_completion_tokens": {"minimum": 1},
+    "min_tokens": {"minimum": 0},
+    "logprobs": {"minimum": 0, "maximum": MAX_LOGPROBS},
+    "top_logprobs": {"minimum": 0, "maximum": MAX_LOGPROBS},
+    "stop": {"maxItems": MAX_STOP_STRINGS},
+    "num_blocks": {"minimum": 1},
+    "block_size": {"minimum": 1},
+    "max_num_batched_tokens": {"minimum": 1},
+    "max_num_seqs": {"minimum": 1},
+}
+_KEYWORD_TYPES = {"maxItems": ("array",)}
+
+
+def with_request_bodies(document: dict[str, Any]) -> dict[str, Any]:
+    refs, components = msgspec.json.schema_components(list(REQUEST_BODIES.values()),
+                                                      ref_template="#/components/schemas/{name}")
+    for component in components.values():
+        for name, schema in component.get("properties", {}).items():
+            _limit(schema, FIELD_LIMITS.get(name, {}))
+    document.setdefault("components", {}).setdefault("schemas", {}).update(components)
+    for ((path, method), _), ref in zip(REQUEST_BODIES.items(), refs):
+        operation = document.get("paths", {}).get(path, {}).get(method)
+        if operation is not None:
+            operation["requestBody"] = {"required": True, "content": {"application/json": {"schema": ref}}}
+    return document
+
+
+def _limit(schema: dict[str, Any], limits: dict[str, Any]) -> None:
+    """Put each keyword on the branches of `schema` whose type it constrains (not on null)."""
+    for branch in schema.get("anyOf", [schema]):
+        for keyword, value in limits.items():
+            if branch.get("type") in _KEYWORD_TYPES.get(keyword, ("number", "integer")):
+                branch[keyword] = value
+
+
+class DocumentedJsonRenderPlugin(JsonRenderPlugin):
+    def render(self, request: Request, openapi_schema: dict[str, Any]) -> bytes:
+        return super().render(request, with_request_bodies(openapi_schema))

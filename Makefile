@@ -10,7 +10,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 SERVE_ARGS ?=
 
-.PHONY: setup setup-python setup-frontend setup-browser frontend run test test-backend test-frontend e2e bench lint docker chat schema clean bench-llamacpp
+.PHONY: setup setup-python setup-frontend setup-browser frontend run test test-backend test-frontend e2e bench lint docker chat schema clean bench-llamacpp fuzz
 
 setup: setup-python setup-frontend
 
@@ -53,6 +53,10 @@ test-frontend: setup-frontend
 
 e2e: setup setup-browser frontend
 	$(PY) -m pytest e2e -q
+
+# Schemathesis over the OpenAPI document, far longer than the bounded run inside `make test`.
+fuzz: setup-python
+	MINIVLLM_FUZZ_EXAMPLES=$${MINIVLLM_FUZZ_EXAMPLES:-1000} $(PY) -m pytest tests/test_fuzz_api.py -q
 
 bench: setup-python
 	$(VENV)/bin/minivllm bench single

@@ -397,10 +397,13 @@ def test_health_when_the_engine_thread_died(client):
     server = server_of(client.app)
     engine = server.async_engine.engine
 
-    def die(*args, **kwargs):
-        raise SystemError("simulated engine crash")
+    class EngineCrash(BaseException):  # not an Exception: nothing on the engine thread contains it
+        pass
 
-    engine.emit_metrics_if_due = die  # runs outside the per-step guard, in the idle loop
+    def die(*args, **kwargs):
+        raise EngineCrash("simulated engine crash")
+
+    engine.emit_metrics_if_due = die  # runs in the idle loop
     wait_for(lambda: not server.async_engine.is_alive, what="the engine thread to die")
     r = client.get("/health")
     assert r.status_code == 503 and r.json()["status"] == "dead" and "simulated engine crash" in r.json()["reason"]

@@ -14,6 +14,7 @@ from litestar.openapi.plugins import JsonRenderPlugin
 from minivllm.sampling.params import MAX_LENGTH_PENALTY, MAX_LOGPROBS, MAX_SEED, MAX_STOP_STRINGS
 from minivllm.server import openai_protocol as p
 from minivllm.server.api_types import ConfigUpdate
+from minivllm.server.openai_serving import CHAT_ROLES
 
 REQUEST_BODIES: dict[tuple[str, str], type] = {
     ("/v1/completions", "post"): p.CompletionRequest,
@@ -40,20 +41,23 @@ FIELD_LIMITS: dict[str, dict[str, Any]] = {
     "logprobs": {"minimum": 0, "maximum": MAX_LOGPROBS},
     "top_logprobs": {"minimum": 0, "maximum": MAX_LOGPROBS},
     "stop": {"maxItems": MAX_STOP_STRINGS},
+    "messages": {"minItems": 1},
+    "role": {"enum": list(CHAT_ROLES)},
     "num_blocks": {"minimum": 1},
     "block_size": {"minimum": 1},
     "max_num_batched_tokens": {"minimum": 1},
     "max_num_seqs": {"minimum": 1},
 }
-_KEYWORD_TYPES = {"maxItems": ("array",)}
+_KEYWORD_TYPES = {"maxItems": ("array",), "minItems": ("array",), "enum": ("string",)}
 
 
-def with_request_bodies(document: dict[str, Any]) -> dict[str, Any]:
+def with_request_bodies(document: dict[str, Any], model_name: str | None = None) -> dict[str, Any]:
     refs, components = msgspec.json.schema_components(list(REQUEST_BODIES.values()),
                                                       ref_template="#/components/schemas/{name}")
+    limits = FIELD_LIMITS | ({"model": {"enum": [model_name]}} if model_name else {})  # the one served
     for component in components.values():
         for name, schema in component.get("properties", {}).items():
-            _limit(schema, FIELD_LIMITS.get(name, {}))
+            _limit(schema, limits.get(name, {}))
     document.setdefault("components", {}).setdefault("schemas", {}).update(components)
     for ((path, method), _), ref in zip(REQUEST_BODIES.items(), refs):
         operation = document.get("paths", {}).get(path, {}).get(method)
@@ -72,4 +76,4 @@ def _limit(schema: dict[str, Any], limits: dict[str, Any]) -> None:
 
 class DocumentedJsonRenderPlugin(JsonRenderPlugin):
     def render(self, request: Request, openapi_schema: dict[str, Any]) -> bytes:
-        return super().render(request, with_request_bodies(openapi_schema))
+        return super().render(request, with_request_bodies(openapi_schema, request.app.state.server.model_name))

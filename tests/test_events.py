@@ -4,6 +4,7 @@ numbers, `EventBus.since`, and subscribers that fail."""
 from __future__ import annotations
 
 import importlib.util
+import resource
 import subprocess
 import sys
 from collections import Counter
@@ -66,6 +67,8 @@ def test_fold_from_any_snapshot_equals_later_snapshots(tiny_model):
         assert kinds[kind], f"the workload produced no {kind}"
     preempted = [e for e in log.of(ev.RequestStateChanged) if e.state == "PREEMPTED"]
     assert preempted, "the workload produced no preemption"
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    assert all(50 * 2**20 < m.rss_bytes <= peak * 1.01 for m in log.of(ev.MetricsSample))  # what `ps` shows
     events = engine.bus.history
     for i, early in enumerate(snapshots):
         for late in snapshots[i + 1:i + 4] + snapshots[-1:]:

@@ -347,9 +347,11 @@ def test_api_key_guards_v1_api_and_ws_but_not_health(tmp_path):
             assert c.get(path, headers={"Authorization": "Bearer sesame"}).status_code == 200
         from litestar.exceptions import WebSocketDisconnect
 
-        with pytest.raises(WebSocketDisconnect):
-            with c.websocket_connect("/ws/events") as ws:
-                ws.receive_text()
+        for query in ("", "?api_key=wrong"):
+            with pytest.raises(WebSocketDisconnect) as closed:
+                with c.websocket_connect(f"/ws/events{query}") as ws:
+                    ws.receive_text()
+            assert closed.value.code == 4401 and "API key" in closed.value.detail
         with c.websocket_connect("/ws/events?api_key=sesame") as ws:
             assert msgspec.json.decode(ws.receive_text(), type=ev.Snapshot).config.model == "random:tiny"
 

@@ -113,6 +113,7 @@ class MetricsSample(Event, tag="metrics"):
     generation_tokens: int  # cumulative
     generation_throughput: float  # tokens/s over the last sample window
     prompt_throughput: float
+    rss_bytes: int = 0  # the serving process's resident memory, as `ps` shows it (0: unknown)
 
 
 # ---- KV blocks -------------------------------------------------------------------------------

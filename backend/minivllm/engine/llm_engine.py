@@ -21,7 +21,7 @@ from minivllm.detokenizer import IncrementalDetokenizer
 from minivllm.engine import wire
 from minivllm.engine.config import EngineConfig
 from minivllm.engine.malloc_tuning import keep_freed_memory_for_reuse
-from minivllm.engine.memory_budget import check_pool_fits
+from minivllm.engine.memory_budget import check_pool_fits, process_rss_bytes
 from minivllm.engine.model_runner import ModelRunner, SeqWork
 from minivllm.engine.outputs import RequestOutput
 from minivllm.engine.postprocess import append_token, request_output
@@ -464,7 +464,7 @@ class LLMEngine:
             num_preemptions=self.scheduler.num_preemptions, prompt_tokens=c.prompt_tokens,
             generation_tokens=c.generation_tokens,
             generation_throughput=(c.generation_tokens - last_gen) / dt,
-            prompt_throughput=(c.prompt_tokens - last_prompt) / dt))
+            prompt_throughput=(c.prompt_tokens - last_prompt) / dt, rss_bytes=process_rss_bytes()))
 
     def snapshot(self) -> ev.Snapshot:
         bm = self.block_manager

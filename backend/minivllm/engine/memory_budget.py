@@ -4,6 +4,7 @@ touched, so an impossible size is a clear 400, not an allocator failure half-way
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -30,6 +31,14 @@ def available_bytes(device: torch.device) -> int | None:
         if line.startswith("MemAvailable:"):
             return int(line.split()[1]) * 1024
     return None
+
+
+def process_rss_bytes() -> int:
+    """This process's resident set size (Linux /proc; 0 where it cannot be read)."""
+    statm = Path("/proc/self/statm")
+    if not statm.exists():
+        return 0
+    return int(statm.read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def check_pool_fits(new_bytes: int, current_bytes: int, device: torch.device, num_blocks: int) -> None:

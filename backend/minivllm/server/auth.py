@@ -21,12 +21,20 @@ def presented_key(connection: ASGIConnection) -> str | None:
     return connection.headers.get("x-api-key") or connection.query_params.get("api_key")
 
 
-def require_api_key(connection: ASGIConnection, _: BaseRouteHandler) -> None:
+def key_problem(connection: ASGIConnection) -> str | None:
+    """Why this connection may not pass (None: it may)."""
     expected = connection.app.state.server.config.api_key
     if not expected:
-        return
+        return None
     key = presented_key(connection)
     if key is None:
-        raise APIError(401, "missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
+        return "missing API key: send 'Authorization: Bearer <key>' (WebSocket: ?api_key=<key>)"
     if not hmac.compare_digest(key.encode(), expected.encode()):
-        raise APIError(401, "incorrect API key", code="invalid_api_key")
+        return "incorrect API key"
+    return None
+
+
+def require_api_key(connection: ASGIConnection, _: BaseRouteHandler) -> None:
+    problem = key_problem(connection)
+    if problem is not None:
+        raise APIError(401, problem, code="invalid_api_key")

@@ -18,13 +18,14 @@ from litestar.exceptions import WebSocketDisconnect
 
 from minivllm import events as ev
 from minivllm.engine.async_engine import AsyncEngine, EngineDeadError
-from minivllm.server.auth import require_api_key
+from minivllm.server.auth import key_problem
 from minivllm.server.client_feed import ClientFeed
 from minivllm.server.errors import APIError
 from minivllm.server.state import ServerState
 
 REPLAY_BATCH = 2000  # events per message when replaying `since`
-CLOSE_TOO_MANY_CLIENTS = 4429  # 4000-4999: application codes; 429 as in HTTP's "too many requests"
+CLOSE_TOO_MANY_CLIENTS = 4429  # 4000-4999: application codes, named after the HTTP status they mirror
+CLOSE_UNAUTHORIZED = 4401
 
 
 class _Client:
@@ -89,6 +90,11 @@ async def _until_closed(socket: WebSocket) -> None:
 @websocket("/events")
 async def events_socket(socket: WebSocket) -> None:
     server: ServerState = socket.app.state.server
+    unauthorized = key_problem(socket)
+    if unauthorized is not None:  # accepted first, so a browser's onclose sees the code and the reason
+        await socket.accept()
+        await socket.close(code=CLOSE_UNAUTHORIZED, reason=unauthorized[:120])
+        return
     params = socket.query_params
     binary = params.get("format", "json") == "msgpack"
     since_text = params.get("since")
@@ -130,4 +136,4 @@ async def events_socket(socket: WebSocket) -> None:
 
 
 def events_router() -> Router:
-    return Router("/ws", route_handlers=[events_socket], guards=[require_api_key])
+    return Router("/ws", route_handlers=[events_socket])  # the key is checked in the handler: a close code

@@ -202,6 +202,7 @@ export interface MetricsSample {
   prefix_cache_queries: number;
   prompt_throughput: number;
   prompt_tokens: number;
+  rss_bytes?: number;
   seq?: number;
   ts?: number;
   type: "metrics";

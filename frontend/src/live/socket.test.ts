@@ -18,8 +18,8 @@ class FakeSocket implements SocketLike {
   send(msg: unknown): void {
     this.onmessage?.({ data: JSON.stringify(msg) });
   }
-  drop(): void {
-    this.onclose?.({});
+  drop(ev: unknown = {}): void {
+    this.onclose?.(ev);
   }
 }
 
@@ -66,6 +66,15 @@ describe("LiveConnection", () => {
     expect(folded.seq).toBe(footer.seq);
     expect(folded.blocks).toEqual(footer.blocks);
     expect(store.state.log.end - store.state.log.start).toBe(events.length);
+  });
+
+  it("shows the server's reason when it closes the stream (a missing key, too many clients)", () => {
+    conn.start();
+    sockets[0]!.drop({ code: 4401, reason: "missing API key" });
+    expect(conn.info.detail).toBe("closed by the server (4401): missing API key");
+    vi.advanceTimersByTime(backoffMs(1, () => 1) + 1);
+    sockets[1]!.drop({ code: 1006, reason: "" });
+    expect(conn.info.detail).toBe("connection closed");
   });
 
   it("a resync and fresh snapshot replace the engine state but keep history", () => {

@@ -33,6 +33,13 @@ export function eventsUrl(since: number | null, base: string = location.href): s
   return url.toString();
 }
 
+/** What a close tells the user: the server's own reason (a missing key, too many clients) when it
+ *  gave one, with its code. */
+export function closeDetail(ev: unknown): string {
+  const { code, reason } = (ev ?? {}) as { code?: number; reason?: string };
+  return reason ? `closed by the server (${code ?? "?"}): ${reason}` : "connection closed";
+}
+
 /** Reconnect delay: 0.5 s doubling to 8 s, with jitter. */
 export function backoffMs(attempt: number, random: () => number = Math.random): number {
   const base = Math.min(8000, 500 * Math.pow(2, Math.max(0, attempt - 1)));
@@ -117,10 +124,10 @@ export class LiveConnection {
     socket.onerror = () => {
       /* onclose follows */
     };
-    socket.onclose = () => {
+    socket.onclose = (ev) => {
       if (this.socket !== socket) return;
       this.socket = null;
-      this.scheduleReconnect("connection closed");
+      this.scheduleReconnect(closeDetail(ev));
     };
   }
 

@@ -1,5 +1,5 @@
 // Metrics: live time series (throughput, running / waiting, KV usage, prefix-cache hit rate,
-// preemptions) and TTFT / TPOT distributions, all drawn on plain canvas.
+// preemptions, the server's RSS) and TTFT / TPOT distributions, all drawn on plain canvas.
 import { useMemo, useState } from "react";
 import type { DashboardState } from "../../core/dashboard";
 import { fmtInt, fmtPct, fmtRate, fmtSeconds, fmtTick, niceTicks } from "../../core/format";
@@ -74,6 +74,13 @@ const CHARTS: ChartSpec[] = [
     title: "Preemptions (total)",
     format: (v) => fmtTick(v),
     series: [{ name: "preemptions", color: (p) => p.series[3]!, values: (m) => m.num_preemptions }],
+  },
+  {
+    id: "rss",
+    title: "Server memory (RSS, MiB)",
+    format: (v) => fmtTick(v),
+    // 0 / absent: the server could not read it (or an older recording): no point rather than a dip
+    series: [{ name: "resident", color: (p) => p.series[2]!, values: (m) => (m.rss_bytes ? m.rss_bytes / 2 ** 20 : NaN) }],
   },
 ];
 

@@ -290,6 +290,27 @@ def test_bad_input_never_disturbs_a_streaming_request(client):
     assert overlapped
 
 
+def test_a_reused_request_id_runs_under_a_suffixed_id_and_both_finish(client):
+    first: list = []
+
+    def stream() -> None:
+        with client.stream("POST", "/v1/completions", headers={"X-Request-Id": "retry-me"},
+                           json={"prompt": "First", "max_tokens": 480, "ignore_eos": True, "stream": True}) as r:
+            first.append((r.headers["x-request-id"], "".join(r.iter_text())))
+
+    thread = threading.Thread(target=stream)
+    thread.start()
+    ae = server_of(client.app).async_engine
+    wait_for(lambda: ae.has_stream("retry-me"), timeout=30, what="the first request to run")
+    second = client.post("/v1/completions", headers={"X-Request-Id": "retry-me"}, json={"prompt": "Second", **GREEDY})
+    thread.join(60)
+    assert second.status_code == 200, second.text
+    rid = second.headers["x-request-id"]
+    assert re.fullmatch(r"retry-me-[0-9a-f]{8}", rid) and second.json()["id"] == f"cmpl-{rid}"
+    header, body = first[0]
+    assert header == "retry-me" and sse_events(body)[-1] == "[DONE]"
+
+
 def test_prompt_too_long_names_both_numbers(client):
     prompt = "word " * 600
     num_tokens = len(server_of(client.app).async_engine.engine.tokenizer.encode(prompt))

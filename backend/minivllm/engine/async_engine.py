@@ -76,6 +76,10 @@ class AsyncEngine:
         self._wakeup.set()
         return future
 
+    def has_stream(self, request_id: str) -> bool:
+        """Whether a request with this id is being served."""
+        return request_id in self._streams
+
     async def tokenize(self, fn: Callable[[Any], T]) -> T:
         """Run `fn(tokenizer)` off the engine thread (the tokenizer is read-only once loaded)."""
         loop = asyncio.get_running_loop()

@@ -24,7 +24,7 @@ from minivllm.server import openai_protocol as p
 from minivllm.server import openai_serving as s
 from minivllm.server.auth import require_api_key
 from minivllm.server.errors import APIError, bad_request, decode_body
-from minivllm.server.middleware import request_id_of
+from minivllm.server.middleware import request_id_of, unique_request_id
 from minivllm.server.state import ServerState, server_of
 from minivllm.tokenizer_utils import load_chat_template_prompt
 
@@ -41,6 +41,7 @@ async def _open(request: Request, body_type: type[T]) -> tuple[ServerState, T, A
     server = server_of(request)
     req = decode_body(await request.body(), body_type)
     ae = server.engine()
+    unique_request_id(request.scope, ae.has_stream)
     return server, req, ae, _check_model(server, req.model)
 
 

@@ -176,7 +176,7 @@ class AsyncEngine:
         # only the requests the failed step ran: those still waiting hold no blocks and never saw it
         for request_id in [r.request_id for r in self.engine.scheduler.running]:
             self.engine.abort_request(request_id)
-            self._deliver(request_id, RuntimeError(f"internal error while running the request: {exc}"))
+            self._deliver(request_id, RequestFailedError(f"internal error while running the request: {exc}"))
 
     def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> None:
         stream = self._streams.get(request_id)

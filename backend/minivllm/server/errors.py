@@ -10,7 +10,9 @@ import msgspec
 from litestar import Request, Response
 from litestar.exceptions import HTTPException
 
+from minivllm.engine.llm_engine import RequestFailedError
 from minivllm.server.api_types import ErrorBody, ErrorDetail
+from minivllm.server.middleware import SCOPE_KEY
 
 log = logging.getLogger("minivllm.server")
 
@@ -92,5 +94,9 @@ def handle_exception(request: Request, exc: Exception) -> Response:
             return error_response(404, f"no route for {request.method} {request.url.path}")
         return Response(error_body(exc.status_code, detail), status_code=exc.status_code,
                         headers=exc.headers or None)
+    if isinstance(exc, RequestFailedError):  # the engine's own account of what failed in the request
+        return error_response(500, str(exc), code="request_failed")
     log.exception("internal error while handling %s %s", request.method, request.url.path)
-    return error_response(500, f"internal server error: {type(exc).__name__}: {exc}")
+    # the exception text can hold paths and internals: it goes to the log, not to the client
+    return error_response(500, f"internal server error ({type(exc).__name__}); the server log has the details "
+                               f"under request id {request.scope.get(SCOPE_KEY, '?')}", code="internal_error")

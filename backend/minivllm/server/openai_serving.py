@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -10,11 +11,14 @@ from typing import Any
 
 import msgspec
 
+from minivllm.engine.llm_engine import RequestFailedError
 from minivllm.engine.outputs import CompletionOutput, RequestOutput
 from minivllm.sampling.params import SamplingParams
 from minivllm.server import openai_protocol as p
 from minivllm.server.api_types import RequestTimings
 from minivllm.server.errors import bad_request, error_body
+
+log = logging.getLogger("minivllm.server")
 
 _encoder = msgspec.json.Encoder()
 DONE = b"data: [DONE]\n\n"
@@ -243,8 +247,12 @@ async def sse_stream(job: Job, first: RequestOutput, rest: AsyncIterator[Request
             on_finished(out)
         if job.include_usage:
             yield usage_chunk(job, out)
+    except RequestFailedError as exc:  # the engine's own account: this request failed, the others go on
+        yield sse(error_body(500, str(exc), code="request_failed"))
     except Exception as exc:  # noqa: BLE001 - the status line is gone: report in the stream
-        yield sse(error_body(500, f"internal error while generating: {exc}"))
+        log.exception("internal error while streaming %s", job.response_id)
+        yield sse(error_body(500, f"internal error while generating ({type(exc).__name__}); the server log has "
+                                  f"the details under {job.response_id}", code="internal_error"))
     finally:
         await rest.aclose()
     yield DONE

@@ -10,7 +10,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 SERVE_ARGS ?=
 
-.PHONY: setup setup-python setup-frontend setup-browser frontend run test test-backend test-frontend e2e bench lint docker chat schema clean bench-llamacpp fuzz
+.PHONY: setup setup-python setup-frontend setup-browser frontend run test test-backend test-frontend e2e bench lint docker chat schema clean bench-llamacpp fuzz soak
 
 setup: setup-python setup-frontend
 
@@ -57,6 +57,10 @@ e2e: setup setup-browser frontend
 # Schemathesis over the OpenAPI document, far longer than the bounded run inside `make test`.
 fuzz: setup-python
 	MINIVLLM_FUZZ_EXAMPLES=$${MINIVLLM_FUZZ_EXAMPLES:-1000} $(PY) -m pytest tests/test_fuzz_api.py -q
+
+# A real server under concurrent streams with hang-ups and slow readers (not in CI): RSS, errors, leaks.
+soak: setup-python
+	$(PY) scripts/soak.py --minutes $${MINUTES:-5} --streams $${STREAMS:-16}
 
 bench: setup-python
 	$(VENV)/bin/minivllm bench single

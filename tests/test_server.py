@@ -194,6 +194,9 @@ BAD_INPUT = [
     ("/v1/completions", {"prompt": [1, 99999999]}, "prompt", "out of range"),
     ("/v1/completions", {"prompt": "x", "echo": True}, "echo", "not supported"),
     ("/v1/completions", {"prompt": "word " * 600, "max_tokens": 4}, "prompt", "512 tokens"),
+    ("/v1/completions", {"prompt": "x" * 40_000}, "prompt", "cannot hold more than about 32768 characters"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "y" * 20_000}] * 2}, "messages",
+     "cannot hold more than about 32768 characters"),
     ("/v1/completions", {"prompt": "word " * 300, "max_tokens": 400}, "max_tokens", "512"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "top_logprobs",
      "requires logprobs"),
@@ -366,6 +369,8 @@ def test_api_key_guards_v1_api_and_ws_but_not_health(tmp_path):
             assert c.get(path).status_code == 401
             assert error_of(c.get(path, headers={"Authorization": "Bearer wrong"}))["code"] == "invalid_api_key"
             assert c.get(path, headers={"Authorization": "Bearer sesame"}).status_code == 200
+            assert c.get(path, headers={"X-API-Key": "sesame"}).status_code == 200
+            assert c.get(f"{path}?api_key=sesame").status_code == 401  # a key in a URL: the WebSocket only
         from litestar.exceptions import WebSocketDisconnect
 
         for query in ("", "?api_key=wrong"):
@@ -482,6 +487,17 @@ def test_state_and_config(client):
     after = client.get("/api/config").json()
     assert (after["num_blocks"], after["block_size"]) == (32, 8)
     assert client.post("/v1/completions", json={"prompt": "Hello", **GREEDY}).status_code == 200
+
+
+def test_the_kv_pool_cap_bounds_what_the_settings_may_ask_for(tmp_path):
+    engine = tiny_engine(max_kv_cache_memory="1MiB")
+    per_block = engine.kv_cache.num_bytes // engine.block_manager.num_blocks
+    with TestClient(tiny_app(tmp_path, engine=engine)) as c:
+        fits = 2**20 // per_block
+        assert c.put("/api/config", json={"num_blocks": fits}).json()["num_blocks"] == fits
+        r = c.put("/api/config", json={"num_blocks": fits + 1})
+        assert r.status_code == 400 and error_of(r)["param"] == "num_blocks" and "--max-kv-cache-memory" in error_of(r)["message"]
+        assert c.get("/api/config").json()["num_blocks"] == fits
 
 
 def test_a_rebuild_that_fails_puts_the_old_configuration_back(client):

@@ -27,6 +27,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     e = p.add_argument_group("engine")
     e.add_argument("--kv-cache-memory", default="512MiB", help="KV pool size, e.g. 2GiB (ignored with --num-blocks)")
     e.add_argument("--num-blocks", type=int, default=None)
+    e.add_argument("--max-kv-cache-memory", default=None,
+                   help="the largest KV pool the dashboard's engine settings may ask for, e.g. 4GiB "
+                        "(default: what the machine has available)")
     e.add_argument("--block-size", type=int, default=16)
     e.add_argument("--max-num-batched-tokens", type=int, default=512)
     e.add_argument("--max-num-seqs", type=int, default=64)
@@ -38,7 +41,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(block_size=args.block_size, num_blocks=args.num_blocks,
                         kv_cache_memory=args.kv_cache_memory, max_num_batched_tokens=args.max_num_batched_tokens,
                         max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-                        enable_prefix_caching=not args.no_prefix_caching)
+                        enable_prefix_caching=not args.no_prefix_caching,
+                        max_kv_cache_memory=getattr(args, "max_kv_cache_memory", None))
 
 
 def quant_config(args: argparse.Namespace) -> QuantConfig:

@@ -31,6 +31,7 @@ class EngineConfig:
     max_model_len: int | None = None  # default: the model's max_position_embeddings (capped at 8192)
     enable_prefix_caching: bool = True
     metrics_interval_s: float = 0.5
+    max_kv_cache_memory: str | int | None = None  # the most a reconfiguration may give the KV pool
 
     def with_changes(self, **changes) -> "EngineConfig":
         return replace(self, **changes)

@@ -97,7 +97,7 @@ class LLMEngine:
         num_blocks = new.resolved_num_blocks(self.loaded.config, self.loaded.dtype)
         new.resolved_max_model_len(self.loaded.config)
         check_pool_fits(num_blocks * self._bytes_per_block(new), self.kv_cache.num_bytes,
-                        torch.device(self.loaded.device), num_blocks)
+                        torch.device(self.loaded.device), num_blocks, new.max_kv_cache_memory)
         if self.has_unfinished_requests():
             raise EngineBusyError("the engine configuration can only change while no request runs")
         del self.kv_cache  # free the old pool before allocating the new one

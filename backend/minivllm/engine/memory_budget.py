@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from minivllm.engine.config import parse_memory
+
 RESERVE_FRACTION = 0.10  # of what is available: logits, K/V gathers and the allocator's slack
 
 
@@ -41,7 +43,11 @@ def process_rss_bytes() -> int:
     return int(statm.read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def check_pool_fits(new_bytes: int, current_bytes: int, device: torch.device, num_blocks: int) -> None:
+def check_pool_fits(new_bytes: int, current_bytes: int, device: torch.device, num_blocks: int,
+                    cap: str | int | None = None) -> None:
+    if cap is not None and new_bytes > parse_memory(cap):
+        raise ConfigRejectedError(f"num_blocks {num_blocks} needs a {_gib(new_bytes)} KV pool, over this server's "
+                                  f"cap of {_gib(parse_memory(cap))} (--max-kv-cache-memory)", "num_blocks")
     free = available_bytes(device)
     if free is None:
         return

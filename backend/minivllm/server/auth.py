@@ -1,7 +1,8 @@
 """The optional API key: a guard on the /v1, /api and /ws routers (/health and /metrics stay open).
 
-Clients send `Authorization: Bearer KEY` (what the openai client does); browsers cannot set
-headers on a WebSocket, so `?api_key=KEY` is accepted too.
+Clients send `Authorization: Bearer KEY` (what the openai client does) or `X-API-Key`; browsers
+cannot set headers on a WebSocket, so there, and only there, `?api_key=KEY` is accepted too (a key
+in a URL ends up in logs and histories).
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ def presented_key(connection: ASGIConnection) -> str | None:
     header = connection.headers.get("authorization", "")
     if header.lower().startswith("bearer "):
         return header[7:].strip()
-    return connection.headers.get("x-api-key") or connection.query_params.get("api_key")
+    if connection.scope["type"] == "websocket":  # browsers cannot set a WebSocket's headers: only there
+        return connection.headers.get("x-api-key") or connection.query_params.get("api_key")
+    return connection.headers.get("x-api-key")
 
 
 def key_problem(connection: ASGIConnection) -> str | None:

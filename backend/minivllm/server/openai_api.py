@@ -45,6 +45,18 @@ async def _open(request: Request, body_type: type[T]) -> tuple[ServerState, T, A
     return server, req, ae, _check_model(server, req.model)
 
 
+MAX_CHARS_PER_TOKEN = 64  # more than any tokenizer's longest token: a cheap bound before tokenizing
+
+
+def _check_prompt_size(server: ServerState, chars: int, param: str) -> None:
+    """Refuse a prompt that cannot fit the context whatever its tokens, before the seconds a
+    multi-MB text takes to tokenize."""
+    limit = (server.max_model_len or 0) * MAX_CHARS_PER_TOKEN
+    if limit and chars > limit:
+        raise bad_request(f"the prompt is {chars} characters long; this model's context of {server.max_model_len} "
+                          f"tokens cannot hold more than about {limit} characters", param)
+
+
 def _check_model(server: ServerState, model: str | None) -> str:
     if model and model != server.model_name:
         raise APIError(404, f"the model `{model}` does not exist; this server serves `{server.model_name}`",
@@ -131,6 +143,7 @@ async def completions(request: Request) -> Response:
     if req.echo or req.suffix:
         raise bad_request("echo and suffix are not supported", "echo" if req.echo else "suffix")
     prompt, prompt_ids = s.completion_prompt(req)
+    _check_prompt_size(server, len(prompt or ""), "prompt")
     params = s.sampling_params(req, req.max_tokens, req.logprobs)
     job = s.Job("completion", f"cmpl-{request_id_of(request.scope)}", model, params, server.token_text,
                 include_usage=bool(req.stream_options and req.stream_options.include_usage))
@@ -142,6 +155,7 @@ async def chat_completions(request: Request) -> Response:
     server, req, ae, model = await _open(request, p.ChatCompletionRequest)
     params = _chat_params(req)
     messages = s.chat_messages(req)
+    _check_prompt_size(server, sum(len(m["content"]) for m in messages), "messages")
     with _engine_errors():
         prompt_ids = await ae.tokenize(lambda tok: load_chat_template_prompt(tok, messages, req.add_generation_prompt))
     job = s.Job("chat", f"chatcmpl-{request_id_of(request.scope)}", model, params, server.token_text,

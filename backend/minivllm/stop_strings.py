@@ -10,11 +10,52 @@ the text had arrived one character at a time); ties go to the one that starts
 earliest.  The result is therefore independent of how the text was chunked.
 E.g. with ``stop=["foo", "foobar"]`` the text ``"xfoobar"`` stops at
 ``"foo"``.
+
+The strings are compiled into one Aho-Corasick automaton, so each new character costs O(1)
+(amortized) whatever the number of stop strings, and the automaton's state says at once how much
+text to hold back: its depth is the longest suffix that could still grow into a stop string.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+
+
+class StopAutomaton:
+    """Aho-Corasick over the stop strings. State 0 is the root; `depth[s]` is the length of the
+    text state s stands for, `match[s]` the longest stop string ending there (None: none)."""
+
+    def __init__(self, patterns: list[str]):
+        self.goto: list[dict[str, int]] = [{}]
+        self.depth, self.match = [0], [None]
+        for pattern in patterns:
+            state = 0
+            for ch in pattern:
+                state = self.goto[state].get(ch) or self._add(state, ch)
+            self.match[state] = pattern  # the longest stop string ending here: this one
+        self.fail = [0] * len(self.goto)
+        self._link_failures()
+
+    def _add(self, state: int, ch: str) -> int:
+        self.goto.append({})
+        self.depth.append(self.depth[state] + 1)
+        self.match.append(None)
+        self.goto[state][ch] = len(self.goto) - 1
+        return len(self.goto) - 1
+
+    def _link_failures(self) -> None:
+        queue = list(self.goto[0].values())
+        for state in queue:  # breadth first: a state's failure is shallower, so already linked
+            for ch, child in self.goto[state].items():
+                self.fail[child] = self.step(self.fail[state], ch) if state else 0
+                if self.match[child] is None:
+                    self.match[child] = self.match[self.fail[child]]
+                queue.append(child)
+
+    def step(self, state: int, ch: str) -> int:
+        while state and ch not in self.goto[state]:
+            state = self.fail[state]
+        return self.goto[state].get(ch, 0)
 
 
 class StopStringMatcher:
@@ -33,7 +74,8 @@ class StopStringMatcher:
         self.matched: str | None = None
         self.stopped = False
         self._held = ""
-        self._max_hold = max((len(s) for s in self.stop), default=1) - 1
+        self._automaton = StopAutomaton(self.stop)
+        self._state = 0
 
     @property
     def held(self) -> str:
@@ -45,26 +87,17 @@ class StopStringMatcher:
             return "", True
         if not self.stop:
             return delta, False
-        buf = self._held + delta
-        if not buf:
-            return "", False
-
-        best: tuple[int, int, str] | None = None  # (end, start, stop string)
-        for s in self.stop:
-            i = buf.find(s)
-            if i >= 0:
-                cand = (i + len(s), i, s)
-                if best is None or cand[:2] < best[:2]:
-                    best = cand
-        if best is not None:
-            end, start, s = best
-            self.stopped = True
-            self.matched = s
-            self._held = ""
-            return (buf[:end] if self.include_stop_str_in_output else buf[:start]), True
-
-        hold = self._partial_match_len(buf)
-        self._held = buf[len(buf) - hold :] if hold else ""
+        buf, automaton, state = self._held + delta, self._automaton, self._state
+        for i, ch in enumerate(delta):
+            state = automaton.step(state, ch)
+            matched = automaton.match[state]
+            if matched is not None:  # the first to complete; at one end, the longest starts first
+                end = len(self._held) + i + 1
+                self.stopped, self.matched, self._held = True, matched, ""
+                return (buf[:end] if self.include_stop_str_in_output else buf[:end - len(matched)]), True
+        self._state = state
+        hold = automaton.depth[state]
+        self._held = buf[len(buf) - hold:] if hold else ""
         return buf[: len(buf) - hold], False
 
     def flush(self) -> str:
@@ -73,12 +106,3 @@ class StopStringMatcher:
             return ""
         out, self._held = self._held, ""
         return out
-
-    def _partial_match_len(self, buf: str) -> int:
-        """Length of the longest suffix of ``buf`` that is a proper prefix of a stop string."""
-        for k in range(min(len(buf), self._max_hold), 0, -1):
-            tail = buf[-k:]
-            for s in self.stop:
-                if len(s) > k and s.startswith(tail):
-                    return k
-        return 0

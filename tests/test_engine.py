@@ -375,6 +375,20 @@ def test_requests_that_can_never_fit_are_rejected_at_once(tiny_model):
     assert_all_blocks_free(engine)
 
 
+def test_stop_lists_are_bounded_by_the_engine_configuration(tiny_model):
+    engine = make_engine(tiny_model, max_stop_strings=3, max_stop_chars=10)
+    with pytest.raises(RequestRejectedError, match=r"at most 3 strings, got 4") as many:
+        engine.add_request("many", prompt_token_ids=[5], params=SamplingParams(stop=["a", "b", "c", "d"]))
+    assert many.value.param == "stop"
+    with pytest.raises(RequestRejectedError, match=r"total at most 10 characters, got 11"):
+        engine.add_request("long", prompt_token_ids=[5], params=SamplingParams(stop=["abcdef", "ghijk"]))
+    engine.add_request("ok", prompt_token_ids=[5], params=SamplingParams(stop=["abc", "def", "ghij"], max_tokens=2))
+    default = make_engine(tiny_model)
+    default.add_request("64", prompt_token_ids=[5], params=SamplingParams(stop=[f"s{i}" for i in range(64)]))
+    with pytest.raises(RequestRejectedError, match="at most 64 strings"):
+        default.add_request("65", prompt_token_ids=[5], params=SamplingParams(stop=[f"s{i}" for i in range(65)]))
+
+
 def test_llm_generate_with_a_bad_prompt_leaves_nothing_behind(tiny_model, monkeypatch):
     import minivllm.llm
     from minivllm import LLM

@@ -72,8 +72,6 @@ def seeded(seed: int) -> torch.Generator:
         ({"use_beam_search": True, "beam_width": 0}, "beam_width must be an integer >= 1, got 0"),
         ({"use_beam_search": True, "n": 3, "beam_width": 2}, "n must be <= beam_width=2 for beam search, got 3"),
         ({"stop": ["ok", ""]}, "stop must not contain empty strings"),
-        ({"stop": [f"s{i}" for i in range(65)]}, "stop must hold at most 64 strings, got 65"),
-        ({"stop": ["x" * 4000, "y" * 97]}, "stop strings must total at most 4096 characters, got 4097"),
         ({"stop_token_ids": [-1]}, "stop_token_ids must be non-negative integers"),
     ],
 )

@@ -35,6 +35,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     e.add_argument("--max-num-seqs", type=int, default=64)
     e.add_argument("--max-model-len", type=int, default=None)
     e.add_argument("--no-prefix-caching", action="store_true")
+    e.add_argument("--max-stop-strings", type=int, default=64, help="the most stop strings one request may send")
+    e.add_argument("--max-stop-chars", type=int, default=4096, help="their total length at most")
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -42,7 +44,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
                         kv_cache_memory=args.kv_cache_memory, max_num_batched_tokens=args.max_num_batched_tokens,
                         max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                         enable_prefix_caching=not args.no_prefix_caching,
-                        max_kv_cache_memory=getattr(args, "max_kv_cache_memory", None))
+                        max_kv_cache_memory=getattr(args, "max_kv_cache_memory", None),
+                        max_stop_strings=args.max_stop_strings, max_stop_chars=args.max_stop_chars)
 
 
 def quant_config(args: argparse.Namespace) -> QuantConfig:

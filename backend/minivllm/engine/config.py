@@ -32,6 +32,10 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     metrics_interval_s: float = 0.5
     max_kv_cache_memory: str | int | None = None  # the most a reconfiguration may give the KV pool
+    # A request's stop list is compiled into an automaton per sequence and travels with the request
+    # in every dashboard snapshot: its size is bounded.
+    max_stop_strings: int = 64
+    max_stop_chars: int = 4096
 
     def with_changes(self, **changes) -> "EngineConfig":
         return replace(self, **changes)

@@ -26,6 +26,7 @@ def validate_request(ids: list[int], params: SamplingParams, engine: "LLMEngine"
     """Returns the effective max_tokens; raises RequestRejectedError with both numbers on failure."""
     params.validate()
     limit, vocab = engine.max_model_len, engine.loaded.config.vocab_size
+    _check_stop_list(params, engine.config)
     if params.top_k > vocab:
         raise RequestRejectedError(f"top_k must be -1 or 0 (disabled) or at most the vocabulary size {vocab}, "
                                    f"got {params.top_k}", "top_k")
@@ -46,6 +47,15 @@ def validate_request(ids: list[int], params: SamplingParams, engine: "LLMEngine"
             "max_tokens")
     _check_fits_pool(len(ids), max_tokens, params, engine)
     return max_tokens
+
+
+def _check_stop_list(params: SamplingParams, config) -> None:
+    stop = params.stop or []
+    if len(stop) > config.max_stop_strings:
+        raise RequestRejectedError(f"stop must hold at most {config.max_stop_strings} strings, got {len(stop)}", "stop")
+    if sum(map(len, stop)) > config.max_stop_chars:
+        raise RequestRejectedError(f"stop strings must total at most {config.max_stop_chars} characters, "
+                                   f"got {sum(map(len, stop))}", "stop")
 
 
 def _check_fits_pool(prompt_len: int, max_tokens: int, params: SamplingParams, engine: "LLMEngine") -> None:

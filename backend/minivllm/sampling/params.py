@@ -10,10 +10,6 @@ _GREEDY_EPS = 1e-5
 MAX_LOGPROBS = 20
 MAX_SEED = 2**63 - 1  # a torch generator seed is an int64; sample i of a request uses seed + i
 MAX_LENGTH_PENALTY = 10.0  # generated_len ** length_penalty must stay a finite float
-# Every stop string is searched in each new piece of text of every sequence, on the engine thread,
-# and the list travels in every dashboard snapshot: both costs grow with the list, so it is bounded.
-MAX_STOP_STRINGS = 64
-MAX_STOP_CHARS = 4096
 
 
 def _is_int(x: object) -> bool:
@@ -96,11 +92,6 @@ class SamplingParams:
             raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}")
         if any(s == "" for s in self.stop):  # type: ignore[union-attr]
             raise ValueError(f"stop must not contain empty strings, got {self.stop!r}")
-        if len(self.stop) > MAX_STOP_STRINGS:  # type: ignore[arg-type]
-            raise ValueError(f"stop must hold at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}")  # type: ignore[arg-type]
-        if sum(map(len, self.stop)) > MAX_STOP_CHARS:  # type: ignore[arg-type]
-            raise ValueError(f"stop strings must total at most {MAX_STOP_CHARS} characters, "
-                             f"got {sum(map(len, self.stop))}")  # type: ignore[arg-type]
         if not all(_is_int(t) and t >= 0 for t in self.stop_token_ids):  # type: ignore[union-attr]
             raise ValueError(
                 f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}"

@@ -11,7 +11,8 @@ import msgspec
 from litestar import Request
 from litestar.openapi.plugins import JsonRenderPlugin
 
-from minivllm.sampling.params import MAX_LENGTH_PENALTY, MAX_LOGPROBS, MAX_SEED, MAX_STOP_STRINGS
+from minivllm.engine.config import EngineConfig
+from minivllm.sampling.params import MAX_LENGTH_PENALTY, MAX_LOGPROBS, MAX_SEED
 from minivllm.server import openai_protocol as p
 from minivllm.server.api_types import ConfigUpdate
 from minivllm.server.openai_serving import CHAT_ROLES
@@ -40,7 +41,7 @@ FIELD_LIMITS: dict[str, dict[str, Any]] = {
     "min_tokens": {"minimum": 0},
     "logprobs": {"minimum": 0, "maximum": MAX_LOGPROBS},
     "top_logprobs": {"minimum": 0, "maximum": MAX_LOGPROBS},
-    "stop": {"maxItems": MAX_STOP_STRINGS},
+    "stop": {"maxItems": EngineConfig.max_stop_strings},  # the default; the served engine's in the document
     "messages": {"minItems": 1},
     "role": {"enum": list(CHAT_ROLES)},
     "num_blocks": {"minimum": 1},
@@ -51,10 +52,13 @@ FIELD_LIMITS: dict[str, dict[str, Any]] = {
 _KEYWORD_TYPES = {"maxItems": ("array",), "minItems": ("array",), "enum": ("string",)}
 
 
-def with_request_bodies(document: dict[str, Any], model_name: str | None = None) -> dict[str, Any]:
+def with_request_bodies(document: dict[str, Any], model_name: str | None = None,
+                        config: EngineConfig | None = None) -> dict[str, Any]:
     refs, components = msgspec.json.schema_components(list(REQUEST_BODIES.values()),
                                                       ref_template="#/components/schemas/{name}")
     limits = FIELD_LIMITS | ({"model": {"enum": [model_name]}} if model_name else {})  # the one served
+    if config is not None:
+        limits["stop"] = {"maxItems": config.max_stop_strings}
     for component in components.values():
         for name, schema in component.get("properties", {}).items():
             _limit(schema, limits.get(name, {}))
@@ -76,4 +80,6 @@ def _limit(schema: dict[str, Any], limits: dict[str, Any]) -> None:
 
 class DocumentedJsonRenderPlugin(JsonRenderPlugin):
     def render(self, request: Request, openapi_schema: dict[str, Any]) -> bytes:
-        return super().render(request, with_request_bodies(openapi_schema, request.app.state.server.model_name))
+        server = request.app.state.server
+        config = server.async_engine.engine.config if server.async_engine is not None else None
+        return super().render(request, with_request_bodies(openapi_schema, server.model_name, config))

@@ -54,6 +54,26 @@ def test_every_int8_kernel_matches_the_dequantized_weight(shape, rows):
     assert names == ["int8pack/bf16", "int8pack/fp32"]
 
 
+@pytest.mark.parametrize("rows", [1, 5, 64])
+def test_the_lm_head_gets_exact_top_logits_over_its_bf16_kernel(rows):
+    """The bf16 kernel's 64 highest logits of each row are recomputed to equal fp32 (the exact
+    kernel); the others stay the bf16 kernel's; each row is computed alone (a batch changes no row)."""
+    weight = quantize_int8("w", torch.randn(4096, 96) * 0.05)
+    x = torch.randn(rows, 96) * 3
+    head = {k.name: k for k in kernels.lm_head_candidates(weight, CPU, torch.float32)}
+    assert set(head) == {"int8pack+exact64/bf16", "int8pack/fp32"}
+    fast = kernels.Int8PackCPU(weight.q, weight.scale[:, 0], torch.bfloat16)
+    refined, exact, rounded = head["int8pack+exact64/bf16"](x), head["int8pack/fp32"](x), fast(x)
+    top = rounded.topk(64, dim=-1).indices  # the candidates: the bf16 kernel's 64 highest
+    assert torch.allclose(refined.gather(1, top), exact.gather(1, top), rtol=1e-5, atol=1e-5)
+    assert (rounded.gather(1, top) - exact.gather(1, top)).abs().max() > 1e-3  # what bf16 alone gives
+    assert refined.argmax(-1).tolist() == exact.argmax(-1).tolist()
+    rest = torch.ones_like(refined, dtype=torch.bool).scatter_(1, top, False)
+    assert torch.equal(refined[rest], rounded[rest])
+    assert torch.equal(head["int8pack+exact64/bf16"](x[:1]), refined[:1])
+    assert all(k.q.data_ptr() == weight.q.data_ptr() for k in head.values())  # one int8 copy
+
+
 def test_dequant_kernel_is_exact_for_both_formats():
     for weight in (random_int4(64, 64), quantize_int8("w", torch.randn(48, 64))):
         x = torch.randn(5, 64)
@@ -162,7 +182,8 @@ def test_embedding_lookup_and_tied_head_share_one_int8_table():
     emb = QuantEmbedding(table, CPU, torch.float32)
     ids = torch.tensor([0, 5, 79, 5])
     assert torch.allclose(emb(ids), table.dequantize()[ids], atol=1e-6)
-    head = QuantLinear("lm_head", emb.as_weight(), CPU, torch.float32)
+    head = QuantLinear("lm_head", emb.as_weight(), CPU, torch.float32,
+                       kernels=kernels.lm_head_candidates(emb.as_weight(), CPU, torch.float32))
     assert all(k.q.data_ptr() == emb.q.data_ptr() for k in head.candidates)
 
 

@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from minivllm.quant.chooser import GroupChoice, choose_kernels, describe
-from minivllm.quant.formats import QuantizedWeight
+from minivllm.quant.formats import Int8Weight, QuantizedWeight
+from minivllm.quant.kernels import lm_head_candidates
 from minivllm.quant.linear import QuantEmbedding, QuantLinear
 
 
@@ -38,12 +39,21 @@ def install_quantized(model: nn.Module, quantized: dict[str, QuantizedWeight], d
     if "embed_tokens.weight" in quantized:
         model.embed_tokens = QuantEmbedding(quantized["embed_tokens.weight"], device, dtype)
         if tied:  # one int8 table serves the lookup and the head
-            model.lm_head = QuantLinear("lm_head", model.embed_tokens.as_weight(), device, dtype)
+            model.lm_head = _lm_head(model.embed_tokens.as_weight(), device, dtype)
     for name, weight in quantized.items():
         if name == "embed_tokens.weight" or (tied and name == "lm_head.weight"):
             continue
+        if name == "lm_head.weight":
+            model.lm_head = _lm_head(weight, device, dtype)
+            continue
         parent, attr = _parent(model, name.removesuffix(".weight"))
         setattr(parent, attr, QuantLinear(name.removesuffix(".weight"), weight, device, dtype))
+
+
+def _lm_head(weight: QuantizedWeight, device: torch.device, dtype: torch.dtype) -> QuantLinear:
+    if not isinstance(weight, Int8Weight):  # the policy keeps heads at 8 bits; anything else as it is
+        return QuantLinear("lm_head", weight, device, dtype)
+    return QuantLinear("lm_head", weight, device, dtype, kernels=lm_head_candidates(weight, device, dtype))
 
 
 def choose_model_kernels(model: nn.Module, forced_kernel: str | None) -> tuple[list[GroupChoice], float]:

@@ -10,6 +10,8 @@ product up to the activation precision they name:
   int4pack/bf16   the same packed weight, activations and scales rounded to bf16
   int8pack/fp32   torch's int8 weight-only kernel (per-channel scales), fp32 activations
   int8pack/bf16   the same, bf16 activations
+  int8pack+exact64/bf16
+                  an LM head only: int8pack/bf16, then each row's 64 highest logits recomputed in fp32
   int4pack-cuda   torch's CUDA 4-bit kernel (bf16 only, tensor cores)
   dequant         dequantize, then a plain matmul in the compute dtype (CUDA int8; exact)
 """
@@ -19,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from minivllm.quant.formats import Int4Weight, QuantizedWeight, ceil_div, to_per_channel
+from minivllm.quant.formats import Int4Weight, Int8Weight, QuantizedWeight, ceil_div, to_per_channel
 
 CPU_INT4_ROW_MULTIPLE = 16  # torch's CPU int4 packing needs N % 16 == 0: pad with zero rows
 
@@ -86,6 +88,41 @@ class Int8PackCPU(Kernel):
         return [self.q, self.scale]
 
 
+class ExactTopLogits(Kernel):
+    """An LM head through a fast bf16 kernel, then each row's TOP highest logits recomputed in fp32
+    from the int8 rows. bf16 logits step by 0.06-0.125 at the usual logit sizes, so two candidate
+    tokens often tie exactly and the pick turns on rounding (measured: the default answered "What is
+    the capital of France?" with nonsense, and with this, "Paris", as fp32 does). The tokens that can
+    win (greedy, top-k, top-p) get exact logits; the bf16 rest only feeds the softmax's denominator.
+    Costs a top-k and TOP dot products per row; rows stay independent of each other."""
+
+    TOP = 64
+
+    def __init__(self, fast: Kernel, q: torch.Tensor, scale: torch.Tensor):
+        self.fast, self.q, self.scale = fast, q, scale.float()
+        self.name = fast.name.replace("/", f"+exact{self.TOP}/")
+        self.exact = False  # exact where it matters, not everywhere: "exact" still means fp32 throughout
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.fast(x)
+        top = logits.topk(min(self.TOP, logits.shape[-1]), dim=-1).indices  # [rows, TOP]
+        rows = self.q[top].to(x.dtype)  # [rows, TOP, K]
+        # multiply-and-sum, not bmm: a batched GEMM picks its kernel by batch size, a row-wise sum
+        # gives every row the same bits alone and in any batch
+        exact = (rows * x.unsqueeze(1)).sum(-1) * self.scale[top]
+        return logits.scatter_(1, top, exact.to(logits.dtype))
+
+    def tensors(self) -> list[torch.Tensor]:
+        return self.fast.tensors() + [self.q, self.scale]
+
+
+def lm_head_candidates(weight: Int8Weight, device: torch.device, dtype: torch.dtype) -> list[Kernel]:
+    """The LM head's candidates: every rounding kernel gets its top logits made exact."""
+    per_channel = to_per_channel(weight)  # once: the kernels below share its int8 values
+    return [k if k.exact else ExactTopLogits(k, per_channel.q, per_channel.scale[:, 0])
+            for k in candidates(per_channel, device, dtype)]
+
+
 class Int4PackCUDA(Kernel):
     name = "int4pack-cuda"
     exact = False
@@ -148,4 +185,5 @@ def _short(dtype: torch.dtype) -> str:
     return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
 
 
-__all__ = ["Kernel", "Int4PackCPU", "Int8PackCPU", "Int4PackCUDA", "Dequant", "candidates"]
+__all__ = ["Kernel", "Int4PackCPU", "Int8PackCPU", "Int4PackCUDA", "Dequant", "ExactTopLogits", "candidates",
+           "lm_head_candidates"]

@@ -47,13 +47,15 @@ class EngineConfig:
                              f"max_position_embeddings {model.max_position_embeddings}")
         return self.max_model_len or limit
 
+    def bytes_per_block(self, model: LlamaConfig, dtype) -> int:
+        return KVCache.bytes_per_block(model.num_hidden_layers, self.block_size, model.num_key_value_heads,
+                                       model.head_dim, dtype)
+
     def resolved_num_blocks(self, model: LlamaConfig, dtype) -> int:
         if self.num_blocks is not None:
             blocks = self.num_blocks
         else:
-            per_block = KVCache.bytes_per_block(model.num_hidden_layers, self.block_size,
-                                                model.num_key_value_heads, model.head_dim, dtype)
-            blocks = parse_memory(self.kv_cache_memory) // per_block
+            blocks = parse_memory(self.kv_cache_memory) // self.bytes_per_block(model, dtype)
         if blocks < 1:
             raise ValueError(f"the KV cache needs at least 1 block (got {blocks}); raise --kv-cache-memory or --num-blocks")
         return blocks

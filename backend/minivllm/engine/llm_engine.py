@@ -96,8 +96,9 @@ class LLMEngine:
         new.validate()  # a setting that can never apply is a 400 even while requests run
         num_blocks = new.resolved_num_blocks(self.loaded.config, self.loaded.dtype)
         new.resolved_max_model_len(self.loaded.config)
-        check_pool_fits(num_blocks * self._bytes_per_block(new), self.kv_cache.num_bytes,
-                        torch.device(self.loaded.device), num_blocks, new.max_kv_cache_memory)
+        new_bytes = num_blocks * new.bytes_per_block(self.loaded.config, self.loaded.dtype)
+        check_pool_fits(new_bytes, self.kv_cache.num_bytes, torch.device(self.loaded.device), num_blocks,
+                        new.max_kv_cache_memory)
         if self.has_unfinished_requests():
             raise EngineBusyError("the engine configuration can only change while no request runs")
         del self.kv_cache  # free the old pool before allocating the new one
@@ -108,11 +109,6 @@ class LLMEngine:
             raise
         self.finished.clear()
         self.bus.emit(ev.ConfigChanged(config=self.info()))
-
-    def _bytes_per_block(self, config: EngineConfig) -> int:
-        cfg = self.loaded.config
-        return KVCache.bytes_per_block(cfg.num_hidden_layers, config.block_size, cfg.num_key_value_heads,
-                                       cfg.head_dim, self.loaded.dtype)
 
     def info(self) -> ev.EngineInfo:
         return ev.EngineInfo(

@@ -45,9 +45,10 @@ def process_rss_bytes() -> int:
 
 def check_pool_fits(new_bytes: int, current_bytes: int, device: torch.device, num_blocks: int,
                     cap: str | int | None = None) -> None:
-    if cap is not None and new_bytes > parse_memory(cap):
+    cap_bytes = parse_memory(cap) if cap is not None else None
+    if cap_bytes is not None and new_bytes > cap_bytes:
         raise ConfigRejectedError(f"num_blocks {num_blocks} needs a {_gib(new_bytes)} KV pool, over this server's "
-                                  f"cap of {_gib(parse_memory(cap))} (--max-kv-cache-memory)", "num_blocks")
+                                  f"cap of {_gib(cap_bytes)} (--max-kv-cache-memory)", "num_blocks")
     free = available_bytes(device)
     if free is None:
         return

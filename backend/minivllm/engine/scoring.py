@@ -7,6 +7,7 @@ import torch
 
 from minivllm.engine.model_runner import ModelRunner, SeqWork
 from minivllm.model.attention import KVCache
+from minivllm.quant.formats import ceil_div
 
 
 def forward_prefills(loaded, sequences: list[list[int]], block_size: int = 16,
@@ -15,12 +16,11 @@ def forward_prefills(loaded, sequences: list[list[int]], block_size: int = 16,
     each sequence's fp32 logits [len, vocab]; `hidden_states_out` gets every layer's states for
     the whole flattened batch (HF's output_hidden_states convention)."""
     cfg = loaded.config
-    total_blocks = sum(-(-len(s) // block_size) for s in sequences)
-    kv = KVCache(cfg.num_hidden_layers, total_blocks + 1, block_size, cfg.num_key_value_heads, cfg.head_dim,
+    blocks = [ceil_div(len(s), block_size) for s in sequences]
+    kv = KVCache(cfg.num_hidden_layers, sum(blocks) + 1, block_size, cfg.num_key_value_heads, cfg.head_dim,
                  loaded.dtype, loaded.device)
     works, next_block = [], 1  # block 0 left unused
-    for s in sequences:
-        n = -(-len(s) // block_size)
+    for s, n in zip(sequences, blocks):
         works.append(SeqWork(list(s), 0, list(range(next_block, next_block + n))))
         next_block += n
     hidden = [] if hidden_states_out is None else hidden_states_out

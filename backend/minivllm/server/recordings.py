@@ -131,12 +131,12 @@ class RecordingStore:
     def _make_room(self, incoming: int) -> None:
         """Delete the oldest finished recordings until one more of `incoming` bytes fits the quota."""
         active = self._path(self.active.id) if self.active is not None else None
-        files = sorted((p for p in self._files() if p != active), key=lambda p: p.stat().st_mtime)
-        total = sum(p.stat().st_size for p in files) + (_size(active) if active else 0)
-        count = len(files) + (active is not None)
-        while files and (count + 1 > self.limits.max_count or total + incoming > self.limits.max_total_bytes):
-            oldest = files.pop(0)
-            total -= oldest.stat().st_size
+        stats = sorted(((p.stat(), p) for p in self._files() if p != active), key=lambda sp: sp[0].st_mtime)
+        total = sum(st.st_size for st, _ in stats) + (_size(active) if active else 0)
+        count = len(stats) + (active is not None)
+        while stats and (count + 1 > self.limits.max_count or total + incoming > self.limits.max_total_bytes):
+            st, oldest = stats.pop(0)
+            total -= st.st_size
             count -= 1
             oldest.unlink()
             self._info_cache.pop(oldest.stem, None)

@@ -13,9 +13,36 @@ from minivllm.core.block_manager import BlockEvent, BlockManager, NoFreeBlocksEr
 BS = 4
 
 
+class EventLog(list):
+    """The manager's queued events (`take_events`), drained into this list whenever a test reads it."""
+
+    def __init__(self, bm: BlockManager):
+        super().__init__()
+        self.bm = bm
+
+    def _drain(self) -> None:
+        super().extend(self.bm.take_events())
+
+    def __iter__(self):
+        self._drain()
+        return super().__iter__()
+
+    def __getitem__(self, i):
+        self._drain()
+        return super().__getitem__(i)
+
+    def __len__(self) -> int:
+        self._drain()
+        return super().__len__()
+
+    def clear(self) -> None:
+        self.bm.take_events()
+        super().clear()
+
+
 def make(num_blocks: int = 8, block_size: int = BS, **kw) -> tuple[BlockManager, list[BlockEvent]]:
-    events: list[BlockEvent] = []
-    return BlockManager(num_blocks, block_size, on_event=events.append, **kw), events
+    bm = BlockManager(num_blocks, block_size, **kw)
+    return bm, EventLog(bm)
 
 
 def run_prompt(bm: BlockManager, seq_id: int, tokens: list[int], owner: str = "r") -> int:
@@ -311,7 +338,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
     @initialize(block_size=st.integers(2, 4), num_blocks=st.integers(4, 8))
     def setup(self, block_size, num_blocks):
         self.event_refs = [0] * num_blocks
-        self.bm = BlockManager(num_blocks, block_size, on_event=self.on_event)
+        self.bm = BlockManager(num_blocks, block_size)
         self.kv = [[None] * block_size for _ in range(num_blocks)]
         self.seqs: dict[int, tuple[list[int], int]] = {}  # seq_id -> (tokens, num_computed)
         self.next_id = 0
@@ -394,6 +421,8 @@ class BlockManagerMachine(RuleBasedStateMachine):
         if not hasattr(self, "bm"):
             return
         self.bm.check_invariants()
+        for event in self.bm.take_events():
+            self.on_event(event)
         assert self.event_refs == [b.ref_count for b in self.bm.blocks], "events missed a ref change"
         bs = self.bm.block_size
         for sid, (tokens, computed) in self.seqs.items():

@@ -341,7 +341,7 @@ def test_prefix_cache_hit_gives_identical_output(embedded_model):
     hits = [e for e in log.events[mark:] if isinstance(e, ev.BlocksShared) and e.prefix_hit]
     assert [sum(len(e.block_ids) for e in hits if e.request_id == r) for r in ("again", "other")] == \
         [(len(q1) - 1) // 16, shared // 16]
-    assert engine.counters.prefix_hits == again.metrics.num_cached_tokens + other.metrics.num_cached_tokens
+    assert engine.stats().prefix_cache_hits == again.metrics.num_cached_tokens + other.metrics.num_cached_tokens
     for got, ref in ((first, ref1), (again, ref1), (other, ref2)):
         assert got.outputs[0].token_ids == ref.outputs[0].token_ids
         assert got.outputs[0].text == ref.outputs[0].text

@@ -110,8 +110,8 @@ def test_recorder_attached_mid_run(tiny_model, tmp_path):
     for step in range(5):
         eventful_workload(engine, step)
         engine.step()
-    recorder = Recorder(tmp_path / "mid.jsonl", engine.snapshot())
-    engine.bus.subscribe(recorder)
+    recorder = Recorder(tmp_path / "mid.jsonl")
+    engine.subscribe(recorder, on_snapshot=recorder.begin)
     step = 5
     while engine.has_work():
         eventful_workload(engine, step)

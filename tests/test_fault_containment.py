@@ -12,7 +12,8 @@ import pytest
 from engine_utils import assert_all_blocks_free, make_engine, run
 
 from minivllm.engine.async_engine import AsyncEngine
-from minivllm.engine.llm_engine import LLMEngine, RequestFailedError
+from minivllm.engine.errors import RequestFailedError
+from minivllm.engine.llm_engine import LLMEngine
 from minivllm.sampling.params import SamplingParams
 
 NEIGHBOURS = {
@@ -41,7 +42,7 @@ def inject(engine: LLMEngine, phase: str, after_tokens: int = 3) -> None:
         return is_bad(seq.request) and len(seq.output_token_ids) >= after_tokens
 
     if phase == "sampling":
-        sampler = engine.sampler
+        sampler = engine.step_sampler.sampler
 
         def faulty_sampler(logits, rows):
             result = sampler(logits, rows)  # fails after the draws: the seeded neighbours must be rewound
@@ -49,17 +50,21 @@ def inject(engine: LLMEngine, phase: str, after_tokens: int = 3) -> None:
                 raise OverflowError("injected sampling fault")
             return result
 
-        engine.sampler = faulty_sampler
+        engine.step_sampler.sampler = faulty_sampler
     elif phase == "forking":
-        fork = engine._fork
-        engine._fork = lambda request, *a: (_raise("injected fork fault") if is_bad(request) else fork(request, *a))
+        tracker = engine.tracker
+        fork = tracker.add_fork
+        tracker.add_fork = lambda request, *a: (_raise("injected fork fault") if is_bad(request)
+                                                else fork(request, *a))
     elif phase == "post-processing":
-        append = engine._append
-        engine._append = lambda seq, *a: (_raise("injected detokenizer fault") if ripe(seq) else append(seq, *a))
+        processor = engine.output_processor
+        append = processor.append
+        processor.append = lambda seq, *a: (_raise("injected detokenizer fault") if ripe(seq) else append(seq, *a))
     elif phase == "beam":
-        beam_step = engine._beam_step
-        engine._beam_step = lambda request, logits: (_raise("injected beam fault") if is_bad(request)
-                                                      else beam_step(request, logits))
+        step_sampler = engine.step_sampler
+        beam_step = step_sampler.beam_step
+        step_sampler.beam_step = lambda request, logits: (_raise("injected beam fault") if is_bad(request)
+                                                          else beam_step(request, logits))
 
 
 def _raise(message: str):

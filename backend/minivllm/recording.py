@@ -29,17 +29,21 @@ class Recorder:
     """An event-bus subscriber appending to a JSONL file. Writes are buffered by the file object,
     so the engine thread only pays for an encode and a buffered write."""
 
-    def __init__(self, path: Path, snapshot: ev.Snapshot, max_bytes: int | None = None):
+    def __init__(self, path: Path, max_bytes: int | None = None):
         self.path = path
         self.max_bytes = max_bytes  # past this the recorder drops events (the footer still lands)
         self.num_bytes = 0
         self.num_dropped = 0
         self.created = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-        self.first_ts = snapshot.ts
-        self.last_ts = snapshot.ts
+        self.first_ts = self.last_ts = 0.0
         self.num_events = 0
         self._lock = threading.Lock()
         self._file = path.open("wb")
+        self._after = 0
+
+    def begin(self, snapshot: ev.Snapshot) -> None:
+        """Write the header: the state the recorded events start from (before the first event)."""
+        self.first_ts = self.last_ts = snapshot.ts
         header = ev.RecordingHeader(version=ev.RECORDING_VERSION, created=self.created, snapshot=snapshot)
         self._write(_encoder.encode(header) + b"\n")
         self._after = snapshot.seq

@@ -26,6 +26,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from minivllm.arith import ceil_div
+
 BENCH_BINARY = "llama-batched-bench"
 ENV_DIR = "MINIVLLM_LLAMACPP_DIR"
 BUILD_HINT = "run `make bench-llamacpp` (or `bash scripts/build_llamacpp.sh`) to build it"
@@ -141,7 +143,7 @@ def parse_batched_bench_output(text: str) -> tuple[list[BatchedBenchRow], dict[s
 def context_size(prompt_tokens: int, gen_tokens: int, parallel_levels: list[int]) -> int:
     """KV cells for the largest level, every sequence with its own prompt: B * (P + G), rounded up to 256."""
     need = max(parallel_levels) * (prompt_tokens + gen_tokens)
-    return -(-need // 256) * 256
+    return ceil_div(need, 256) * 256
 
 
 def batched_bench_command(binary: Path | str, gguf_path: Path | str, prompt_tokens: int, gen_tokens: int,

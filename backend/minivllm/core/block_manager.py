@@ -25,7 +25,11 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Literal, Sequence
+
+from minivllm.arith import ceil_div
+
+BlockEventKind = Literal["allocated", "freed", "released", "evicted", "shared", "cached", "copied"]
 
 
 @dataclass
@@ -37,20 +41,22 @@ class Block:
     last_used: float = 0.0  # logical clock of the last ref-count change (LRU display)
 
 
-@dataclass
+@dataclass(frozen=True)
 class BlockEvent:
-    """A change in block state, reported to ``on_event``.
+    """A change in block state, queued for `take_events` with everything a display needs.
 
-    kind: "allocated" | "freed" | "released" | "evicted" | "shared" | "cached" | "copied".
     ``ref_counts[i]`` is the ref count of ``block_ids[i]`` after the change. "released" means the
     sequence dropped its reference but others still hold the block; "freed" means it reached 0.
+    ``table`` is the sequence's block table after the change (empty once the sequence is gone).
     """
 
-    kind: str
+    kind: BlockEventKind
     block_ids: list[int]
     owner: str | None
     seq_id: int | None
     ref_counts: list[int]
+    table: list[int]
+    seq_released: bool = False  # the sequence holds no blocks any more (its whole table went)
     prefix_hit: bool = False
     src_block_ids: list[int] | None = None
     block_hashes: list[int | None] | None = None
@@ -81,14 +87,15 @@ class BlockManager:
         num_blocks: int,
         block_size: int,
         enable_prefix_caching: bool = True,
-        on_event: Callable[[BlockEvent], None] | None = None,
+        record_events: bool = True,
     ) -> None:
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError("num_blocks and block_size must be positive")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        self.on_event = on_event
+        self.record_events = record_events
+        self._events: list[BlockEvent] = []
         self.blocks: list[Block] = [Block(i) for i in range(num_blocks)]
         self._free_uncached: list[int] = list(reversed(range(num_blocks)))  # stack: pop() -> lowest id first
         self._free_cached: OrderedDict[int, None] = OrderedDict()  # LRU order, oldest first
@@ -124,33 +131,42 @@ class BlockManager:
 
     def blocks_needed(self, seq_id: int, num_tokens: int) -> int:
         have = len(self._tables.get(seq_id, ()))
-        return max(0, -(-num_tokens // self.block_size) - have)
+        return max(0, ceil_div(num_tokens, self.block_size) - have)
 
-    def find_cached_prefix(self, token_ids: Sequence[int]) -> list[int]:
+    def find_cached_prefix(self, token_ids: Sequence[int], block_hashes: Sequence[int] | None = None) -> list[int]:
         """Cached blocks covering the longest prefix of ``token_ids``; never the last token.
 
         The last token is always left out so the model still runs on at least one token and
-        produces logits. Pure lookup, no state change.
+        produces logits. ``block_hashes``: the chained hashes of the full blocks of ``token_ids``
+        when the caller keeps them (a sequence does), so that a lookup does not rehash. Pure
+        lookup, no state change.
         """
         if not self.enable_prefix_caching:
             return []
         bs, parent, hits = self.block_size, None, []
         for i in range((len(token_ids) - 1) // bs):
             tokens = tuple(token_ids[i * bs : (i + 1) * bs])
-            parent = hash_block_tokens(parent, tokens)
+            parent = block_hashes[i] if block_hashes is not None else hash_block_tokens(parent, tokens)
             bid = self._hash_to_block.get(parent)
             if bid is None or self.blocks[bid].token_ids != tokens:  # miss or collision
                 break
             hits.append(bid)
         return hits
 
+    def take_events(self) -> list[BlockEvent]:
+        """The changes since the last call, oldest first (vLLM's ``take_events``)."""
+        events, self._events = self._events, []
+        return events
+
     # ---------------------------------------------------------------- mutations
 
-    def allocate_seq(self, seq_id: int, owner: str, token_ids: Sequence[int]) -> int:
-        """Register a sequence, attach its cached prefix; return the number of tokens already computed."""
+    def allocate_seq(self, seq_id: int, owner: str, token_ids: Sequence[int],
+                     prefix: list[int] | None = None) -> int:
+        """Register a sequence, attach its cached prefix; return the number of tokens already computed.
+        ``prefix``: what `find_cached_prefix` just returned for these tokens (saves a second lookup)."""
         if seq_id in self._tables:
             raise ValueError(f"sequence {seq_id} already allocated")
-        prefix = self.find_cached_prefix(token_ids)
+        prefix = list(prefix) if prefix is not None else self.find_cached_prefix(token_ids)
         for bid in prefix:
             self._free_cached.pop(bid, None)  # reviving a free cached block
             self._incref(bid)
@@ -203,13 +219,15 @@ class BlockManager:
         self._emit("released" if self.blocks[src].ref_count else "freed", [src], seq_id)
         return src, dst
 
-    def commit_full_blocks(self, seq_id: int, token_ids: Sequence[int], num_computed_tokens: int) -> None:
+    def commit_full_blocks(self, seq_id: int, token_ids: Sequence[int], num_computed_tokens: int,
+                           block_hashes: Sequence[int] | None = None) -> None:
         """Hash every newly completed block and register it in the prefix cache.
 
         Only new blocks are touched: walk back from the last full block to the last hashed one,
         so a decode step costs O(1) unless a block just filled up. When another block already
         holds the same hash the existing mapping wins; this block still records its hash (it is
         the parent of the next block's hash) but is not reachable through the cache.
+        ``block_hashes``: the sequence's chained block hashes, when it keeps them.
         """
         if not self.enable_prefix_caching:
             return
@@ -222,7 +240,8 @@ class BlockManager:
         for i in range(start, end):
             block = self.blocks[table[i]]
             block.token_ids = tuple(token_ids[i * bs : (i + 1) * bs])
-            block.block_hash = parent = hash_block_tokens(parent, block.token_ids)
+            parent = block_hashes[i] if block_hashes is not None else hash_block_tokens(parent, block.token_ids)
+            block.block_hash = parent
             if parent not in self._hash_to_block:
                 self._hash_to_block[parent] = block.block_id
                 registered.append(block.block_id)
@@ -238,7 +257,7 @@ class BlockManager:
             raise ValueError(f"sequence {child_seq_id} already allocated")
         table = list(self._tables[parent_seq_id])
         if num_tokens is not None:
-            table = table[: -(-num_tokens // self.block_size)]
+            table = table[: ceil_div(num_tokens, self.block_size)]
         for bid in table:
             self._incref(bid)
         self._tables[child_seq_id] = table
@@ -272,13 +291,14 @@ class BlockManager:
         reachable; they are cleaned when freed.
         """
         evicted = list(self._free_cached)
+        hashes = [self.blocks[bid].block_hash for bid in evicted]
         for bid in evicted:
             self._clear_hash(bid)
         self._free_cached.clear()
         self._free_uncached.extend(reversed(evicted))  # the oldest gets reused first
         self._hash_to_block.clear()
         if evicted:
-            self._emit("evicted", evicted, None)
+            self._emit("evicted", evicted, None, block_hashes=hashes)
 
     # ------------------------------------------------------------------ helpers
 
@@ -288,9 +308,10 @@ class BlockManager:
             bid = self._free_uncached.pop()
         else:
             bid, _ = self._free_cached.popitem(last=False)
-            del self._hash_to_block[self.blocks[bid].block_hash]
+            evicted_hash = self.blocks[bid].block_hash
+            del self._hash_to_block[evicted_hash]
             self._clear_hash(bid)
-            self._emit("evicted", [bid], None)
+            self._emit("evicted", [bid], None, block_hashes=[evicted_hash])
         self._incref(bid)
         return bid
 
@@ -319,12 +340,14 @@ class BlockManager:
         self._clock += 1.0
         return self._clock
 
-    def _emit(self, kind: str, block_ids: list[int], seq_id: int | None, **extra) -> None:
-        if self.on_event is None:
+    def _emit(self, kind: BlockEventKind, block_ids: list[int], seq_id: int | None, **extra) -> None:
+        if not self.record_events:
             return
         ref_counts = [self.blocks[b].ref_count for b in block_ids]
         owner = self._owners.get(seq_id) if seq_id is not None else None
-        self.on_event(BlockEvent(kind, list(block_ids), owner, seq_id, ref_counts, **extra))
+        table = self._tables.get(seq_id) if seq_id is not None else None
+        self._events.append(BlockEvent(kind, list(block_ids), owner, seq_id, ref_counts, list(table or ()),
+                                       seq_released=seq_id is not None and table is None, **extra))
 
     # ---------------------------------------------------------------- debugging
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from minivllm.core.block_manager import hash_block_tokens
 from minivllm.detokenizer import IncrementalDetokenizer
 from minivllm.sampling.beam_search import BeamSearchState
 from minivllm.sampling.params import SamplingParams
@@ -47,8 +48,10 @@ class Sequence:
     cumulative_logprob: float = 0.0
     reported_text_len: int = 0  # how much of `text` / tokens earlier outputs already carried
     reported_tokens: int = 0
+    reported_logprobs: int = 0
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    _block_hashes: list[int] = field(default_factory=list, repr=False)
 
     @property
     def num_tokens(self) -> int:
@@ -69,6 +72,19 @@ class Sequence:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    def block_hashes(self, block_size: int) -> list[int]:
+        """Chained hashes of the full blocks of `token_ids`, kept as the sequence grows (vLLM's
+        `request.block_hashes`), so admission and prefix-cache commits never rehash a block."""
+        hashes = self._block_hashes
+        for i in range(len(hashes), self.num_tokens // block_size):
+            tokens = tuple(self.token_ids[i * block_size:(i + 1) * block_size])
+            hashes.append(hash_block_tokens(hashes[-1] if hashes else None, tokens))
+        return hashes
+
+    def inherit_block_hashes(self, parent: "Sequence") -> None:
+        """A fork starts with its parent's tokens: their hashes carry over."""
+        self._block_hashes = list(parent._block_hashes)
 
 
 @dataclass(eq=False)
@@ -101,12 +117,6 @@ class Request:
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
-
-    @property
-    def width(self) -> int:
-        """How many sequences this request runs at once once forked."""
-        p = self.params
-        return (p.beam_width or p.n) if p.use_beam_search else p.n
 
     @property
     def is_finished(self) -> bool:

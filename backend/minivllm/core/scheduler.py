@@ -14,6 +14,7 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Callable
 
+from minivllm.arith import ceil_div
 from minivllm.core.block_manager import BlockManager
 from minivllm.core.request import Request, RequestStatus, Sequence
 
@@ -25,8 +26,10 @@ class SchedulerConfig:
     max_model_len: int = 2048
 
 
-@dataclass
+@dataclass(frozen=True)
 class ScheduledSeq:
+    """One sequence's share of a step: run tokens [start, start + num_tokens)."""
+
     seq: Sequence
     start: int  # num_computed before this step
     num_tokens: int
@@ -36,9 +39,18 @@ class ScheduledSeq:
         """This chunk reaches the end of the sequence, so its logits are sampled."""
         return self.start + self.num_tokens == self.seq.num_tokens
 
+    @property
+    def is_single_token(self) -> bool:
+        """The model runner's split (the paged decode kernel takes one token per sequence). Not the
+        request's phase: a prefill can end in a one-token chunk, a verify step runs several."""
+        return self.num_tokens == 1
+
 
 @dataclass
 class SchedulerOutput:
+    """The plan of one step. Scheduling already reserved the blocks it needs; progress
+    (`num_computed`) moves only in `Scheduler.update_from_output`, once the step ran."""
+
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     copies: list[tuple[int, int]] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
@@ -50,6 +62,28 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool:
         return not self.scheduled
+
+    def in_logits_order(self) -> list[ScheduledSeq]:
+        """Chunks as the runner lays out its rows: single tokens first, then multi-token chunks."""
+        return ([s for s in self.scheduled if s.is_single_token]
+                + [s for s in self.scheduled if not s.is_single_token])
+
+    def sampled(self) -> list[tuple[ScheduledSeq, int]]:
+        """(chunk, logits row) for every chunk that completes its sequence."""
+        ready = [s for s in self.in_logits_order() if s.completes]
+        return [(s, row) for row, s in enumerate(ready)]
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where a request's sequences stand, as values: admission plans on these before it commits."""
+
+    computed: tuple[int, ...]  # num_computed per live sequence
+    refork_at: int | None = None  # see Request.refork_at
+
+    @classmethod
+    def of(cls, request: Request) -> "Progress":
+        return cls(tuple(s.num_computed for s in request.seqs), request.refork_at)
 
 
 StatusSetter = Callable[[Request, RequestStatus, str], None]
@@ -84,6 +118,25 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def fork(self, request: Request, parent: Sequence, child: Sequence) -> None:
+        """The child shares the parent's blocks (copy-on-write) and its progress."""
+        self.bm.fork(parent.seq_id, child.seq_id, request.request_id)
+        child.num_computed = parent.num_computed
+
+    # ---- after a step ---------------------------------------------------------------------------
+
+    def update_from_output(self, out: SchedulerOutput) -> None:
+        """The one place progress moves: every scheduled chunk is now in the KV cache, and blocks it
+        filled enter the prefix cache. (Speculative decoding will pass how many drafted tokens each
+        sequence accepted; the rejected tail is then rolled back here.)"""
+        bs = self.bm.block_size
+        for s in out.scheduled:
+            seq = s.seq
+            if seq.request.is_finished:  # failed while sampling: its blocks are gone already
+                continue
+            seq.num_computed = s.start + s.num_tokens
+            self.bm.commit_full_blocks(seq.seq_id, seq.token_ids, seq.num_computed, seq.block_hashes(bs))
+
     # ---- one step -----------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
@@ -104,10 +157,11 @@ class Scheduler:
     def _schedule_running(self, request: Request, budget: int, out: SchedulerOutput) -> int:
         if request.refork_at is not None and request.seqs[0].num_computed >= request.refork_at:
             self._fork_followers(request, request.refork_at)
-        chunks = self._chunks(request, budget)
+        progress = Progress.of(request)
+        chunks = self._chunks(request, budget, progress)
         if not any(chunks):
             return 0
-        while self._blocks_needed(request, chunks) > self.bm.num_free_blocks:
+        while self._blocks_needed(request, chunks, progress) > self.bm.num_free_blocks:
             victim = max(self.running, key=lambda r: r.sort_key)
             self._preempt(victim, out, reason=f"out of KV blocks (needed by {request.request_id})")
             if victim is request:
@@ -131,28 +185,26 @@ class Scheduler:
         return budget
 
     def _try_admit(self, request: Request, budget: int, out: SchedulerOutput) -> str | None:
-        """Admit the request if its first chunks fit; returns why not otherwise (state unchanged).
+        """Admit the request if its first chunks fit; returns why not otherwise. Plans on values
+        (`Progress`), so a refusal leaves the request exactly as it was.
 
         A request with several sequences is one resuming after a preemption (n > 1 samples or beams
         fork only once running). Only its first sequence, the leader, is allocated: recomputing
         the prefix all of them share once, then forking, keeps the footprint admission validated;
         recomputing a copy per sequence might never fit the pool again."""
-        leader, followers = request.seqs[0], request.seqs[1:]
-        cached = self.bm.find_cached_prefix(leader.token_ids)
-        leader.num_computed = len(cached) * self.bm.block_size
-        fork_now_at = self._plan_refork(request) if followers else None
-        chunks = self._chunks(request, budget)
-        needed = (self._resume_blocks(request) if request.refork_at is not None
-                  else self._blocks_needed(request, chunks)) + self._free_cached(cached)
+        leader = request.seqs[0]
+        cached = self.bm.find_cached_prefix(leader.token_ids, leader.block_hashes(self.bm.block_size))
+        progress = self._admission_progress(request, len(cached) * self.bm.block_size)
+        chunks = self._chunks(request, budget, progress)
+        needed = (self._resume_blocks(request, progress) if progress.refork_at is not None
+                  else self._blocks_needed(request, chunks, progress)) + self._free_cached(cached)
         if not any(chunks) or needed > self.bm.num_free_blocks:
-            for seq in request.seqs:
-                seq.num_computed = 0
-            request.refork_at = None
             return (f"out of KV blocks: needs {needed}, {self.bm.num_free_blocks} free"
                     if any(chunks) else "token budget used up")
-        leader.num_computed = self.bm.allocate_seq(leader.seq_id, request.request_id, leader.token_ids)
-        if fork_now_at is not None:
-            self._fork_followers(request, fork_now_at)
+        leader.num_computed = self.bm.allocate_seq(leader.seq_id, request.request_id, leader.token_ids, cached)
+        if len(request.seqs) > 1 and progress.refork_at is None:
+            self._fork_followers(request, progress.computed[1])
+        request.refork_at = progress.refork_at
         self.waiting.remove(request)
         self.running.append(request)
         out.admitted.append(request)
@@ -161,25 +213,24 @@ class Scheduler:
         return None
 
     @staticmethod
-    def _plan_refork(request: Request) -> int | None:
-        """Followers fork from the leader where the sequences diverge: at once when the leader's
-        cached prefix already covers that point (returns it), else once the leader has recomputed
-        it (sets `refork_at`, returns None)."""
+    def _admission_progress(request: Request, cached_tokens: int) -> Progress:
+        """Where the request would stand once admitted. Followers fork from the leader where the
+        sequences diverge: at once when the leader's cached prefix already covers that point (they
+        then start there), else once the leader has recomputed it (`refork_at`)."""
+        if len(request.seqs) == 1:
+            return Progress((cached_tokens,))
         at = request.common_prefix_len()
-        if request.seqs[0].num_computed < at:
-            request.refork_at = at
-            return None
-        for seq in request.seqs[1:]:
-            seq.num_computed = at  # what they will have once forked: counts their new blocks right
-        return at
+        if cached_tokens < at:
+            return Progress((cached_tokens,) + (0,) * (len(request.seqs) - 1), refork_at=at)
+        return Progress((cached_tokens,) + (at,) * (len(request.seqs) - 1))
 
-    def _resume_blocks(self, request: Request) -> int:
+    def _resume_blocks(self, request: Request, progress: Progress) -> int:
         """New blocks a resuming request needs before all its sequences run again: the leader's
         whole recompute plus each follower's tail, its copy of a shared partial block included.
         Admitting on less would let the followers preempt the request again right after the fork."""
-        bs, at, leader = self.bm.block_size, request.refork_at, request.seqs[0]
-        blocks = -(-leader.num_tokens // bs) - leader.num_computed // bs
-        return blocks + sum(-(-s.num_tokens // bs) - at // bs for s in request.seqs[1:])
+        bs, at, leader = self.bm.block_size, progress.refork_at, request.seqs[0]
+        blocks = ceil_div(leader.num_tokens, bs) - progress.computed[0] // bs
+        return blocks + sum(ceil_div(s.num_tokens, bs) - at // bs for s in request.seqs[1:])
 
     def _fork_followers(self, request: Request, at: int) -> None:
         leader = request.seqs[0]
@@ -199,13 +250,13 @@ class Scheduler:
 
     # ---- helpers ------------------------------------------------------------------------------
 
-    def _chunks(self, request: Request, budget: int) -> list[int]:
+    def _chunks(self, request: Request, budget: int, progress: Progress) -> list[int]:
         """Tokens to run per live sequence. Sequences of a multi-sequence request (forks, beams) are
         sampled together, so unless all of them can finish this step none may reach its end."""
-        if request.refork_at is not None:  # only the leader runs until the followers fork
-            lead = min(request.refork_at - request.seqs[0].num_computed, budget)
+        if progress.refork_at is not None:  # only the leader runs until the followers fork
+            lead = min(progress.refork_at - progress.computed[0], budget)
             return [lead] + [0] * (len(request.seqs) - 1)
-        remaining = [s.num_remaining for s in request.seqs]
+        remaining = [s.num_tokens - done for s, done in zip(request.seqs, progress.computed)]
         if sum(remaining) <= budget:
             return remaining
         chunks = []
@@ -215,19 +266,19 @@ class Scheduler:
             budget -= chunks[-1]
         return chunks
 
-    def _new_blocks(self, seq: Sequence, chunk: int) -> int:
+    def _new_blocks(self, seq: Sequence, computed: int, chunk: int) -> int:
         if not self.bm.has_seq(seq.seq_id):
-            have = seq.num_computed // self.bm.block_size
-            return max(0, -(-(seq.num_computed + chunk) // self.bm.block_size) - have)
-        needed = self.bm.blocks_needed(seq.seq_id, seq.num_computed + chunk)
-        return needed + int(chunk > 0 and self.bm.needs_copy_on_write(seq.seq_id, seq.num_computed))
+            have = computed // self.bm.block_size
+            return max(0, ceil_div(computed + chunk, self.bm.block_size) - have)
+        needed = self.bm.blocks_needed(seq.seq_id, computed + chunk)
+        return needed + int(chunk > 0 and self.bm.needs_copy_on_write(seq.seq_id, computed))
 
     def _free_cached(self, block_ids: list[int]) -> int:
         """Cached blocks that are free count against the free pool when reattached."""
         return sum(1 for b in block_ids if self.bm.blocks[b].ref_count == 0)
 
-    def _blocks_needed(self, request: Request, chunks: list[int]) -> int:
-        return sum(self._new_blocks(s, c) for s, c in zip(request.seqs, chunks))
+    def _blocks_needed(self, request: Request, chunks: list[int], progress: Progress) -> int:
+        return sum(self._new_blocks(s, done, c) for s, done, c in zip(request.seqs, progress.computed, chunks))
 
     def _commit(self, request: Request, chunks: list[int], out: SchedulerOutput) -> None:
         for seq, chunk in zip(request.seqs, chunks):

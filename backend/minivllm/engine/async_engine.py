@@ -18,17 +18,16 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from minivllm.engine.llm_engine import LLMEngine, RequestFailedError
+from minivllm import events as ev
+from minivllm.engine.errors import EngineDeadError, RequestFailedError
+from minivllm.engine.llm_engine import LLMEngine, Subscription
 from minivllm.engine.outputs import RequestOutput
+from minivllm.engine.telemetry import EngineStats
 from minivllm.sampling.params import SamplingParams
 
 log = logging.getLogger("minivllm.engine")
 T = TypeVar("T")
 _ids = itertools.count()
-
-
-class EngineDeadError(RuntimeError):
-    pass
 
 
 class AsyncEngine:
@@ -75,6 +74,65 @@ class AsyncEngine:
         self._commands.put((fn, future))
         self._wakeup.set()
         return future
+
+    # ---- the engine's state, read on its thread -----------------------------------------------
+
+    @property
+    def model_name(self) -> str:
+        return self.engine.loaded.name
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    @property
+    def config(self):
+        """The engine's configuration (an immutable EngineConfig: safe to read from any thread)."""
+        return self.engine.config
+
+    async def snapshot(self) -> ev.Snapshot:
+        return await self.call(lambda e: e.snapshot())
+
+    async def info(self) -> ev.EngineInfo:
+        return await self.call(lambda e: e.info())
+
+    async def stats(self) -> EngineStats:
+        return await self.call(lambda e: e.stats())
+
+    async def reconfigure(self, **changes) -> ev.EngineInfo:
+        def apply(engine: LLMEngine) -> ev.EngineInfo:
+            engine.reconfigure(**changes)
+            return engine.info()
+
+        return await self.call(apply)
+
+    async def subscribe(self, feed: Callable[[ev.AnyEvent], None], since: int | None = None,
+                        on_snapshot: Callable[[ev.Snapshot], None] | None = None) -> Subscription:
+        """Feed events to `feed` from now on (see LLMEngine.subscribe); `on_snapshot` runs on the
+        engine thread with the starting snapshot before the first event can arrive."""
+        return await self.call(lambda e: e.subscribe(feed, since, on_snapshot))
+
+    async def unsubscribe(self, feed: Callable[[ev.AnyEvent], None]) -> ev.Snapshot:
+        """Stop feeding `feed`; returns the state after the last event it got."""
+        return await self.call(lambda e: e.unsubscribe(feed))
+
+    def detach(self, feed: Callable[[ev.AnyEvent], None]) -> None:
+        """Stop feeding `feed` at once, from any thread (the bus is locked); works on a dead engine."""
+        self.engine.bus.unsubscribe(feed)
+
+    async def resync(self, reset: Callable[[], None]) -> ev.Snapshot:
+        """`reset()` and a fresh snapshot, with no event in between."""
+        def run(engine: LLMEngine) -> ev.Snapshot:
+            reset()
+            return engine.snapshot()
+
+        return await self.call(run)
+
+    # ---- requests -----------------------------------------------------------------------------
 
     def has_stream(self, request_id: str) -> bool:
         """Whether a request with this id is being served."""
@@ -173,9 +231,7 @@ class AsyncEngine:
             self._deliver(out.request_id, out if out.error is None else RequestFailedError(out.error))
 
     def _abort_running(self, exc: Exception) -> None:
-        # only the requests the failed step ran: those still waiting hold no blocks and never saw it
-        for request_id in [r.request_id for r in self.engine.scheduler.running]:
-            self.engine.abort_request(request_id)
+        for request_id in self.engine.abort_running():
             self._deliver(request_id, RequestFailedError(f"internal error while running the request: {exc}"))
 
     def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> None:

@@ -2,31 +2,32 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
+from minivllm.arith import ceil_div
+from minivllm.engine.errors import RequestRejectedError
 from minivllm.sampling.params import SamplingParams
 
-if TYPE_CHECKING:
-    from minivllm.engine.llm_engine import LLMEngine
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """What a request is checked against: the model's and the engine's configured sizes."""
+
+    max_model_len: int
+    vocab_size: int
+    num_blocks: int
+    block_size: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_stop_strings: int
+    max_stop_chars: int
 
 
-class RequestRejectedError(ValueError):
-    """The request can never run on this engine (too long, too big for the KV pool, bad ids)."""
-
-    def __init__(self, message: str, param: str | None = None):
-        super().__init__(message)
-        self.param = param
-
-
-def _blocks(tokens: int, block_size: int) -> int:
-    return -(-tokens // block_size)
-
-
-def validate_request(ids: list[int], params: SamplingParams, engine: "LLMEngine") -> int:
+def validate_request(ids: list[int], params: SamplingParams, limits: RequestLimits) -> int:
     """Returns the effective max_tokens; raises RequestRejectedError with both numbers on failure."""
     params.validate()
-    limit, vocab = engine.max_model_len, engine.loaded.config.vocab_size
-    _check_stop_list(params, engine.config)
+    limit, vocab = limits.max_model_len, limits.vocab_size
+    _check_stop_list(params, limits)
     if params.top_k > vocab:
         raise RequestRejectedError(f"top_k must be -1 or 0 (disabled) or at most the vocabulary size {vocab}, "
                                    f"got {params.top_k}", "top_k")
@@ -45,11 +46,11 @@ def validate_request(ids: list[int], params: SamplingParams, engine: "LLMEngine"
             f"this model's maximum context length is {limit} tokens, but {len(ids) + max_tokens} were requested "
             f"({len(ids)} in the prompt and {max_tokens} for the completion); reduce the prompt or max_tokens",
             "max_tokens")
-    _check_fits_pool(len(ids), max_tokens, params, engine)
+    _check_fits_pool(len(ids), max_tokens, params, limits)
     return max_tokens
 
 
-def _check_stop_list(params: SamplingParams, config) -> None:
+def _check_stop_list(params: SamplingParams, config: RequestLimits) -> None:
     stop = params.stop or []
     if len(stop) > config.max_stop_strings:
         raise RequestRejectedError(f"stop must hold at most {config.max_stop_strings} strings, got {len(stop)}", "stop")
@@ -58,9 +59,9 @@ def _check_stop_list(params: SamplingParams, config) -> None:
                                    f"got {sum(map(len, stop))}", "stop")
 
 
-def _check_fits_pool(prompt_len: int, max_tokens: int, params: SamplingParams, engine: "LLMEngine") -> None:
+def _check_fits_pool(prompt_len: int, max_tokens: int, params: SamplingParams, cfg: RequestLimits) -> None:
     width = (params.beam_width or params.n) if params.use_beam_search else params.n
-    cfg, num_blocks = engine.config, engine.block_manager.num_blocks
+    num_blocks = cfg.num_blocks
     if width > cfg.max_num_seqs:
         raise RequestRejectedError(
             f"the request runs {width} sequences at once but max_num_seqs is {cfg.max_num_seqs}", "n")
@@ -69,7 +70,7 @@ def _check_fits_pool(prompt_len: int, max_tokens: int, params: SamplingParams, e
             f"the request runs {width} sequences at once but max_num_batched_tokens is "
             f"{cfg.max_num_batched_tokens}", "n")
     # the prompt is shared; each sequence needs its own copy of the last partial block onwards
-    needed = _blocks(prompt_len + max_tokens, cfg.block_size) + (width - 1) * (_blocks(max_tokens, cfg.block_size) + 1)
+    needed = ceil_div(prompt_len + max_tokens, cfg.block_size) + (width - 1) * (ceil_div(max_tokens, cfg.block_size) + 1)
     if needed > num_blocks:
         raise RequestRejectedError(
             f"the request needs up to {needed} KV blocks ({prompt_len} prompt tokens + {max_tokens} new tokens "

@@ -7,7 +7,7 @@ import torch
 
 from minivllm.engine.model_runner import ModelRunner, SeqWork
 from minivllm.model.attention import KVCache
-from minivllm.quant.formats import ceil_div
+from minivllm.arith import ceil_div
 
 
 def forward_prefills(loaded, sequences: list[list[int]], block_size: int = 16,

@@ -8,18 +8,17 @@ from minivllm.core.request import Request, Sequence
 from minivllm.sampling.params import SamplingParams
 
 
-def block_event(e: BlockEvent, bm: BlockManager) -> ev.Event | None:
-    """BlockManager callback payload -> wire event (tables are read after the change)."""
+def block_event(e: BlockEvent) -> ev.Event | None:
+    """A queued block-manager change -> its wire event (the table as it was right after it)."""
     owner, seq_id = e.owner or "", e.seq_id if e.seq_id is not None else -1
     if e.kind == "allocated":
-        return ev.BlocksAllocated(request_id=owner, seq_id=seq_id, block_ids=e.block_ids,
-                                  table=bm.block_table(seq_id))
+        return ev.BlocksAllocated(request_id=owner, seq_id=seq_id, block_ids=e.block_ids, table=e.table)
     if e.kind == "shared":
         return ev.BlocksShared(request_id=owner, seq_id=seq_id, block_ids=e.block_ids, ref_counts=e.ref_counts,
-                               prefix_hit=e.prefix_hit, table=bm.block_table(seq_id))
+                               prefix_hit=e.prefix_hit, table=e.table)
     if e.kind in ("freed", "released"):
         return ev.BlocksFreed(request_id=owner, seq_id=seq_id, block_ids=e.block_ids, ref_counts=e.ref_counts,
-                              whole_table=not bm.has_seq(seq_id))
+                              whole_table=e.seq_released)
     if e.kind == "cached":
         return ev.BlocksCached(request_id=owner, seq_id=seq_id, block_ids=e.block_ids,
                                hashes=[ev.hash_hex(h) or "" for h in e.block_hashes or []])
@@ -27,7 +26,7 @@ def block_event(e: BlockEvent, bm: BlockManager) -> ev.Event | None:
         return ev.BlocksEvicted(block_ids=e.block_ids, hashes=[ev.hash_hex(h) or "" for h in e.block_hashes or []])
     if e.kind == "copied":
         return ev.BlocksCopied(request_id=owner, seq_id=seq_id, src_block_ids=e.src_block_ids or [],
-                               block_ids=e.block_ids, ref_counts=e.ref_counts, table=bm.block_table(seq_id))
+                               block_ids=e.block_ids, ref_counts=e.ref_counts, table=e.table)
     return None
 
 

@@ -17,9 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
+from minivllm.arith import ceil_div
 
 
 class QuantizationError(ValueError):

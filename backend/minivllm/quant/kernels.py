@@ -21,7 +21,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from minivllm.quant.formats import Int4Weight, Int8Weight, QuantizedWeight, ceil_div, to_per_channel
+from minivllm.arith import ceil_div
+from minivllm.quant.formats import Int4Weight, Int8Weight, QuantizedWeight, to_per_channel
 
 CPU_INT4_ROW_MULTIPLE = 16  # torch's CPU int4 packing needs N % 16 == 0: pad with zero rows
 

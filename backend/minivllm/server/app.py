@@ -16,7 +16,7 @@ from litestar.datastructures import State
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import SwaggerRenderPlugin
 
-from minivllm.engine.llm_engine import LLMEngine
+from minivllm.engine.api import LLMEngine
 from minivllm.server.config import ServerConfig
 from minivllm.server.dashboard_api import dashboard_router
 from minivllm.server.errors import handle_exception

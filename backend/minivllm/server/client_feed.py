@@ -13,7 +13,6 @@ import asyncio
 from collections import deque
 
 from minivllm import events as ev
-from minivllm.engine.llm_engine import LLMEngine
 
 _FLUSH_NOW = (ev.StepFinished, ev.ConfigChanged)
 MAX_HOLD_TICKS = 20  # a step that never finishes (it failed) is released after this many flushes
@@ -43,11 +42,10 @@ class ClientFeed:
         if isinstance(event, _FLUSH_NOW):
             self._notify()
 
-    def reset(self, engine: LLMEngine) -> ev.Snapshot:
-        """Run on the engine thread: forget the buffer and restart from a snapshot."""
+    def reset(self) -> None:
+        """Run on the engine thread, just before a fresh snapshot: forget the buffer."""
         self._buffer.clear()
         self.overflowed = False
-        return engine.snapshot()
 
     def _notify(self) -> None:
         if self._wake_scheduled:

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from minivllm.engine.llm_engine import LLMEngine
+from minivllm.engine.api import LLMEngine
 from minivllm.server.recordings import RecordingLimits
 
 REPO_ROOT = Path(__file__).resolve().parents[3]

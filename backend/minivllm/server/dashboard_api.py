@@ -7,7 +7,7 @@ from litestar.params import FromPath
 from litestar.response import File
 
 from minivllm import events as ev
-from minivllm.engine.llm_engine import EngineBusyError
+from minivllm.engine.api import EngineBusyError
 from minivllm.server.api_types import ConfigUpdate, RecordingInfo, RecordingStatus
 from minivllm.server.auth import require_api_key
 from minivllm.server.chrome_trace import chrome_trace
@@ -20,12 +20,12 @@ _CONFIG_FIELDS = ("num_blocks", "block_size", "max_num_batched_tokens", "max_num
 
 @get("/state", summary="A full snapshot of the engine (the WebSocket's first message)")
 async def get_state(request: Request) -> ev.Snapshot:
-    return await server_of(request).engine().call(lambda e: e.snapshot())
+    return await server_of(request).engine().snapshot()
 
 
 @get("/config", summary="The engine configuration")
 async def get_config(request: Request) -> ev.EngineInfo:
-    return await server_of(request).engine().call(lambda e: e.info())
+    return await server_of(request).engine().info()
 
 
 @put("/config", summary="Rebuild the engine with new settings (409 while requests run)")
@@ -36,13 +36,9 @@ async def put_config(request: Request) -> ev.EngineInfo:
         if name in changes and changes[name] < 1:
             raise bad_request(f"{name} must be >= 1, got {changes[name]}", name)
 
-    def apply(engine) -> ev.EngineInfo:
-        if changes:
-            engine.reconfigure(**changes)
-        return engine.info()
-
+    engine = server_of(request).engine()
     try:
-        return await server_of(request).engine().call(apply)
+        return await (engine.reconfigure(**changes) if changes else engine.info())
     except EngineBusyError as exc:
         raise APIError(409, str(exc), code="engine_busy") from None
     except ValueError as exc:

@@ -10,7 +10,7 @@ import msgspec
 from litestar import Request, Response
 from litestar.exceptions import HTTPException
 
-from minivllm.engine.llm_engine import RequestFailedError
+from minivllm.engine.api import RequestFailedError
 from minivllm.server.api_types import ErrorBody, ErrorDetail
 from minivllm.server.middleware import SCOPE_KEY
 

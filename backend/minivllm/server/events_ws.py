@@ -17,7 +17,7 @@ from litestar import Router, WebSocket, websocket
 from litestar.exceptions import WebSocketDisconnect
 
 from minivllm import events as ev
-from minivllm.engine.async_engine import AsyncEngine, EngineDeadError
+from minivllm.engine.api import AsyncEngine, EngineDeadError
 from minivllm.server.auth import key_problem
 from minivllm.server.client_feed import ClientFeed
 from minivllm.server.errors import APIError
@@ -41,26 +41,13 @@ class _Client:
     async def resnapshot(self, reason: str | None) -> None:
         if reason is not None:
             await self.send(ev.Resync(reason=reason))
-        snapshot = await self.ae.call(self.feed.reset)
+        snapshot = await self.ae.resync(self.feed.reset)
         self.feed.drop_pending()
         await self.send(snapshot)
 
     async def start(self, since: int | None) -> None:
         """Subscribe and read the starting point in one engine-thread call: no gap, no overlap."""
-        feed = self.feed
-
-        def attach(engine):
-            engine.bus.subscribe(feed)
-            if since is None:
-                return engine.snapshot(), None, None
-            if since > engine.bus.last_seq:
-                return engine.snapshot(), None, f"seq {since} is ahead of this server (last seq {engine.bus.last_seq})"
-            replay = engine.bus.since(since)
-            if replay is None:
-                return engine.snapshot(), None, f"events after seq {since} are no longer buffered"
-            return None, replay, None
-
-        snapshot, replay, resync = await self.ae.call(attach)
+        snapshot, replay, resync = await self.ae.subscribe(self.feed, since)
         if resync is not None:
             await self.send(ev.Resync(reason=resync))
         if snapshot is not None:
@@ -129,7 +116,7 @@ async def events_socket(socket: WebSocket) -> None:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        ae.engine.bus.unsubscribe(feed)
+        ae.detach(feed)
         server.ws_clients -= 1
         with contextlib.suppress(Exception):
             await socket.close()

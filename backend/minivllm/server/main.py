@@ -11,7 +11,7 @@ import uvicorn
 
 from minivllm.server.app import create_app
 from minivllm.server.config import ServerConfig
-from minivllm.engine.config import parse_memory
+from minivllm.engine.api import parse_memory
 from minivllm.server.exposure import allowed_hosts_for, redact_api_keys
 from minivllm.server.recordings import RecordingLimits
 

@@ -12,8 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessColl
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from minivllm.engine.llm_engine import LLMEngine
-from minivllm.engine.outputs import RequestOutput
+from minivllm.engine.api import EngineStats, RequestOutput
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
@@ -24,22 +23,10 @@ _TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.05, 0.075, 0.
 
 @dataclass
 class EngineGauges:
-    model: str
-    running: int
-    waiting: int
-    kv_usage: float
-    prefix_queries: int
-    prefix_hits: int
-    preemptions: int
-    prompt_tokens: int
-    generation_tokens: int
+    """The engine's stats at scrape time, labelled with the model's name."""
 
-    @classmethod
-    def read(cls, engine: LLMEngine) -> "EngineGauges":
-        """Call on the engine thread."""
-        c, s = engine.counters, engine.scheduler
-        return cls(engine.loaded.name, len(s.running), len(s.waiting), engine.block_manager.usage(),
-                   c.prefix_queries, c.prefix_hits, s.num_preemptions, c.prompt_tokens, c.generation_tokens)
+    model: str
+    stats: EngineStats
 
 
 class _EngineCollector(Collector):
@@ -47,27 +34,27 @@ class _EngineCollector(Collector):
         self.values: EngineGauges | None = None
 
     def collect(self):
-        v = self.values
-        if v is None:
+        if self.values is None:
             return
+        model, v = self.values.model, self.values.stats
         labels = ["model_name"]
 
         def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
             family = GaugeMetricFamily(f"minivllm:{name}", doc, labels=labels)
-            family.add_metric([v.model], value)
+            family.add_metric([model], value)
             return family
 
         def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
             family = CounterMetricFamily(f"minivllm:{name}", doc, labels=labels)
-            family.add_metric([v.model], value)
+            family.add_metric([model], value)
             return family
 
-        yield gauge("num_requests_running", "Requests in the running batch.", v.running)
-        yield gauge("num_requests_waiting", "Requests waiting to be scheduled.", v.waiting)
+        yield gauge("num_requests_running", "Requests in the running batch.", v.num_running)
+        yield gauge("num_requests_waiting", "Requests waiting to be scheduled.", v.num_waiting)
         yield gauge("kv_cache_usage_perc", "Fraction of KV cache blocks in use (1 = full).", v.kv_usage)
-        yield counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", v.prefix_queries)
-        yield counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.", v.prefix_hits)
-        yield counter("num_preemptions", "Preemptions since the engine was (re)configured.", v.preemptions)
+        yield counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", v.prefix_cache_queries)
+        yield counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.", v.prefix_cache_hits)
+        yield counter("num_preemptions", "Preemptions since the engine was (re)configured.", v.num_preemptions)
         yield counter("prompt_tokens", "Prompt tokens computed (prefill).", v.prompt_tokens)
         yield counter("generation_tokens", "Tokens generated.", v.generation_tokens)
 

@@ -16,9 +16,7 @@ from litestar import Request, Response, Router, get, post
 from litestar.background_tasks import BackgroundTask
 from litestar.response import Stream
 
-from minivllm.engine.async_engine import AsyncEngine, EngineDeadError
-from minivllm.engine.outputs import RequestOutput
-from minivllm.engine.request_validation import RequestRejectedError
+from minivllm.engine.api import AsyncEngine, EngineDeadError, RequestOutput, RequestRejectedError
 from minivllm.sampling.params import SamplingParams
 from minivllm.server import openai_protocol as p
 from minivllm.server import openai_serving as s

@@ -11,8 +11,7 @@ from typing import Any
 
 import msgspec
 
-from minivllm.engine.llm_engine import RequestFailedError
-from minivllm.engine.outputs import CompletionOutput, RequestOutput
+from minivllm.engine.api import CompletionOutput, RequestFailedError, RequestOutput
 from minivllm.sampling.params import SamplingParams
 from minivllm.server import openai_protocol as p
 from minivllm.server.api_types import RequestTimings

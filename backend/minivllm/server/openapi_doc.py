@@ -11,7 +11,7 @@ import msgspec
 from litestar import Request
 from litestar.openapi.plugins import JsonRenderPlugin
 
-from minivllm.engine.config import EngineConfig
+from minivllm.engine.api import EngineConfig
 from minivllm.sampling.params import MAX_LENGTH_PENALTY, MAX_LOGPROBS, MAX_SEED
 from minivllm.server import openai_protocol as p
 from minivllm.server.api_types import ConfigUpdate
@@ -81,5 +81,5 @@ def _limit(schema: dict[str, Any], limits: dict[str, Any]) -> None:
 class DocumentedJsonRenderPlugin(JsonRenderPlugin):
     def render(self, request: Request, openapi_schema: dict[str, Any]) -> bytes:
         server = request.app.state.server
-        config = server.async_engine.engine.config if server.async_engine is not None else None
+        config = server.async_engine.config if server.async_engine is not None else None
         return super().render(request, with_request_bodies(openapi_schema, server.model_name, config))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from litestar import Request, Response, get
 
-from minivllm.engine.async_engine import EngineDeadError
+from minivllm.engine.api import EngineDeadError
 from minivllm.server.api_types import HealthStatus
 from minivllm.server.metrics import CONTENT_TYPE, EngineGauges
 from minivllm.server.state import ServerState
@@ -30,7 +30,7 @@ async def metrics(request: Request) -> Response:
     ae = server.async_engine
     if ae is not None and ae.is_alive:
         try:
-            gauges = await ae.call(EngineGauges.read)
+            gauges = EngineGauges(ae.model_name, await ae.stats())
         except EngineDeadError:
             gauges = None
     return Response(server.metrics.render(gauges), media_type=CONTENT_TYPE)

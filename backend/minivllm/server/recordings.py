@@ -10,14 +10,13 @@ from __future__ import annotations
 import datetime as dt
 import re
 import secrets
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
 
 from minivllm import events as ev
-from minivllm.engine.async_engine import AsyncEngine
+from minivllm.engine.api import AsyncEngine
 from minivllm.recording import Recorder, Recording, RecordingFormatError, parse_lines, read_recording
 from minivllm.server.api_types import RecordingInfo
 from minivllm.server.errors import APIError
@@ -42,8 +41,8 @@ class _Stamp(msgspec.Struct):
 
 
 class _Active:
-    def __init__(self, rid: str, recorder: Recorder, unsubscribe: Callable[[], None]):
-        self.id, self.recorder, self.unsubscribe = rid, recorder, unsubscribe
+    def __init__(self, rid: str, recorder: Recorder):
+        self.id, self.recorder = rid, recorder
 
 
 class RecordingStore:
@@ -63,11 +62,9 @@ class RecordingStore:
         rid = _new_id("rec")
         path = self._path(rid)
 
-        def begin(engine) -> _Active:
-            recorder = Recorder(path, engine.snapshot(), self.limits.max_active_bytes)
-            return _Active(rid, recorder, engine.bus.subscribe(recorder))
-
-        self.active = await ae.call(begin)
+        recorder = Recorder(path, self.limits.max_active_bytes)
+        await ae.subscribe(recorder, on_snapshot=recorder.begin)
+        self.active = _Active(rid, recorder)
         return self.info(rid)
 
     async def stop(self, ae: AsyncEngine) -> RecordingInfo:
@@ -75,12 +72,8 @@ class RecordingStore:
         if active is None:
             raise APIError(409, "no recording is running")
 
-        def end(engine) -> None:
-            active.unsubscribe()
-            active.recorder.close(engine.snapshot())
-
         self.active = None
-        await ae.call(end)
+        active.recorder.close(await ae.unsubscribe(active.recorder))
         return self.info(active.id)
 
     # ---- files --------------------------------------------------------------------------------

@@ -11,8 +11,7 @@ import logging
 import threading
 import time
 
-from minivllm.engine.async_engine import AsyncEngine
-from minivllm.engine.llm_engine import LLMEngine
+from minivllm.engine.api import AsyncEngine, LLMEngine
 from minivllm.server.config import ServerConfig
 from minivllm.server.errors import APIError
 from minivllm.server.metrics import ServerMetrics
@@ -39,7 +38,7 @@ class ServerState:
     # ---- lifecycle ----------------------------------------------------------------------------
 
     def start(self) -> None:
-        if isinstance(self.config.engine, LLMEngine):
+        if isinstance(self.config.engine, LLMEngine):  # built already (tests): ready at once
             self._attach(self.config.engine)
             return
         self._loader = threading.Thread(target=self._load, name="minivllm-loader", daemon=True)
@@ -56,9 +55,10 @@ class ServerState:
         log.info("model %s ready", self.model_name)
 
     def _attach(self, engine: LLMEngine) -> None:
-        self.model_name, self.max_model_len = engine.loaded.name, engine.max_model_len
-        self.token_text = TokenText(engine.tokenizer)
-        self.async_engine = AsyncEngine(engine).start()
+        ae = AsyncEngine(engine)
+        self.model_name, self.max_model_len = ae.model_name, ae.max_model_len
+        self.token_text = TokenText(ae.tokenizer)
+        self.async_engine = ae.start()
 
     async def stop(self) -> None:
         ae = self.async_engine

@@ -72,10 +72,10 @@ def test_finds_the_build_script_layout(tmp_path):
 
 
 def test_cli_reports_a_missing_build_before_loading_the_model(tmp_path, monkeypatch, capsys):
-    from minivllm import cli
+    from minivllm import cli, engine_args
 
     monkeypatch.setenv("MINIVLLM_LLAMACPP_DIR", str(tmp_path))
-    monkeypatch.setattr(cli, "build_engine", lambda args: pytest.fail("the model must not be loaded"))
+    monkeypatch.setattr(engine_args, "build_engine", lambda args: pytest.fail("the model must not be loaded"))
     assert cli.main(["bench", "llamacpp", "--output-dir", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "make bench-llamacpp" in err

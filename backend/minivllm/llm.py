@@ -6,9 +6,8 @@ import itertools
 from collections.abc import Sequence
 
 from minivllm.engine.config import EngineConfig
-from minivllm.engine.llm_engine import LLMEngine
+from minivllm.engine.factory import create_engine
 from minivllm.engine.outputs import RequestOutput
-from minivllm.loader import load_model
 from minivllm.quant.policy import QuantConfig
 from minivllm.sampling.params import SamplingParams
 from minivllm.tokenizer_utils import load_chat_template_prompt
@@ -22,10 +21,9 @@ class LLM:
 
     def __init__(self, model: str | None = None, *, dtype: str = "float32", device: str | None = None,
                  seed: int = 0, quantization: str | QuantConfig = "auto", **engine_options):
-        loaded = load_model(model, dtype=dtype, device=device, seed=seed,
-                            max_model_len=engine_options.get("max_model_len"), quantization=quantization)
-        self.engine = LLMEngine(loaded, EngineConfig(**engine_options))
-        self.tokenizer = loaded.tokenizer
+        self.engine = create_engine(model, EngineConfig(**engine_options), dtype=dtype, device=device, seed=seed,
+                                    quantization=quantization)
+        self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
 
     def generate(self, prompts: str | Sequence[str] | None = None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 
 def run_bench(args) -> int:
-    from minivllm.cli import build_engine
+    from minivllm.engine_args import build_engine
 
     if args.kind == "quality":  # loads the model once per precision itself
         from minivllm.bench.quality import bench_quality

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 import logging
 import os
 from pathlib import Path
@@ -11,18 +12,17 @@ import uvicorn
 
 from minivllm.server.app import create_app
 from minivllm.server.config import ServerConfig
-from minivllm.engine.api import parse_memory
+from minivllm.engine.api import LLMEngine, parse_memory
 from minivllm.server.exposure import allowed_hosts_for, redact_api_keys
 from minivllm.server.recordings import RecordingLimits
 
 
-def serve(args: argparse.Namespace) -> int:
-    from minivllm.cli import build_engine
-
+def serve(args: argparse.Namespace, build_engine: Callable[[], LLMEngine]) -> int:
+    """Serve until interrupted; `build_engine` loads the model in the background."""
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("uvicorn.access").addFilter(redact_api_keys)
     config = ServerConfig(
-        engine=lambda: build_engine(args),
+        engine=build_engine,
         api_key=args.api_key or os.environ.get("MINIVLLM_API_KEY") or None,
         cors_origins=list(args.cors_origin),
         allowed_hosts=allowed_hosts_for(args.host, args.allowed_host),

@@ -1,0 +1,24 @@
+"""The one way an engine is built: load the model, then the engine around it. The CLI (through
+`engine_args.build_engine`), the offline `LLM` class and the server all come here."""
+
+from __future__ import annotations
+
+import torch
+
+from minivllm.engine.config import EngineConfig
+from minivllm.engine.llm_engine import LLMEngine
+from minivllm.loader import load_model
+from minivllm.quant.policy import QuantConfig
+
+
+def create_engine(model: str | None = None, config: EngineConfig | None = None, *, dtype: str = "float32",
+                  device: str | None = None, seed: int = 0, quantization: str | QuantConfig = "auto",
+                  threads: int | None = None) -> LLMEngine:
+    """`model`: an HF directory, a .gguf file, a cached hub id, random:<shape>, or None for the
+    embedded SmolLM2. `threads`: torch's CPU threads (None: torch's choice)."""
+    config = config or EngineConfig()
+    if threads:
+        torch.set_num_threads(threads)
+    loaded = load_model(model, dtype=dtype, device=device, seed=seed, max_model_len=config.max_model_len,
+                        quantization=quantization)
+    return LLMEngine(loaded, config)

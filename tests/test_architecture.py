@@ -1,0 +1,97 @@
+"""The package's shape, checked: no import cycle anywhere (imports inside functions count: they
+hide cycles rather than remove them), and the server reaches the engine only through its surface.
+
+Imports are read with `ast`, so nothing is imported to check them."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import minivllm
+
+PACKAGE_DIR = Path(minivllm.__file__).parent
+# what server/ may import from the rest of the package: the engine's surface, the wire types and
+# the modules that read them, request parameters and text utilities
+SERVER_MAY_IMPORT = {"minivllm.engine.api", "minivllm.events", "minivllm.recording", "minivllm.state_fold",
+                     "minivllm.sampling.params", "minivllm.tokenizer_utils"}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def all_modules() -> dict[str, Path]:
+    return {module_name(p): p for p in PACKAGE_DIR.rglob("*.py")}
+
+
+def imports_of(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The package's modules this file imports, wherever the import statement is."""
+    found: set[str] = set()
+    package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name in modules)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            for alias in node.names:  # `from minivllm import events` names a module, not an attribute
+                candidate = f"{base}.{alias.name}"
+                found.add(candidate if candidate in modules else base)
+    return {m for m in found if m in modules and m != module_name(path)}
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = all_modules()
+    return {name: imports_of(path, modules) for name, path in modules.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a path (first == last), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)) is not None:
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)) is not None:
+            return cycle
+    return None
+
+
+def test_the_import_graph_has_no_cycle():
+    graph = import_graph()
+    assert len(graph) > 50 and graph["minivllm.engine.llm_engine"], "the graph was not read"
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_server_reaches_the_engine_only_through_its_surface():
+    graph = import_graph()
+    server = {name: deps for name, deps in graph.items() if name.startswith("minivllm.server")}
+    assert server, "no server modules found"
+    for name, deps in server.items():
+        outside = {d for d in deps if not d.startswith("minivllm.server")} - SERVER_MAY_IMPORT
+        assert not outside, f"{name} imports {sorted(outside)}: go through minivllm.engine.api"
+
+
+def test_the_engine_loop_stays_small():
+    lines = (PACKAGE_DIR / "engine" / "llm_engine.py").read_text().count("\n")
+    assert lines <= 250, f"engine/llm_engine.py has {lines} lines: move a concern into its own module"

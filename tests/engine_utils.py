@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import weakref
+
 import msgspec
 
 from minivllm import events as ev
 from minivllm.engine.config import EngineConfig
 from minivllm.engine.llm_engine import LLMEngine
-from minivllm.engine.outputs import RequestOutput
+from minivllm.engine.outputs import OutputAccumulator, RequestOutput
 
 
 def make_engine(loaded, **config) -> LLMEngine:
@@ -27,17 +29,36 @@ class EventLog:
         return [e for e in self.events if isinstance(e, kind)]
 
 
+_WHOLE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def step_engine(engine: LLMEngine) -> list[RequestOutput]:
+    """One engine step; its outputs whole (the engine reports deltas; each engine's accumulate here,
+    so tests that step by hand and then `run` still see every token)."""
+    whole = _WHOLE.setdefault(engine, OutputAccumulator())
+    return [whole.add(out) for out in engine.step()]
+
+
+async def whole(outputs) -> RequestOutput:
+    """The last output of an AsyncEngine stream, with every delta before it folded in."""
+    fold, out = OutputAccumulator(), None
+    async for delta in outputs:
+        out = fold.add(delta)
+    assert out is not None, "the stream ended without an output"
+    return out
+
+
 def run(engine: LLMEngine, max_steps: int = 5000, check_every_step: bool = True,
         on_step=None) -> dict[str, RequestOutput]:
     """Steps until idle; returns the final output of every request that finished. Checks the block
     manager's invariants after every step; fails instead of hanging if the engine makes no progress."""
     done: dict[str, RequestOutput] = {}
-    for step in range(max_steps):
+    for number in range(max_steps):
         if not engine.has_work():
             return done
         if on_step is not None:
-            on_step(step)
-        for out in engine.step():
+            on_step(number)
+        for out in step_engine(engine):
             if out.finished:
                 done[out.request_id] = out
         if check_every_step:

@@ -7,10 +7,11 @@ import threading
 import time
 
 import pytest
-from engine_utils import make_engine, run
+from engine_utils import make_engine, run, whole
 
 from minivllm import events as ev
 from minivllm.engine.async_engine import AsyncEngine
+from minivllm.engine.outputs import OutputAccumulator
 from minivllm.engine.request_validation import RequestRejectedError
 from minivllm.sampling.params import SamplingParams
 
@@ -62,19 +63,18 @@ def test_streamed_deltas_concatenate_to_the_final_text(engine, tiny_model):
     async def main():
         deltas, token_deltas, last = [], [], None
         async for out in engine.generate(PROMPT, params, request_id="stream"):
-            deltas.append(out.outputs[0].delta_text)
-            token_deltas += out.outputs[0].delta_token_ids
+            deltas.append(out.outputs[0].text)
+            token_deltas += out.outputs[0].token_ids
+            assert out.outputs[0].num_tokens == len(token_deltas), "num_tokens counts every token so far"
             last = out
         return deltas, token_deltas, last
 
     deltas, token_deltas, last = arun(main())
-    final = last.outputs[0]
-    assert last.finished and final.finish_reason == "length"
-    assert len(deltas) > 1, "the output was not streamed"
-    assert "".join(deltas) == final.text
-    assert token_deltas == final.token_ids and len(final.token_ids) == 24
+    assert last.finished and last.outputs[0].finish_reason == "length"
+    assert len(deltas) > 1 and all(len(d) < len("".join(deltas)) for d in deltas), "the output was not streamed"
+    assert len(token_deltas) == 24 == last.num_generated_tokens
     ref = sync_reference(tiny_model, PROMPT, params)
-    assert (final.token_ids, final.text) == (ref.token_ids, ref.text)
+    assert (token_deltas, "".join(deltas)) == (ref.token_ids, ref.text)
 
 
 def test_concurrent_streams(engine, tiny_model):
@@ -82,10 +82,11 @@ def test_concurrent_streams(engine, tiny_model):
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
     async def one(i):
-        text = ""
+        text, whole = "", OutputAccumulator()
         async for out in engine.generate(prompts[i], params, request_id=f"c{i}"):
-            text += out.outputs[0].delta_text
-        return text, out.outputs[0].text
+            text += out.outputs[0].text
+            final = whole.add(out)
+        return text, final.outputs[0].text
 
     async def main():
         return await asyncio.gather(*(one(i) for i in range(4)))
@@ -168,16 +169,16 @@ def test_bad_request_raises_before_any_output_and_the_engine_keeps_serving(engin
             async for out in engine.generate("Second request", params, request_id="dup"):
                 outputs.append(out)
         assert outputs == []
-        text = first_out.outputs[0].delta_text
+        tokens = list(first_out.outputs[0].token_ids)
         async for out in first:
-            text += out.outputs[0].delta_text
-        assert out.finished and out.outputs[0].finish_reason == "length" and text == out.outputs[0].text
+            tokens += out.outputs[0].token_ids
+        assert out.finished and out.outputs[0].finish_reason == "length" and len(tokens) == 8
         async for out in engine.generate("Still serving", params, request_id="after"):
             pass
         return out
 
     out = arun(main())
-    assert out.finished and len(out.outputs[0].token_ids) == 8
+    assert out.finished and out.outputs[0].num_tokens == 8
     assert engine.is_alive
 
 
@@ -206,14 +207,13 @@ def test_failed_step_fails_its_requests_and_the_engine_keeps_serving(engine, tin
         results = await asyncio.gather(victim("v1"), victim("v2"))
         free, total, live = await pool_state(engine)
         assert (free, total, live) == (total, total, [])
-        async for out in engine.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True),
-                                         request_id="after"):
-            pass
+        out = await whole(engine.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True),
+                                          request_id="after"))
         return results, out
 
     results, out = arun(main())
     assert all(0 < len(got) < 40 for got in results)  # they were running when the step failed
-    assert out.finished and len(out.outputs[0].token_ids) == 6
+    assert out.finished and out.outputs[0].num_tokens == 6
     assert out.outputs[0].token_ids == sync_reference(
         tiny_model, PROMPT, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)).token_ids
     assert engine.is_alive
@@ -239,11 +239,9 @@ def test_failed_step_spares_requests_still_waiting(tiny_model):
 
     async def consume(rid):
         try:
-            async for out in engine.generate(f"Request {rid}", params, request_id=rid):
-                pass
+            return await whole(engine.generate(f"Request {rid}", params, request_id=rid))
         except RuntimeError as exc:
             return str(exc)
-        return out
 
     async def main():
         # v1 and v2 take the two seats; "queued" is added once they run, so it waits
@@ -281,11 +279,12 @@ def test_tokenizing_a_prompt_never_freezes_running_streams(engine):
     async def main():
         victim = engine.generate(PROMPT, params, request_id="victim")
         first = await victim.__anext__()
-        huge = asyncio.ensure_future(_last(engine.generate("a huge prompt", params, request_id="huge")))
+        huge = asyncio.ensure_future(whole(engine.generate("a huge prompt", params, request_id="huge")))
         await asyncio.get_running_loop().run_in_executor(None, entered.wait, TIMEOUT_S)
-        last = first
-        async for last in victim:
-            pass
+        fold = OutputAccumulator()
+        last = fold.add(first)
+        async for out in victim:
+            last = fold.add(out)
         still_tokenizing = not huge.done()
         release.set()
         return last, still_tokenizing, await huge
@@ -293,13 +292,6 @@ def test_tokenizing_a_prompt_never_freezes_running_streams(engine):
     last, still_tokenizing, huge = arun(main())
     assert last.finished and len(last.outputs[0].token_ids) == 30 and still_tokenizing
     assert huge.finished and len(huge.outputs[0].token_ids) == 30
-
-
-async def _last(outputs):
-    out = None
-    async for out in outputs:
-        pass
-    return out
 
 
 def test_an_error_while_idle_does_not_kill_the_engine_thread(engine):
@@ -318,6 +310,6 @@ def test_an_error_while_idle_does_not_kill_the_engine_thread(engine):
     assert len(failures) >= 3 and engine.is_alive
 
     async def main():
-        return await _last(engine.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=4), request_id="after"))
+        return await whole(engine.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=4), request_id="after"))
 
     assert arun(main()).finished

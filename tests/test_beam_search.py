@@ -96,14 +96,13 @@ def our_beam_search(model, prompt, k, max_new, length_penalty, eos, num_return=N
             steps += 1
             if not nxt:
                 break
-            assert not state.finished
             assert len(nxt) == k
             parents = torch.tensor([p for p, _ in nxt])
             tokens = torch.tensor([[t] for _, t in nxt])
             beams = torch.cat([beams[parents], tokens], dim=1)
             # the state's own view of the live beams agrees with the engine's
             assert [list(map(int, b[len(prompt):])) for b in beams] == state.live_beams
-    assert state.finished
+    assert state.step(logprobs) == [], "a finished search stays finished"
     assert steps <= max_new
     our_beam_search.last_steps = steps
     return state.results()
@@ -200,7 +199,6 @@ def test_num_return_subset_and_max_tokens_one(model):
 def test_state_machine_basics():
     # Hand-made distributions: beam search over a 4-token vocab, EOS = 3.
     state = BeamSearchState(beam_width=2, length_penalty=1.0, eos_token_id=3, max_tokens=3, prompt_len=5, num_return=2)
-    assert not state.finished
     lp = torch.log(torch.tensor([[0.1, 0.2, 0.3, 0.4]]))
     nxt = state.step(lp)
     # EOS (best) becomes a finished hypothesis, the next two tokens are the live beams
@@ -210,7 +208,7 @@ def test_state_machine_basics():
     nxt = state.step(lp2)
     assert nxt == [(0, 0), (1, 0)]
     nxt = state.step(torch.log(torch.full((2, 4), 0.25)))
-    assert nxt == [] and state.finished
+    assert nxt == []
     res = state.results()
     assert len(res) == 2 and res[0][1] >= res[1][1]
     with pytest.raises(RuntimeError):

@@ -15,10 +15,11 @@ import resource
 
 import pytest
 import torch
-from engine_utils import EventLog, assert_all_blocks_free, chat_ids, compare, make_engine, run
+from engine_utils import EventLog, assert_all_blocks_free, chat_ids, compare, make_engine, run, step_engine
 
 from minivllm import events as ev
 from minivllm.core.request import RequestStatus
+from minivllm.engine.outputs import OutputAccumulator
 from minivllm.engine.request_validation import RequestRejectedError
 from minivllm.sampling.params import SamplingParams
 from minivllm.state_fold import fold
@@ -117,10 +118,10 @@ def test_decode_steps_at_32_sequences_do_not_page_fault(embedded_model):
                            params=SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
     step_until(engine, lambda: all(r.status == RequestStatus.DECODE for r in engine.requests.values()))
     for _ in range(3):  # the heap grows to the step's peak once
-        engine.step()
+        step_engine(engine)
     before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
     for _ in range(10):
-        engine.step()
+        step_engine(engine)
     faults_per_step = (resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before) / 10
     print(f"\n[memory] minor page faults per decode step at 32 sequences: {faults_per_step:.0f}")
     assert faults_per_step < 100
@@ -135,7 +136,7 @@ def step_until(engine, predicate, max_steps: int = 200) -> list:
     for _ in range(max_steps):
         if predicate():
             return outs
-        outs += engine.step()
+        outs += step_engine(engine)
         engine.block_manager.check_invariants()
     raise AssertionError("condition never reached")
 
@@ -165,11 +166,11 @@ def test_abort_in_every_state_frees_everything(tiny_model):
     abort(waiting, RequestStatus.WAITING)
     outs += step_until(engine, lambda: decode.status == RequestStatus.DECODE and decode.seqs[0].num_output_tokens >= 3)
     abort(decode, RequestStatus.DECODE)
-    outs += engine.step()  # abort outputs come out at the next step
+    outs += step_engine(engine)  # abort outputs come out at the next step
     outs = {o.request_id: o for o in outs if o.finished}
     assert set(outs) == {"prefill", "waiting", "decode"}
     assert all(o.finished and o.outputs[0].finish_reason == "abort" for o in outs.values())
-    assert len(outs["decode"].outputs[0].token_ids) >= 3
+    assert outs["decode"].outputs[0].num_tokens >= 3
 
     # PREEMPTED: two growing requests in a pool that holds one of them
     a = engine.add_request("a", prompt_token_ids=ids[:4], params=SamplingParams(max_tokens=24, ignore_eos=True))
@@ -390,10 +391,10 @@ def test_stop_lists_are_bounded_by_the_engine_configuration(tiny_model):
 
 
 def test_llm_generate_with_a_bad_prompt_leaves_nothing_behind(tiny_model, monkeypatch):
-    import minivllm.llm
+    import minivllm.engine.factory
     from minivllm import LLM
 
-    monkeypatch.setattr(minivllm.llm, "load_model", lambda *a, **k: tiny_model)
+    monkeypatch.setattr(minivllm.engine.factory, "load_model", lambda *a, **k: tiny_model)
     llm = LLM(num_blocks=16, max_model_len=64)
     with pytest.raises(RequestRejectedError):
         llm.generate(prompt_token_ids=[[1, 2, 3], list(range(100))], sampling_params=SamplingParams(max_tokens=4))
@@ -465,7 +466,7 @@ def test_seeded_request_same_alone_and_in_a_batch(tiny_model):
     engine = make_engine(tiny_model)
     engine.add_request("other-1", prompt_token_ids=list(range(700, 740)), params=SamplingParams(temperature=1.0, max_tokens=20))
     engine.add_request("other-2", prompt_token_ids=[9, 9, 9], params=SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True))
-    engine.step()
+    step_engine(engine)
     engine.add_request("seeded", prompt_token_ids=prompt, params=params)
     engine.add_request("other-3", prompt_token_ids=list(range(800, 805)),
                        params=SamplingParams(temperature=1.5, seed=99, max_tokens=30, ignore_eos=True))
@@ -493,12 +494,12 @@ def france(embedded_model):
 
 def stream(engine, rid, ids, params):
     engine.add_request(rid, prompt_token_ids=ids, params=params)
-    deltas, final = [], None
+    deltas, final, whole = [], None, OutputAccumulator()
     while engine.has_work():
         for out in engine.step():
             if out.request_id == rid:
-                deltas.append(out.outputs[0].delta_text)
-                final = out
+                deltas.append(out.outputs[0].text)
+                final = whole.add(out)
     return final.outputs[0], deltas
 
 
@@ -625,7 +626,7 @@ def test_chunked_prefill_keeps_decoding(embedded_model):
     log = EventLog(engine)
     engine.add_request("talker", prompt_token_ids=talker, params=talk_params)
     while not engine.requests["talker"].seqs[0].num_output_tokens:
-        engine.step()
+        step_engine(engine)
     mark = len(log.events)
     engine.add_request("long", prompt_token_ids=long_prompt, params=long_params)
     done = run(engine)

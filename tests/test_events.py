@@ -12,7 +12,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from engine_utils import EventLog, compare, make_engine, run
+from engine_utils import EventLog, compare, make_engine, run, step_engine
 
 from minivllm import events as ev
 from minivllm.event_bus import EventBus
@@ -58,7 +58,7 @@ def test_fold_from_any_snapshot_equals_later_snapshots(tiny_model):
     step = 0
     while step == 0 or engine.has_work():
         eventful_workload(engine, step)
-        engine.step()
+        step_engine(engine)
         step += 1
         snapshots.append(engine.snapshot())
         assert step < 500
@@ -80,7 +80,7 @@ def test_snapshot_and_fold_survive_json(tiny_model):
     engine = make_engine(tiny_model, num_blocks=12, block_size=4, max_num_batched_tokens=24)
     for step in range(4):
         eventful_workload(engine, step)
-        engine.step()
+        step_engine(engine)
     mid = msgspec.json.decode(msgspec.json.encode(engine.snapshot()), type=ev.Snapshot)
     run(engine)
     events = [msgspec.json.decode(msgspec.json.encode(e), type=ev.AnyEvent) for e in engine.bus.history if e.seq > mid.seq]
@@ -109,13 +109,13 @@ def test_recorder_attached_mid_run(tiny_model, tmp_path):
     engine = make_engine(tiny_model, num_blocks=12, block_size=4, max_num_batched_tokens=24)
     for step in range(5):
         eventful_workload(engine, step)
-        engine.step()
+        step_engine(engine)
     recorder = Recorder(tmp_path / "mid.jsonl")
     engine.subscribe(recorder, on_snapshot=recorder.begin)
     step = 5
     while engine.has_work():
         eventful_workload(engine, step)
-        engine.step()
+        step_engine(engine)
         step += 1
     recorder.close(engine.snapshot())
     rec = read_recording(tmp_path / "mid.jsonl")

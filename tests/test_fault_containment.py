@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from engine_utils import assert_all_blocks_free, make_engine, run
+from engine_utils import assert_all_blocks_free, make_engine, run, whole
 
 from minivllm.engine.async_engine import AsyncEngine
 from minivllm.engine.errors import RequestFailedError
@@ -106,8 +106,7 @@ def test_a_failed_request_reaches_its_stream_as_an_error_while_a_neighbour_strea
     prompt, params = NEIGHBOURS["greedy"]
 
     async def consume(rid, text, p):
-        outs = [out async for out in async_engine.generate(text, p, request_id=rid)]
-        return outs[-1]
+        return await whole(async_engine.generate(text, p, request_id=rid))
 
     async def main():
         victim = asyncio.ensure_future(consume("victim", prompt, params))

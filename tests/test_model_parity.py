@@ -174,10 +174,10 @@ def test_embedded_hidden_states_and_logits(embedded_model, hf_embedded_model, em
 def test_embedded_greedy_generation_matches_hf(embedded_model, hf_embedded_model, monkeypatch, capsys):
     """64-token greedy generations of our engine (all prompts in one continuously batched run) equal HF
     `generate(do_sample=False)` run per prompt; both stop at the first EOS."""
-    import minivllm.llm
+    import minivllm.engine.factory
     from minivllm import LLM, SamplingParams
 
-    monkeypatch.setattr(minivllm.llm, "load_model", lambda *a, **k: embedded_model)
+    monkeypatch.setattr(minivllm.engine.factory, "load_model", lambda *a, **k: embedded_model)
     llm = LLM(num_blocks=128)
     tok = llm.tokenizer
     eos = set(embedded_model.config.eos_token_ids)

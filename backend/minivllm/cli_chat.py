@@ -14,12 +14,11 @@ def stream_one(engine: LLMEngine, prompt: str | None, prompt_ids: list[int] | No
     engine.add_request(request_id, prompt, params, prompt_token_ids=prompt_ids)
     text = ""
     while engine.has_work():
-        for out in engine.step():
-            delta = out.outputs[0].delta_text if out.outputs else ""
+        for out in engine.step():  # each output carries the text that is new
+            delta = out.outputs[0].text if out.outputs else ""
             sys.stdout.write(delta)
             sys.stdout.flush()
-            if out.finished and out.outputs:
-                text = out.outputs[0].text
+            text += delta
     sys.stdout.write("\n")
     return text
 

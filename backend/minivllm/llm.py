@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from minivllm.engine.config import EngineConfig
 from minivllm.engine.factory import create_engine
-from minivllm.engine.outputs import RequestOutput
+from minivllm.engine.outputs import OutputAccumulator, RequestOutput
 from minivllm.quant.policy import QuantConfig
 from minivllm.sampling.params import SamplingParams
 from minivllm.tokenizer_utils import load_chat_template_prompt
@@ -64,13 +64,14 @@ class LLM:
 
     def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         done: dict[str, RequestOutput] = {}
+        whole = OutputAccumulator()
         bar = None
         if use_tqdm:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=len(request_ids), desc="generating", unit="req")
         while self.engine.has_work():
-            for out in self.engine.step():
+            for out in map(whole.add, self.engine.step()):
                 if out.finished:
                     done[out.request_id] = out
                     if bar is not None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import torch
 
 from minivllm.engine.llm_engine import LLMEngine
+from minivllm.engine.outputs import OutputAccumulator
 from minivllm.sampling.params import SamplingParams
 from minivllm.tokenizer_utils import load_chat_template_prompt
 
@@ -83,9 +84,9 @@ def run_engine(engine: LLMEngine, prompts: list[list[int]], params: SamplingPara
     start = time.perf_counter()
     for rid, p in zip(ids, prompts):
         engine.add_request(rid, prompt_token_ids=p, params=params)
-    finished = {}
+    finished, whole = {}, OutputAccumulator()
     while engine.has_work():
-        for out in engine.step():
+        for out in map(whole.add, engine.step()):
             if out.finished:
                 finished[out.request_id] = out
         peak_blocks = max(peak_blocks, engine.block_manager.num_blocks - engine.block_manager.num_free_blocks)

@@ -21,6 +21,7 @@ import torch
 from minivllm.bench.common import chat_prompt_ids, greedy, progress
 from minivllm.bench.machine import machine_line
 from minivllm.bench.prompts import CHAT_PROMPTS
+from minivllm.engine.outputs import OutputAccumulator
 from minivllm.engine.scoring import forward_prefills
 from minivllm.quant.policy import QuantConfig
 
@@ -99,12 +100,12 @@ def _greedy(loaded, prompts, max_tokens) -> list[list[int]]:
     from minivllm.engine.llm_engine import LLMEngine
 
     engine = LLMEngine(loaded, EngineConfig(num_blocks=256))
-    outs = {}
+    outs, whole = {}, OutputAccumulator()
     params = greedy(max_tokens)  # ignore_eos: every prompt compares the same 64 tokens
     for i, p in enumerate(prompts):
         engine.add_request(f"q{i}", prompt_token_ids=p, params=params)
     while engine.has_work():
-        for out in engine.step():
+        for out in map(whole.add, engine.step()):
             if out.finished:
                 outs[out.request_id] = out.outputs[0].token_ids
     return [outs[f"q{i}"] for i in range(len(prompts))]

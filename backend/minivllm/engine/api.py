@@ -9,8 +9,8 @@ from minivllm.engine.async_engine import AsyncEngine
 from minivllm.engine.config import EngineConfig, parse_memory
 from minivllm.engine.errors import EngineBusyError, EngineDeadError, RequestFailedError, RequestRejectedError
 from minivllm.engine.llm_engine import LLMEngine
-from minivllm.engine.outputs import CompletionOutput, RequestOutput
+from minivllm.engine.outputs import CompletionOutput, OutputAccumulator, RequestOutput
 from minivllm.engine.telemetry import EngineStats
 
 __all__ = ["AsyncEngine", "CompletionOutput", "EngineBusyError", "EngineConfig", "EngineDeadError", "EngineStats",
-           "LLMEngine", "RequestFailedError", "RequestOutput", "RequestRejectedError", "parse_memory"]
+           "LLMEngine", "OutputAccumulator", "RequestFailedError", "RequestOutput", "RequestRejectedError", "parse_memory"]

@@ -151,8 +151,8 @@ class AsyncEngine:
     async def generate(self, prompt: str | None, params: SamplingParams | None = None,
                        request_id: str | None = None, prompt_token_ids: list[int] | None = None,
                        priority: int = 0) -> AsyncIterator[RequestOutput]:
-        """Streams RequestOutputs (cumulative text plus per-step deltas) until the request finishes.
-        Validation errors are raised before the first output."""
+        """Streams RequestOutputs until the request finishes, each with what is new (text, tokens,
+        logprobs; `OutputAccumulator` folds them). Validation errors are raised before the first."""
         request_id = request_id or f"req-{next(_ids)}"
         if request_id in self._streams:  # must not take over (or abort) the stream of the request using it
             raise ValueError(f"request id {request_id!r} is already in use")

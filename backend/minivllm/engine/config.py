@@ -21,6 +21,14 @@ def parse_memory(text: str | int) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
+class ConfigError(ValueError):
+    """A setting that can never work; `param` names it (the HTTP error's `param`)."""
+
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.param = param
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     block_size: int = 16
@@ -61,6 +69,8 @@ class EngineConfig:
         return blocks
 
     def validate(self) -> None:
-        for name in ("block_size", "max_num_batched_tokens", "max_num_seqs"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        """Raises ConfigError naming the first setting that can never work."""
+        for name in ("block_size", "num_blocks", "max_num_batched_tokens", "max_num_seqs"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"{name} must be >= 1, got {value}", name)

@@ -58,25 +58,31 @@ def flush_text(seq: Sequence) -> str:
 
 
 def completion_of(seq: Sequence) -> CompletionOutput:
-    """Cumulative output plus what is new since the previous call (advances the report marks)."""
+    """What is new in the sequence since its previous output (advances its report marks)."""
     tokens = seq.output_token_ids
+    logprobs = None
+    if seq.request.params.logprobs is not None:
+        logprobs = seq.top_logprobs[seq.reported_logprobs:]
     out = CompletionOutput(
         index=seq.sample_index,
-        text=seq.text,
-        token_ids=tokens,
+        text=seq.text[seq.reported_text_len:],
+        token_ids=tokens[seq.reported_tokens:],
         cumulative_logprob=seq.cumulative_logprob,
-        logprobs=list(seq.top_logprobs) if seq.request.params.logprobs is not None else None,  # a copy: the engine appends on
+        logprobs=logprobs,
         finish_reason=seq.finish_reason,
         stop_reason=seq.stop_reason,
-        delta_text=seq.text[seq.reported_text_len:],
-        delta_token_ids=tokens[seq.reported_tokens:],
+        num_tokens=len(tokens),
     )
-    seq.reported_text_len, seq.reported_tokens = len(seq.text), len(tokens)
+    seq.reported_text_len, seq.reported_tokens, seq.reported_logprobs = (len(seq.text), len(tokens),
+                                                                         len(seq.top_logprobs))
     return out
 
 
 def request_output(request: Request) -> RequestOutput:
-    seqs = sorted(request.all_seqs(), key=lambda s: s.sample_index)
+    """The request's news of this step. Beams are hypotheses until the search ends: a beam request
+    reports its finished sequences only."""
+    seqs = request.finished_seqs if request.params.use_beam_search else request.all_seqs()
+    seqs = sorted(seqs, key=lambda s: s.sample_index)
     return RequestOutput(
         request_id=request.request_id,
         prompt=request.prompt,

@@ -32,10 +32,6 @@ class LlamaConfig:
     name: str = "llama"
 
     @property
-    def num_query_groups(self) -> int:
-        return self.num_attention_heads // self.num_key_value_heads
-
-    @property
     def num_parameters(self) -> int:
         h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
         qkv = h * (self.num_attention_heads + 2 * self.num_key_value_heads) * self.head_dim

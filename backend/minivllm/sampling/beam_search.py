@@ -77,15 +77,6 @@ class BeamSearchState:
 
     # ------------------------------------------------------------------ engine API
     @property
-    def finished(self) -> bool:
-        return self._done
-
-    @property
-    def num_generated(self) -> int:
-        """Tokens generated so far by the live beams."""
-        return self._cur_len - self.prompt_len
-
-    @property
     def live_beams(self) -> list[list[int]]:
         """Generated tokens of the live beams, in the row order expected by the next ``step``."""
         return [list(t) for t in self._running_tokens]

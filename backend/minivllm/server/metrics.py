@@ -88,8 +88,8 @@ class ServerMetrics:
             self.e2e.labels(model).observe(m.e2e_latency)
         if m.finished_time is not None and m.first_token_time is not None:
             for o in out.outputs:
-                if len(o.token_ids) > 1:
-                    self.tpot.labels(model).observe((m.finished_time - m.first_token_time) / (len(o.token_ids) - 1))
+                if o.num_tokens > 1:
+                    self.tpot.labels(model).observe((m.finished_time - m.first_token_time) / (o.num_tokens - 1))
         for o in out.outputs:
             self.success.labels(model, o.finish_reason or "unknown").inc()
 

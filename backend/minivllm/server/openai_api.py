@@ -16,7 +16,7 @@ from litestar import Request, Response, Router, get, post
 from litestar.background_tasks import BackgroundTask
 from litestar.response import Stream
 
-from minivllm.engine.api import AsyncEngine, EngineDeadError, RequestOutput, RequestRejectedError
+from minivllm.engine.api import AsyncEngine, EngineDeadError, OutputAccumulator, RequestOutput, RequestRejectedError
 from minivllm.sampling.params import SamplingParams
 from minivllm.server import openai_protocol as p
 from minivllm.server import openai_serving as s
@@ -96,10 +96,11 @@ async def _until_disconnect(request: Request, awaitable: Awaitable[T]) -> T:
     return task.result()
 
 
-async def _last(outputs: AsyncIterator[RequestOutput]) -> RequestOutput:
-    final = None
+async def _whole(outputs: AsyncIterator[RequestOutput]) -> RequestOutput:
+    """The engine streams deltas; a non-streaming response needs them all, folded together."""
+    whole, final = OutputAccumulator(), None
     async for out in outputs:
-        final = out
+        final = whole.add(out)
     assert final is not None
     return final
 
@@ -115,7 +116,7 @@ async def _respond(request: Request, server: ServerState, ae: AsyncEngine, job: 
     try:
         with _engine_errors():
             if not stream:
-                final = await _until_disconnect(request, _last(outputs))
+                final = await _until_disconnect(request, _whole(outputs))
                 on_finished(final)
                 return Response(s.full_response(job, final))
             first = await _until_disconnect(request, outputs.__anext__())

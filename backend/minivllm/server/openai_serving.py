@@ -142,11 +142,71 @@ def completion_logprobs(entries: list[dict[int, float]], tokens: TokenText, offs
 # ---- one request's response ------------------------------------------------------------------
 
 
+class ChatFormat:
+    """OpenAI's chat completion shapes."""
+
+    def response(self, job: "Job", out: RequestOutput, outputs: list[CompletionOutput]) -> p.ChatCompletionResponse:
+        choices = [p.ChatChoice(index=o.index, message=p.ChatResponseMessage(content=o.text),
+                                logprobs=self._logprobs(job, o.logprobs), finish_reason=o.finish_reason,
+                                stop_reason=o.stop_reason) for o in outputs]
+        return p.ChatCompletionResponse(id=job.response_id, created=job.created, model=job.model, choices=choices,
+                                        usage=usage(out), timings=timings(out))
+
+    def chunk(self, job: "Job", o: CompletionOutput, text_offset: int) -> p.ChatCompletionChunk:
+        choice = p.ChatChunkChoice(index=o.index, delta=p.DeltaMessage(content=o.text),
+                                   logprobs=self._logprobs(job, o.logprobs), finish_reason=o.finish_reason)
+        return p.ChatCompletionChunk(id=job.response_id, created=job.created, model=job.model, choices=[choice])
+
+    def opening_chunks(self, job: "Job") -> list[p.ChatCompletionChunk]:
+        """The role comes first, once per choice."""
+        return [p.ChatCompletionChunk(id=job.response_id, created=job.created, model=job.model,
+                                      choices=[p.ChatChunkChoice(index=i, delta=p.DeltaMessage(role="assistant",
+                                                                                              content=""))])
+                for i in range(job.params.n)]
+
+    def usage_chunk(self, job: "Job", out: RequestOutput) -> p.ChatCompletionChunk:
+        return p.ChatCompletionChunk(id=job.response_id, created=job.created, model=job.model, choices=[],
+                                     usage=usage(out), timings=timings(out))
+
+    @staticmethod
+    def _logprobs(job: "Job", entries: list[dict[int, float]] | None) -> p.ChatLogprobs | None:
+        return chat_logprobs(entries, job.top_logprobs, job.tokens) if entries is not None else None
+
+
+class CompletionFormat:
+    """OpenAI's (legacy) text completion shapes."""
+
+    def response(self, job: "Job", out: RequestOutput, outputs: list[CompletionOutput]) -> p.CompletionResponse:
+        return p.CompletionResponse(id=job.response_id, created=job.created, model=job.model,
+                                    choices=[self._choice(job, o, 0) for o in outputs], usage=usage(out),
+                                    timings=timings(out))
+
+    def chunk(self, job: "Job", o: CompletionOutput, text_offset: int) -> p.CompletionChunk:
+        return p.CompletionChunk(id=job.response_id, created=job.created, model=job.model,
+                                 choices=[self._choice(job, o, text_offset)])
+
+    def opening_chunks(self, job: "Job") -> list[p.CompletionChunk]:
+        return []
+
+    def usage_chunk(self, job: "Job", out: RequestOutput) -> p.CompletionChunk:
+        return p.CompletionChunk(id=job.response_id, created=job.created, model=job.model, choices=[],
+                                 usage=usage(out), timings=timings(out))
+
+    @staticmethod
+    def _choice(job: "Job", o: CompletionOutput, text_offset: int) -> p.CompletionChoice:
+        logprobs = completion_logprobs(o.logprobs, job.tokens, text_offset) if o.logprobs is not None else None
+        return p.CompletionChoice(index=o.index, text=o.text, logprobs=logprobs, finish_reason=o.finish_reason,
+                                  stop_reason=o.stop_reason)
+
+
+CHAT, COMPLETION = ChatFormat(), CompletionFormat()
+
+
 @dataclass
 class Job:
     """What a handler hands to the response builders."""
 
-    kind: str  # "chat" | "completion"
+    format: ChatFormat | CompletionFormat
     response_id: str
     model: str
     params: SamplingParams
@@ -157,72 +217,32 @@ class Job:
 
 
 def full_response(job: Job, out: RequestOutput) -> p.ChatCompletionResponse | p.CompletionResponse:
-    outputs = [o for o in out.outputs if o.index < job.params.n]
-    if job.kind == "chat":
-        choices = [p.ChatChoice(index=o.index, message=p.ChatResponseMessage(content=o.text),
-                                logprobs=chat_logprobs(o.logprobs, job.top_logprobs, job.tokens) if o.logprobs is not None else None,
-                                finish_reason=o.finish_reason, stop_reason=o.stop_reason) for o in outputs]
-        return p.ChatCompletionResponse(id=job.response_id, created=job.created, model=job.model, choices=choices,
-                                        usage=usage(out), timings=timings(out))
-    choices = [p.CompletionChoice(index=o.index, text=o.text,
-                                  logprobs=completion_logprobs(o.logprobs, job.tokens) if o.logprobs is not None else None,
-                                  finish_reason=o.finish_reason, stop_reason=o.stop_reason) for o in outputs]
-    return p.CompletionResponse(id=job.response_id, created=job.created, model=job.model, choices=choices,
-                                usage=usage(out), timings=timings(out))
+    """`out`: the whole output (the engine's deltas accumulated)."""
+    return job.format.response(job, out, [o for o in out.outputs if o.index < job.params.n])
 
 
 class StreamState:
-    """Per choice: tokens and text already sent, and whether its finish_reason went out."""
+    """Per choice: the text already sent (completion logprobs count offsets from it), and whether
+    its finish_reason went out."""
 
     def __init__(self, n: int):
-        self.sent_tokens = [0] * n
-        self.sent_text = [0] * n
+        self.text_offset = [0] * n
         self.done = [False] * n
 
 
 def chunks_for(job: Job, out: RequestOutput, state: StreamState) -> list[bytes]:
-    """The SSE chunks for one engine output: one chunk per choice that has news."""
-    if job.params.use_beam_search and not out.finished:
-        return []  # beams are only final when the search ends
+    """The SSE chunks for one engine output (a delta): one chunk per choice that has news."""
     result = []
     for o in out.outputs:
         i = o.index
         if i >= job.params.n or state.done[i]:
             continue
-        new_entries = o.logprobs[state.sent_tokens[i]:] if o.logprobs is not None else None
-        text = o.text[state.sent_text[i]:]
-        reason = o.finish_reason
-        if not text and reason is None and not new_entries:
+        if not o.text and o.finish_reason is None and not o.logprobs:
             continue
-        state.sent_tokens[i], state.sent_text[i], state.done[i] = len(o.token_ids), len(o.text), reason is not None
-        if job.kind == "chat":
-            logprobs = chat_logprobs(new_entries, job.top_logprobs, job.tokens) if new_entries is not None else None
-            choice = p.ChatChunkChoice(index=i, delta=p.DeltaMessage(content=text), logprobs=logprobs,
-                                       finish_reason=reason)
-            chunk: Any = p.ChatCompletionChunk(id=job.response_id, created=job.created, model=job.model,
-                                               choices=[choice])
-        else:
-            logprobs = completion_logprobs(new_entries, job.tokens, state.sent_text[i] - len(text)) \
-                if new_entries is not None else None
-            choice = p.CompletionChoice(index=i, text=text, logprobs=logprobs, finish_reason=reason,
-                                        stop_reason=o.stop_reason)
-            chunk = p.CompletionChunk(id=job.response_id, created=job.created, model=job.model, choices=[choice])
-        result.append(sse(chunk))
+        result.append(sse(job.format.chunk(job, o, state.text_offset[i])))
+        state.text_offset[i] += len(o.text)
+        state.done[i] = o.finish_reason is not None
     return result
-
-
-def role_chunks(job: Job) -> list[bytes]:
-    if job.kind != "chat":
-        return []
-    return [sse(p.ChatCompletionChunk(id=job.response_id, created=job.created, model=job.model,
-                                      choices=[p.ChatChunkChoice(index=i, delta=p.DeltaMessage(role="assistant", content=""))]))
-            for i in range(job.params.n)]
-
-
-def usage_chunk(job: Job, out: RequestOutput) -> bytes:
-    cls = p.ChatCompletionChunk if job.kind == "chat" else p.CompletionChunk
-    return sse(cls(id=job.response_id, created=job.created, model=job.model, choices=[], usage=usage(out),
-                   timings=timings(out)))
 
 
 async def sse_stream(job: Job, first: RequestOutput, rest: AsyncIterator[RequestOutput],
@@ -230,8 +250,8 @@ async def sse_stream(job: Job, first: RequestOutput, rest: AsyncIterator[Request
     """The whole SSE body. Closing this generator closes `rest`, which aborts the request."""
     state = StreamState(job.params.n)
     try:
-        for chunk in role_chunks(job):
-            yield chunk
+        for opening in job.format.opening_chunks(job):
+            yield sse(opening)
         out = first
         while True:
             for chunk in chunks_for(job, out, state):
@@ -245,7 +265,7 @@ async def sse_stream(job: Job, first: RequestOutput, rest: AsyncIterator[Request
         if out.finished:
             on_finished(out)
         if job.include_usage:
-            yield usage_chunk(job, out)
+            yield sse(job.format.usage_chunk(job, out))
     except RequestFailedError as exc:  # the engine's own account: this request failed, the others go on
         yield sse(error_body(500, str(exc), code="request_failed"))
     except Exception as exc:  # noqa: BLE001 - the status line is gone: report in the stream

@@ -102,7 +102,8 @@ def our_beam_search(model, prompt, k, max_new, length_penalty, eos, num_return=N
             beams = torch.cat([beams[parents], tokens], dim=1)
             # the state's own view of the live beams agrees with the engine's
             assert [list(map(int, b[len(prompt):])) for b in beams] == state.live_beams
-    assert state.step(logprobs) == [], "a finished search stays finished"
+    with pytest.raises(RuntimeError, match="already finished"):  # a finished search stays finished
+        state.step(logprobs)
     assert steps <= max_new
     our_beam_search.last_steps = steps
     return state.results()

@@ -144,7 +144,7 @@ async def completions(request: Request) -> Response:
     prompt, prompt_ids = s.completion_prompt(req)
     _check_prompt_size(server, len(prompt or ""), "prompt")
     params = s.sampling_params(req, req.max_tokens, req.logprobs)
-    job = s.Job("completion", f"cmpl-{request_id_of(request.scope)}", model, params, server.token_text,
+    job = s.Job(s.COMPLETION, f"cmpl-{request_id_of(request.scope)}", model, params, server.token_text,
                 include_usage=bool(req.stream_options and req.stream_options.include_usage))
     return await _respond(request, server, ae, job, req.stream, prompt, prompt_ids, req.priority)
 
@@ -157,7 +157,7 @@ async def chat_completions(request: Request) -> Response:
     _check_prompt_size(server, sum(len(m["content"]) for m in messages), "messages")
     with _engine_errors():
         prompt_ids = await ae.tokenize(lambda tok: load_chat_template_prompt(tok, messages, req.add_generation_prompt))
-    job = s.Job("chat", f"chatcmpl-{request_id_of(request.scope)}", model, params, server.token_text,
+    job = s.Job(s.CHAT, f"chatcmpl-{request_id_of(request.scope)}", model, params, server.token_text,
                 top_logprobs=req.top_logprobs or 0,
                 include_usage=bool(req.stream_options and req.stream_options.include_usage))
     return await _respond(request, server, ae, job, req.stream, None, prompt_ids, req.priority)

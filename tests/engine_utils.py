@@ -6,7 +6,7 @@ import weakref
 
 import msgspec
 
-from minivllm import events as ev
+from minivllm.events import types as ev
 from minivllm.engine.config import EngineConfig
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.engine.outputs import OutputAccumulator, RequestOutput
@@ -78,7 +78,7 @@ def assert_all_blocks_free(engine: LLMEngine) -> None:
 
 
 def chat_ids(tokenizer, question: str, system: str | None = None) -> list[int]:
-    from minivllm.tokenizer_utils import load_chat_template_prompt
+    from minivllm.text.tokenizer_utils import load_chat_template_prompt
 
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": question}]
     return load_chat_template_prompt(tokenizer, messages)

@@ -13,8 +13,8 @@ import minivllm
 PACKAGE_DIR = Path(minivllm.__file__).parent
 # what server/ may import from the rest of the package: the engine's surface, the wire types and
 # the modules that read them, request parameters and text utilities
-SERVER_MAY_IMPORT = {"minivllm.engine.api", "minivllm.events", "minivllm.recording", "minivllm.state_fold",
-                     "minivllm.sampling.params", "minivllm.tokenizer_utils"}
+SERVER_MAY_IMPORT = {"minivllm.engine.api", "minivllm.events.types", "minivllm.events.recording",
+                     "minivllm.events.fold", "minivllm.sampling.params", "minivllm.text.tokenizer_utils"}
 
 
 def module_name(path: Path) -> str:
@@ -37,7 +37,7 @@ def imports_of(path: Path, modules: dict[str, Path]) -> set[str]:
             base = node.module or ""
             if node.level:
                 base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] + ([base] if base else []))
-            for alias in node.names:  # `from minivllm import events` names a module, not an attribute
+            for alias in node.names:  # `from minivllm.events import types as events` names a module, not an attribute
                 candidate = f"{base}.{alias.name}"
                 found.add(candidate if candidate in modules else base)
     return {m for m in found if m in modules and m != module_name(path)}

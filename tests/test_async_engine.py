@@ -9,7 +9,7 @@ import time
 import pytest
 from engine_utils import make_engine, run, whole
 
-from minivllm import events as ev
+from minivllm.events import types as ev
 from minivllm.engine.async_engine import AsyncEngine
 from minivllm.engine.outputs import OutputAccumulator
 from minivllm.engine.request_validation import RequestRejectedError

@@ -12,7 +12,7 @@ import pytest
 import torch
 from engine_utils import EventLog, assert_all_blocks_free, chat_ids, make_engine, run
 
-from minivllm import events as ev
+from minivllm.events import types as ev
 from minivllm.sampling.params import SamplingParams
 
 EOS, PAD = 2, 0

@@ -13,7 +13,7 @@ from _tokenizers import (
     sp_bpe_tokenizer,
     sp_unigram_tokenizer,
 )
-from minivllm.detokenizer import MAX_HELD_TOKENS, IncrementalDetokenizer
+from minivllm.text.detokenizer import MAX_HELD_TOKENS, IncrementalDetokenizer
 
 FFFD = "\ufffd"
 
@@ -79,7 +79,7 @@ def test_multibyte_chars_split_over_tokens_are_held_back(smol):
 
 
 def test_chat_prompt_context_and_special_tokens(smol):
-    from minivllm.tokenizer_utils import load_chat_template_prompt
+    from minivllm.text.tokenizer_utils import load_chat_template_prompt
 
     prompt = load_chat_template_prompt(smol, [{"role": "user", "content": "Say hi"}])
     out = smol.encode(" Hi there! 👋 How can I help?", add_special_tokens=False)

@@ -17,12 +17,12 @@ import pytest
 import torch
 from engine_utils import EventLog, assert_all_blocks_free, chat_ids, compare, make_engine, run, step_engine
 
-from minivllm import events as ev
+from minivllm.events import types as ev
 from minivllm.core.request import RequestStatus
 from minivllm.engine.outputs import OutputAccumulator
 from minivllm.engine.request_validation import RequestRejectedError
 from minivllm.sampling.params import SamplingParams
-from minivllm.state_fold import fold
+from minivllm.events.fold import fold
 
 QUESTIONS = [
     "What is the capital of France?",

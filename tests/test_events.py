@@ -14,11 +14,11 @@ import msgspec
 import pytest
 from engine_utils import EventLog, compare, make_engine, run, step_engine
 
-from minivllm import events as ev
-from minivllm.event_bus import EventBus
-from minivllm.recording import Recorder, read_recording
+from minivllm.events import types as ev
+from minivllm.events.bus import EventBus
+from minivllm.events.recording import Recorder, read_recording
 from minivllm.sampling.params import SamplingParams
-from minivllm.state_fold import fold
+from minivllm.events.fold import fold
 
 ROOT = Path(__file__).resolve().parents[1]
 

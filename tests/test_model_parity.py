@@ -129,7 +129,7 @@ def test_embedded_hidden_states_and_logits(embedded_model, hf_embedded_model, em
     within atol max(1e-4, 2 x HF's own eager-vs-SDPA difference for that quantity on the same input),
     plus a few fp32 ULPs of the value (rtol 1e-6; one ULP at 2.5e4 is 2e-3). The raw numbers, and
     whether a plain atol of 1e-4 held, are printed."""
-    from minivllm.tokenizer_utils import load_chat_template_prompt
+    from minivllm.text.tokenizer_utils import load_chat_template_prompt
 
     chat = load_chat_template_prompt(embedded_tokenizer, [
         {"role": "user", "content": "Tell me a story about a dragon who learns to bake bread in a small village."}])

@@ -20,7 +20,7 @@ import openai  # these tests must run, never skip: both come with `make setup`
 import pytest
 import websockets.sync.client as websockets_sync
 
-from minivllm import events as ev
+from minivllm.events import types as ev
 from test_server_support import wait_for
 
 API_KEY = "test-key"

@@ -11,12 +11,12 @@ import msgspec
 import pytest
 from litestar.testing import TestClient
 
-from minivllm import events as ev
-from minivllm.recording import parse_lines, read_recording
+from minivllm.events import types as ev
+from minivllm.events.recording import parse_lines, read_recording
 from minivllm.server.app import create_app
 from minivllm.server.config import ServerConfig
 from minivllm.server.recordings import RecordingLimits
-from minivllm.state_fold import fold
+from minivllm.events.fold import fold
 from test_server_support import server_of, sse_events, tiny_app, tiny_engine, wait_for
 
 GREEDY = {"temperature": 0, "max_tokens": 6}

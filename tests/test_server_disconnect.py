@@ -13,7 +13,7 @@ import time
 
 from litestar.testing import AsyncTestClient
 
-from minivllm import events as ev
+from minivllm.events import types as ev
 from minivllm.sampling.params import SamplingParams
 from test_server_support import server_of, tiny_app, tiny_engine
 

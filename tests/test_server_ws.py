@@ -9,13 +9,13 @@ import msgspec
 import pytest
 from litestar.testing import TestClient
 
-from minivllm import events as ev
-from minivllm.event_bus import EventBus
+from minivllm.events import types as ev
+from minivllm.events.bus import EventBus
 from minivllm.engine.config import EngineConfig
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.sampling.params import SamplingParams
 from minivllm.server.client_feed import MAX_HOLD_TICKS, ClientFeed
-from minivllm.state_fold import StateFolder
+from minivllm.events.fold import StateFolder
 from test_server_support import server_of, tiny_app, tiny_model, wait_for
 
 _decode = msgspec.json.Decoder(ev.WsMessage).decode

@@ -7,8 +7,8 @@ import random
 import pytest
 
 from _tokenizers import smollm2_tokenizer
-from minivllm.detokenizer import IncrementalDetokenizer
-from minivllm.stop_strings import StopStringMatcher
+from minivllm.text.detokenizer import IncrementalDetokenizer
+from minivllm.text.stop_strings import StopStringMatcher
 
 
 def run(matcher: StopStringMatcher, chunks) -> tuple[str, bool, list[str]]:

@@ -34,7 +34,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     engine = build_engine(args)
     prompt_ids = None
     if args.chat_template:
-        from minivllm.tokenizer_utils import load_chat_template_prompt
+        from minivllm.text.tokenizer_utils import load_chat_template_prompt
 
         prompt_ids = load_chat_template_prompt(engine.tokenizer, [{"role": "user", "content": args.prompt}])
     stream_one(engine, args.prompt, prompt_ids, sampling_params(args))
@@ -61,7 +61,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from minivllm.recording import print_summary
+    from minivllm.events.recording import print_summary
 
     print_summary(args.file)
     return 0

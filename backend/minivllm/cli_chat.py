@@ -6,7 +6,7 @@ import sys
 
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.sampling.params import SamplingParams
-from minivllm.tokenizer_utils import load_chat_template_prompt
+from minivllm.text.tokenizer_utils import load_chat_template_prompt
 
 
 def stream_one(engine: LLMEngine, prompt: str | None, prompt_ids: list[int] | None,

@@ -10,7 +10,7 @@ from minivllm.engine.factory import create_engine
 from minivllm.engine.outputs import OutputAccumulator, RequestOutput
 from minivllm.quant.policy import QuantConfig
 from minivllm.sampling.params import SamplingParams
-from minivllm.tokenizer_utils import load_chat_template_prompt
+from minivllm.text.tokenizer_utils import load_chat_template_prompt
 
 Message = dict[str, str]
 

@@ -12,7 +12,7 @@ import torch
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.engine.outputs import OutputAccumulator
 from minivllm.sampling.params import SamplingParams
-from minivllm.tokenizer_utils import load_chat_template_prompt
+from minivllm.text.tokenizer_utils import load_chat_template_prompt
 
 
 @dataclass

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 import torch
 
 from minivllm.core.block_manager import hash_block_tokens
-from minivllm.detokenizer import IncrementalDetokenizer
+from minivllm.text.detokenizer import IncrementalDetokenizer
 from minivllm.sampling.beam_search import BeamSearchState
 from minivllm.sampling.params import SamplingParams
-from minivllm.stop_strings import StopStringMatcher
+from minivllm.text.stop_strings import StopStringMatcher
 
 
 class RequestStatus(str, enum.Enum):

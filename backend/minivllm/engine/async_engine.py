@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from minivllm import events as ev
+from minivllm.events import types as ev
 from minivllm.engine.errors import EngineDeadError, RequestFailedError
 from minivllm.engine.llm_engine import LLMEngine, Subscription
 from minivllm.engine.outputs import RequestOutput

@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import torch
 
-from minivllm import events as ev
+from minivllm.events import types as ev
 from minivllm.core.block_manager import BlockManager
 from minivllm.core.request import Request
 from minivllm.core.scheduler import ScheduledSeq, Scheduler, SchedulerConfig, SchedulerOutput
@@ -36,7 +36,7 @@ from minivllm.engine.request_tracker import RequestTracker
 from minivllm.engine.request_validation import RequestLimits, validate_request
 from minivllm.engine.step_sampling import StepSampler
 from minivllm.engine.telemetry import EngineStats, StepTimer, Telemetry
-from minivllm.event_bus import EventBus
+from minivllm.events.bus import EventBus
 from minivllm.loader import LoadedModel
 from minivllm.model.attention import KVCache
 from minivllm.sampling.params import SamplingParams

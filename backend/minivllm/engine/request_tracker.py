@@ -10,11 +10,11 @@ import torch
 
 from minivllm.core.request import Request, RequestStatus, Sequence
 from minivllm.core.scheduler import Scheduler
-from minivllm.detokenizer import IncrementalDetokenizer
+from minivllm.text.detokenizer import IncrementalDetokenizer
 from minivllm.engine.outputs import RequestOutput
 from minivllm.engine.postprocess import request_output
 from minivllm.engine.telemetry import Telemetry
-from minivllm.stop_strings import StopStringMatcher
+from minivllm.text.stop_strings import StopStringMatcher
 
 FINISHED_HISTORY = 256  # finished requests kept for snapshots (the timeline of late joiners)
 log = logging.getLogger("minivllm.engine")

@@ -11,13 +11,13 @@ import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
-from minivllm import events as ev
+from minivllm.events import types as ev
 from minivllm.core.block_manager import BlockManager
 from minivllm.core.request import Request, RequestStatus, Sequence
 from minivllm.core.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from minivllm.engine import wire
 from minivllm.engine.memory_budget import process_rss_bytes
-from minivllm.event_bus import EventBus
+from minivllm.events.bus import EventBus
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from minivllm import events as ev
+from minivllm.events import types as ev
 from minivllm.core.block_manager import BlockEvent, BlockManager
 from minivllm.core.request import Request, Sequence
 from minivllm.sampling.params import SamplingParams

@@ -6,7 +6,7 @@ from typing import Literal
 
 import msgspec
 
-from minivllm.events import EngineInfo
+from minivllm.events.types import EngineInfo
 
 
 class ConfigUpdate(msgspec.Struct, kw_only=True):

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from minivllm import events as ev
-from minivllm.recording import Recording
-from minivllm.state_fold import StateFolder
+from minivllm.events import types as ev
+from minivllm.events.recording import Recording
+from minivllm.events.fold import StateFolder
 
 ENGINE_PID, REQUESTS_PID = 1, 2
 STEPS_TID = 1

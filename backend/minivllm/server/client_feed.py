@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
-from minivllm import events as ev
+from minivllm.events import types as ev
 
 _FLUSH_NOW = (ev.StepFinished, ev.ConfigChanged)
 MAX_HOLD_TICKS = 20  # a step that never finishes (it failed) is released after this many flushes

@@ -6,7 +6,7 @@ from litestar import Request, Response, Router, get, post, put
 from litestar.params import FromPath
 from litestar.response import File
 
-from minivllm import events as ev
+from minivllm.events import types as ev
 from minivllm.engine.api import EngineBusyError
 from minivllm.server.api_types import ConfigUpdate, RecordingInfo, RecordingStatus
 from minivllm.server.auth import require_api_key

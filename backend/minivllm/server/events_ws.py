@@ -16,7 +16,7 @@ import msgspec
 from litestar import Router, WebSocket, websocket
 from litestar.exceptions import WebSocketDisconnect
 
-from minivllm import events as ev
+from minivllm.events import types as ev
 from minivllm.engine.api import AsyncEngine, EngineDeadError
 from minivllm.server.auth import key_problem
 from minivllm.server.client_feed import ClientFeed

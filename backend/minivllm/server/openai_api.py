@@ -24,7 +24,7 @@ from minivllm.server.auth import require_api_key
 from minivllm.server.errors import APIError, bad_request, decode_body
 from minivllm.server.middleware import request_id_of, unique_request_id
 from minivllm.server.state import ServerState, server_of
-from minivllm.tokenizer_utils import load_chat_template_prompt
+from minivllm.text.tokenizer_utils import load_chat_template_prompt
 
 T = TypeVar("T")
 

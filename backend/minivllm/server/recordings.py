@@ -15,9 +15,9 @@ from pathlib import Path
 
 import msgspec
 
-from minivllm import events as ev
+from minivllm.events import types as ev
 from minivllm.engine.api import AsyncEngine
-from minivllm.recording import Recorder, Recording, RecordingFormatError, parse_lines, read_recording
+from minivllm.events.recording import Recorder, Recording, RecordingFormatError, parse_lines, read_recording
 from minivllm.server.api_types import RecordingInfo
 from minivllm.server.errors import APIError
 

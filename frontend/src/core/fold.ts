@@ -1,4 +1,4 @@
-// Folding engine events onto a snapshot: a port of backend/minivllm/state_fold.py, handler by handler.
+// Folding engine events onto a snapshot: a port of backend/minivllm/events/fold.py, handler by handler.
 //
 // The fold is pure: `foldEvents(state, events)` never mutates `state`. A batch is applied to a
 // copy-on-write draft, so each object (the request map, the block array, one request, one sequence)
@@ -251,7 +251,7 @@ export class EngineDraft {
     for (const b of this.blocks) this.fresh.add(b);
   }
 
-  // ---- helpers, as in state_fold.py --------------------------------------------------------------
+  // ---- helpers, as in events/fold.py --------------------------------------------------------------
 
   setRefs(blockIds: readonly number[], refCounts: readonly number[]): void {
     const n = Math.min(blockIds.length, refCounts.length);
@@ -383,7 +383,7 @@ export class EngineDraft {
         }
         break;
       case "blocks_copied":
-        // The sources' ref counts arrive in the BlocksFreed that follows (as state_fold.py relies on).
+        // The sources' ref counts arrive in the BlocksFreed that follows (as events/fold.py relies on).
         for (const b of e.block_ids) {
           const block = this.mutBlock(b);
           if (block !== undefined) block.ref_count = 1;
@@ -401,7 +401,7 @@ export class EngineDraft {
   }
 }
 
-/** `fold(snapshot, events)` of state_fold.py, on states. Pure: `state` is left as it was. */
+/** `fold(snapshot, events)` of events/fold.py, on states. Pure: `state` is left as it was. */
 export function foldEvents(state: EngineState, events: Iterable<AnyEvent>): EngineState {
   const draft = new EngineDraft(state);
   for (const e of events) draft.apply(e);

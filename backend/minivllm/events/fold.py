@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterable
 
-from minivllm import events as ev
+from minivllm.events import types as ev
 
 
 class StateFolder:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import msgspec
 
-from minivllm import events as ev
-from minivllm.state_fold import fold
+from minivllm.events import types as ev
+from minivllm.events.fold import fold
 
 _encoder = msgspec.json.Encoder()
 _header_decoder = msgspec.json.Decoder(ev.RecordingHeader)

@@ -2,7 +2,7 @@
 
 The dashboard, recordings and tests are all built from these. Block events carry the affected
 sequence's whole new block table and the affected blocks' new ref counts, so folding the stream
-onto a snapshot needs no engine knowledge (see `minivllm.state_fold`). JSON Schema is generated
+onto a snapshot needs no engine knowledge (see `minivllm.events.fold`). JSON Schema is generated
 from this module (`minivllm schema`) and TypeScript types from that schema.
 Block hashes travel as hex strings: 64-bit integers do not survive JavaScript numbers.
 """

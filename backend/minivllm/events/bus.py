@@ -12,7 +12,7 @@ import time
 from collections import deque
 from typing import Callable
 
-from minivllm.events import AnyEvent
+from minivllm.events.types import AnyEvent
 
 Subscriber = Callable[[AnyEvent], None]
 log = logging.getLogger("minivllm.events")

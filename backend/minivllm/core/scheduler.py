@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from minivllm.arith import ceil_div
 from minivllm.core.block_manager import BlockManager
@@ -74,8 +74,7 @@ class SchedulerOutput:
         return [(s, row) for row, s in enumerate(ready)]
 
 
-@dataclass(frozen=True)
-class Progress:
+class Progress(NamedTuple):
     """Where a request's sequences stand, as values: admission plans on these before it commits."""
 
     computed: tuple[int, ...]  # num_computed per live sequence

@@ -1,7 +1,9 @@
 """Turns one step's scheduled work into tensors, runs the model, returns logits.
 
 The runner knows nothing about requests or scheduling: it sees sequences as (new tokens, how many
-tokens are already cached, block table) and lays decode tokens first, then prefill chunks.
+tokens are already cached, block table) and lays single-token rows first (they take the paged
+decode-attention path), then multi-token chunks (prefill attention over the cached prefix). The
+split is by token count, not by a request's phase: a prefill may end with a one-token chunk.
 """
 
 from __future__ import annotations
@@ -31,22 +33,22 @@ class ModelRunner:
         self.block_size = kv_cache.block_size
         self.device = next(model.parameters()).device
 
-    def execute(self, decodes: list[SeqWork], prefills: list[SeqWork],
+    def execute(self, single: list[SeqWork], chunks: list[SeqWork],
                 copies: list[tuple[int, int]] | None = None,
                 hidden_states_out: list[torch.Tensor] | None = None) -> torch.Tensor:
         """Returns fp32 logits [rows, vocab], one row per sequence with needs_logits, in the
-        order decodes then prefills."""
+        order single-token rows, then chunks."""
         self.kv_cache.copy_blocks(copies or [])
-        input_ids, positions, meta, logit_rows = self._prepare(decodes, prefills)
+        input_ids, positions, meta, logit_rows = self._prepare(single, chunks)
         hidden = self.model(input_ids, positions, self.kv_cache, meta, hidden_states_out)
         return self.model.compute_logits(hidden[logit_rows])
 
-    def _prepare(self, decodes: list[SeqWork], prefills: list[SeqWork]):
+    def _prepare(self, single: list[SeqWork], chunks: list[SeqWork]):
         ids: list[int] = []
         pos: list[int] = []
         slots: list[int] = []
         rows: list[int] = []
-        for work in decodes + prefills:
+        for work in single + chunks:
             n = len(work.token_ids)
             start = len(ids)
             ids.extend(work.token_ids)
@@ -58,11 +60,11 @@ class ModelRunner:
         dev = self.device
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
-            num_decode_tokens=len(decodes),
-            decode_block_tables=self._padded_tables(decodes),
-            decode_context_lens=(torch.tensor([w.num_computed + 1 for w in decodes], device=dev)
-                                 if decodes else None),
-            prefills=self._prefill_chunks(prefills, offset=len(decodes)),
+            num_decode_tokens=len(single),
+            decode_block_tables=self._padded_tables(single),
+            decode_context_lens=(torch.tensor([w.num_computed + 1 for w in single], device=dev)
+                                 if single else None),
+            prefills=self._prefill_chunks(chunks, offset=len(single)),
         )
         return (torch.tensor(ids, dtype=torch.long, device=dev),
                 torch.tensor(pos, dtype=torch.long, device=dev), meta,

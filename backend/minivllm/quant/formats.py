@@ -17,8 +17,6 @@ from dataclasses import dataclass
 
 import torch
 
-from minivllm.arith import ceil_div
-
 
 class QuantizationError(ValueError):
     """A weight cannot be quantized as asked (e.g. its input size is not a multiple of the group)."""

@@ -95,3 +95,15 @@ def test_the_server_reaches_the_engine_only_through_its_surface():
 def test_the_engine_loop_stays_small():
     lines = (PACKAGE_DIR / "engine" / "llm_engine.py").read_text().count("\n")
     assert lines <= 250, f"engine/llm_engine.py has {lines} lines: move a concern into its own module"
+
+
+def test_the_server_uses_no_escape_hatch_into_the_engine():
+    """`AsyncEngine.call(fn)` runs anything on the engine thread and `AsyncEngine.engine` is the
+    engine itself: server code uses the named methods instead, so the surface stays narrow."""
+    for path in (PACKAGE_DIR / "server").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in ("call", "engine"):
+                owner = ast.unparse(node.value)
+                # ServerState.engine() (the running AsyncEngine) and ServerConfig.engine are the server's own
+                allowed = node.attr == "engine" and owner in ("server", "server_of(request)", "self.config")
+                assert allowed, f"{path.name} reaches into the engine: {owner}.{node.attr}"

@@ -155,7 +155,9 @@ class BlockManager:
 
     def take_events(self) -> list[BlockEvent]:
         """The changes since the last call, oldest first (vLLM's ``take_events``)."""
-        events, self._events = self._events, []
+        events = self._events
+        if events:  # every emission drains: keep the empty case free of allocations
+            self._events = []
         return events
 
     # ---------------------------------------------------------------- mutations

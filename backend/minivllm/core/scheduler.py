@@ -128,13 +128,14 @@ class Scheduler:
         """The one place progress moves: every scheduled chunk is now in the KV cache, and blocks it
         filled enter the prefix cache. (Speculative decoding will pass how many drafted tokens each
         sequence accepted; the rejected tail is then rolled back here.)"""
-        bs = self.bm.block_size
         for s in out.scheduled:
             seq = s.seq
             if seq.request.is_finished:  # failed while sampling: its blocks are gone already
                 continue
             seq.num_computed = s.start + s.num_tokens
-            self.bm.commit_full_blocks(seq.seq_id, seq.token_ids, seq.num_computed, seq.block_hashes(bs))
+            if self.bm.enable_prefix_caching:  # else nothing is hashed at all
+                self.bm.commit_full_blocks(seq.seq_id, seq.token_ids, seq.num_computed,
+                                           seq.block_hashes(self.bm.block_size))
 
     # ---- one step -----------------------------------------------------------------------------
 
@@ -192,7 +193,8 @@ class Scheduler:
         the prefix all of them share once, then forking, keeps the footprint admission validated;
         recomputing a copy per sequence might never fit the pool again."""
         leader = request.seqs[0]
-        cached = self.bm.find_cached_prefix(leader.token_ids, leader.block_hashes(self.bm.block_size))
+        cached = (self.bm.find_cached_prefix(leader.token_ids, leader.block_hashes(self.bm.block_size))
+                  if self.bm.enable_prefix_caching else [])
         progress = self._admission_progress(request, len(cached) * self.bm.block_size)
         chunks = self._chunks(request, budget, progress)
         needed = (self._resume_blocks(request, progress) if progress.refork_at is not None

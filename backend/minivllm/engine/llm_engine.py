@@ -216,18 +216,23 @@ class LLMEngine:
         """Start feeding events to `feed`. Returns (snapshot, replay, resync): from scratch (`since`
         None) a snapshot; resuming after `since`, the events to replay, or, when that is no longer
         possible, a snapshot and the reason. Atomic on the engine thread: no gap, no overlap."""
-        snapshot = self.snapshot()
-        if on_snapshot is not None:
+        self.telemetry.flush_block_events()
+        replay, resync = self._replay_after(since)
+        snapshot = self.snapshot() if replay is None else None  # a resume that can replay needs none
+        if on_snapshot is not None and snapshot is not None:
             on_snapshot(snapshot)
         self.bus.subscribe(feed)
+        return snapshot, replay, resync
+
+    def _replay_after(self, since: int | None) -> tuple[list[ev.AnyEvent] | None, str | None]:
+        """(events after `since`, None), or (None, why not) when a resume is impossible."""
         if since is None:
-            return snapshot, None, None
-        if since > snapshot.seq:
-            return snapshot, None, f"seq {since} is ahead of this server (last seq {snapshot.seq})"
+            return None, None
+        last = self.bus.last_seq
+        if since > last:
+            return None, f"seq {since} is ahead of this server (last seq {last})"
         replay = self.bus.since(since)
-        if replay is None:
-            return snapshot, None, f"events after seq {since} are no longer buffered"
-        return None, replay, None
+        return (replay, None) if replay is not None else (None, f"events after seq {since} are no longer buffered")
 
     def unsubscribe(self, feed: Callable[[ev.AnyEvent], None]) -> ev.Snapshot:
         """Stop feeding `feed`; returns the state it saw last."""

@@ -93,6 +93,7 @@ def _merge(whole: RequestOutput, delta: RequestOutput) -> None:
         old = by_index.get(new.index)
         if old is None:  # a sample forked after the first output
             whole.outputs.append(_copy(new))
+            whole.outputs.sort(key=lambda o: o.index)
             continue
         old.text += new.text
         old.token_ids.extend(new.token_ids)
@@ -102,5 +103,4 @@ def _merge(whole: RequestOutput, delta: RequestOutput) -> None:
             old.logprobs.extend(new.logprobs)
         old.cumulative_logprob, old.finish_reason, old.stop_reason, old.num_tokens = (
             new.cumulative_logprob, new.finish_reason, new.stop_reason, new.num_tokens)
-    whole.outputs.sort(key=lambda o: o.index)
     whole.finished, whole.metrics, whole.error = delta.finished, delta.metrics, delta.error

@@ -59,21 +59,20 @@ def flush_text(seq: Sequence) -> str:
 
 def completion_of(seq: Sequence) -> CompletionOutput:
     """What is new in the sequence since its previous output (advances its report marks)."""
-    tokens = seq.output_token_ids
     logprobs = None
     if seq.request.params.logprobs is not None:
         logprobs = seq.top_logprobs[seq.reported_logprobs:]
     out = CompletionOutput(
         index=seq.sample_index,
         text=seq.text[seq.reported_text_len:],
-        token_ids=tokens[seq.reported_tokens:],
+        token_ids=seq.token_ids[seq.num_prompt_tokens + seq.reported_tokens:],  # the new ones only: no copy of all
         cumulative_logprob=seq.cumulative_logprob,
         logprobs=logprobs,
         finish_reason=seq.finish_reason,
         stop_reason=seq.stop_reason,
-        num_tokens=len(tokens),
+        num_tokens=seq.num_output_tokens,
     )
-    seq.reported_text_len, seq.reported_tokens, seq.reported_logprobs = (len(seq.text), len(tokens),
+    seq.reported_text_len, seq.reported_tokens, seq.reported_logprobs = (len(seq.text), seq.num_output_tokens,
                                                                          len(seq.top_logprobs))
     return out
 

@@ -54,14 +54,14 @@ def _check_stop_list(params: SamplingParams, config: RequestLimits) -> None:
     stop = params.stop or []
     if len(stop) > config.max_stop_strings:
         raise RequestRejectedError(f"stop must hold at most {config.max_stop_strings} strings, got {len(stop)}", "stop")
-    if sum(map(len, stop)) > config.max_stop_chars:
+    total = sum(map(len, stop))
+    if total > config.max_stop_chars:
         raise RequestRejectedError(f"stop strings must total at most {config.max_stop_chars} characters, "
-                                   f"got {sum(map(len, stop))}", "stop")
+                                   f"got {total}", "stop")
 
 
 def _check_fits_pool(prompt_len: int, max_tokens: int, params: SamplingParams, cfg: RequestLimits) -> None:
     width = (params.beam_width or params.n) if params.use_beam_search else params.n
-    num_blocks = cfg.num_blocks
     if width > cfg.max_num_seqs:
         raise RequestRejectedError(
             f"the request runs {width} sequences at once but max_num_seqs is {cfg.max_num_seqs}", "n")
@@ -71,8 +71,8 @@ def _check_fits_pool(prompt_len: int, max_tokens: int, params: SamplingParams, c
             f"{cfg.max_num_batched_tokens}", "n")
     # the prompt is shared; each sequence needs its own copy of the last partial block onwards
     needed = ceil_div(prompt_len + max_tokens, cfg.block_size) + (width - 1) * (ceil_div(max_tokens, cfg.block_size) + 1)
-    if needed > num_blocks:
+    if needed > cfg.num_blocks:
         raise RequestRejectedError(
             f"the request needs up to {needed} KV blocks ({prompt_len} prompt tokens + {max_tokens} new tokens "
-            f"x {width} sequence(s), block size {cfg.block_size}) but the whole KV pool has {num_blocks} blocks",
+            f"x {width} sequence(s), block size {cfg.block_size}) but the whole KV pool has {cfg.num_blocks} blocks",
             "max_tokens")

@@ -142,8 +142,22 @@ def completion_logprobs(entries: list[dict[int, float]], tokens: TokenText, offs
 # ---- one request's response ------------------------------------------------------------------
 
 
-class ChatFormat:
+class _Format:
+    """What both response shapes share: a chunk's header and the closing usage chunk."""
+
+    chunk_type: type[p.ChatCompletionChunk] | type[p.CompletionChunk]
+
+    def _chunk(self, job: "Job", choices: list, **extra):
+        return self.chunk_type(id=job.response_id, created=job.created, model=job.model, choices=choices, **extra)
+
+    def usage_chunk(self, job: "Job", out: RequestOutput):
+        return self._chunk(job, [], usage=usage(out), timings=timings(out))
+
+
+class ChatFormat(_Format):
     """OpenAI's chat completion shapes."""
+
+    chunk_type = p.ChatCompletionChunk
 
     def response(self, job: "Job", out: RequestOutput, outputs: list[CompletionOutput]) -> p.ChatCompletionResponse:
         choices = [p.ChatChoice(index=o.index, message=p.ChatResponseMessage(content=o.text),
@@ -155,26 +169,22 @@ class ChatFormat:
     def chunk(self, job: "Job", o: CompletionOutput, text_offset: int) -> p.ChatCompletionChunk:
         choice = p.ChatChunkChoice(index=o.index, delta=p.DeltaMessage(content=o.text),
                                    logprobs=self._logprobs(job, o.logprobs), finish_reason=o.finish_reason)
-        return p.ChatCompletionChunk(id=job.response_id, created=job.created, model=job.model, choices=[choice])
+        return self._chunk(job, [choice])
 
     def opening_chunks(self, job: "Job") -> list[p.ChatCompletionChunk]:
         """The role comes first, once per choice."""
-        return [p.ChatCompletionChunk(id=job.response_id, created=job.created, model=job.model,
-                                      choices=[p.ChatChunkChoice(index=i, delta=p.DeltaMessage(role="assistant",
-                                                                                              content=""))])
+        return [self._chunk(job, [p.ChatChunkChoice(index=i, delta=p.DeltaMessage(role="assistant", content=""))])
                 for i in range(job.params.n)]
-
-    def usage_chunk(self, job: "Job", out: RequestOutput) -> p.ChatCompletionChunk:
-        return p.ChatCompletionChunk(id=job.response_id, created=job.created, model=job.model, choices=[],
-                                     usage=usage(out), timings=timings(out))
 
     @staticmethod
     def _logprobs(job: "Job", entries: list[dict[int, float]] | None) -> p.ChatLogprobs | None:
         return chat_logprobs(entries, job.top_logprobs, job.tokens) if entries is not None else None
 
 
-class CompletionFormat:
+class CompletionFormat(_Format):
     """OpenAI's (legacy) text completion shapes."""
+
+    chunk_type = p.CompletionChunk
 
     def response(self, job: "Job", out: RequestOutput, outputs: list[CompletionOutput]) -> p.CompletionResponse:
         return p.CompletionResponse(id=job.response_id, created=job.created, model=job.model,
@@ -182,15 +192,10 @@ class CompletionFormat:
                                     timings=timings(out))
 
     def chunk(self, job: "Job", o: CompletionOutput, text_offset: int) -> p.CompletionChunk:
-        return p.CompletionChunk(id=job.response_id, created=job.created, model=job.model,
-                                 choices=[self._choice(job, o, text_offset)])
+        return self._chunk(job, [self._choice(job, o, text_offset)])
 
     def opening_chunks(self, job: "Job") -> list[p.CompletionChunk]:
         return []
-
-    def usage_chunk(self, job: "Job", out: RequestOutput) -> p.CompletionChunk:
-        return p.CompletionChunk(id=job.response_id, created=job.created, model=job.model, choices=[],
-                                 usage=usage(out), timings=timings(out))
 
     @staticmethod
     def _choice(job: "Job", o: CompletionOutput, text_offset: int) -> p.CompletionChoice:

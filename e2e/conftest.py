@@ -9,6 +9,7 @@ requests: every test starts from an empty engine, whatever ran before it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -62,39 +63,41 @@ def _minivllm() -> str:
     return found
 
 
-@pytest.fixture(scope="session")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+@contextlib.contextmanager
+def running_server(extra_args: list[str], log_name: str) -> Iterator[str]:
+    """A `minivllm serve` with the session's engine settings plus `extra_args`; yields its base URL
+    once healthy and stops it afterwards. Its output goes to artifacts/e2e/<log_name>."""
     dist = REPO / "frontend" / "dist"
     if not (dist / "index.html").exists():
         pytest.fail("frontend/dist is missing: run `cd frontend && npm run build` first")
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     port = _free_port()
-    recordings = tmp_path_factory.mktemp("recordings")
     cmd = [_minivllm(), "serve", "--host", "127.0.0.1", "--port", str(port),
            "--num-blocks", str(ENGINE["num_blocks"]), "--block-size", str(ENGINE["block_size"]),
            "--max-num-seqs", str(ENGINE["max_num_seqs"]),
            "--max-num-batched-tokens", str(ENGINE["max_num_batched_tokens"]),
-           "--recordings-dir", str(recordings), "--frontend-dist", str(dist), "--log-level", "warning"]
+           *extra_args, "--frontend-dist", str(dist), "--log-level", "warning"]
     env = dict(os.environ)
     # One intra-op thread: on a small shared box, torch's default (one thread per core) competes
     # with the browser and other jobs and every engine step slows down by an order of magnitude.
     env.setdefault("OMP_NUM_THREADS", os.environ.get("MINIVLLM_E2E_THREADS", "1"))
     env.pop("MINIVLLM_API_KEY", None)
-    log = (ARTIFACTS / "server.log").open("w")
+    log_path = ARTIFACTS / log_name
+    log = log_path.open("w")
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + SERVER_START_TIMEOUT_S
         while True:
             if proc.poll() is not None:
-                pytest.fail(f"the server exited with {proc.returncode} while starting; see {ARTIFACTS / 'server.log'}")
+                pytest.fail(f"the server exited with {proc.returncode} while starting; see {log_path}")
             try:
                 if httpx.get(f"{base}/health", timeout=2).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
-                pytest.fail(f"the server was not healthy after {SERVER_START_TIMEOUT_S} s; see {ARTIFACTS / 'server.log'}")
+                pytest.fail(f"the server was not healthy after {SERVER_START_TIMEOUT_S} s; see {log_path}")
             time.sleep(0.5)  # polling the health check (fixture setup, not a test)
         yield base
     finally:
@@ -106,6 +109,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=10)
         log.close()
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    recordings = tmp_path_factory.mktemp("recordings")
+    with running_server(["--recordings-dir", str(recordings)], "server.log") as base:
+        yield base
 
 
 @pytest.fixture(scope="session")

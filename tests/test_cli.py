@@ -134,6 +134,24 @@ def test_bench_throughput_and_profile_run(tmp_path):
     assert "one decode step at 4 concurrent" in proc.stdout and "GEMM (linear layers, LM head)" in proc.stdout
 
 
+def test_bench_spec_puts_every_method_next_to_no_speculation(tmp_path):
+    """The command end to end on the tiny model (quick grid: one K per method): a row per setup,
+    workload and concurrency with its paired speedup, the machine line, a plot and the JSON."""
+    proc = cli("bench", "spec", "--quick", "--model", "random:tiny", "--draft-model", "random:tiny",
+               "--output-dir", str(tmp_path), timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    for setup in ("off", "ngram k=4", "draft random:tiny int4 k=2", "early exit L1/2 k=2 fixed"):
+        for workload in ("chat", "grounded"):
+            for conc in (1, 8):
+                assert re.search(rf"^{re.escape(setup)}\s+{workload}\s+{conc}\s+[\d.]+\s+[\d.]+x", proc.stdout,
+                                 re.MULTILINE), (setup, workload, conc, proc.stdout)
+    assert re.search(r"best one-stream setup on grounded: .+, [\d.]+x", proc.stdout)
+    assert re.search(r"machine: CPU capability \w+, \d+ threads, streaming bandwidth [\d.]+ GB/s", proc.stdout)
+    assert (tmp_path / "spec.png").stat().st_size > 0
+    runs = json.loads((tmp_path / "spec.json").read_text())["runs"]
+    assert {r["setup"] for r in runs} >= {"off", "ngram k=4"} and all(r["tokens_per_s"] > 0 for r in runs)
+
+
 def test_bench_quality_reports_every_precision_against_fp32(tmp_path):
     """The quality command end to end on the tiny random model (real tokenizer and text): one row per
     precision, the fp32 reference at KL 0 and full agreement, quantized rows smaller and not exact."""

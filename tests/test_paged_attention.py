@@ -234,7 +234,7 @@ def test_runner_mixed_batch_matches_hf(tiny, block_size):
     def work(name: str, n: int, logits: bool = True) -> SeqWork:
         start = done[name]
         done[name] += n
-        return SeqWork(seqs[name][start:start + n], start, tables[name], needs_logits=logits)
+        return SeqWork(seqs[name][start:start + n], start, tables[name], num_logits=int(logits))
 
     def check(name: str, row: torch.Tensor) -> None:
         torch.testing.assert_close(row, expected[name][done[name] - 1], atol=1e-4, rtol=0)

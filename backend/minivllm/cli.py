@@ -109,7 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("bench", help="benchmarks that print comparisons side by side")
-    p.add_argument("kind", choices=["single", "throughput", "profile", "quality", "llamacpp"])
+    p.add_argument("kind", choices=["single", "throughput", "profile", "quality", "llamacpp", "spec"])
+    p.add_argument("--draft-model", default=None,
+                   help="spec: the draft model's spec (default: the embedded model, in int4)")
+    p.add_argument("--only", nargs="+", default=None, metavar="METHOD",
+                   help="spec: run only these methods (ngram, draft, early); 'off' always runs")
     p.add_argument("--output-dir", default="bench-results")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])

@@ -37,6 +37,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     e.add_argument("--no-prefix-caching", action="store_true")
     e.add_argument("--max-stop-strings", type=int, default=64, help="the most stop strings one request may send")
     e.add_argument("--max-stop-chars", type=int, default=4096, help="their total length at most")
+    e.add_argument("--speculative-config", default=None,
+                   help='speculative decoding as vLLM\'s JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\', '
+                        '\'{"method": "draft_model", "model": "embedded", "quantization": "int4"}\' or '
+                        '\'{"method": "early_exit", "exit_layer": 8}\' (default: off)')
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -57,4 +61,5 @@ def build_engine(args: argparse.Namespace):
     from minivllm.engine.factory import create_engine
 
     return create_engine(args.model, engine_config(args), dtype=args.dtype, device=args.device, seed=args.seed,
-                         quantization=quant_config(args), threads=args.threads)
+                         quantization=quant_config(args), threads=args.threads,
+                         speculative_config=getattr(args, "speculative_config", None))

@@ -20,9 +20,10 @@ class LLM:
     with continuous batching."""
 
     def __init__(self, model: str | None = None, *, dtype: str = "float32", device: str | None = None,
-                 seed: int = 0, quantization: str | QuantConfig = "auto", **engine_options):
+                 seed: int = 0, quantization: str | QuantConfig = "auto",
+                 speculative_config: str | dict | None = None, **engine_options):
         self.engine = create_engine(model, EngineConfig(**engine_options), dtype=dtype, device=device, seed=seed,
-                                    quantization=quantization)
+                                    quantization=quantization, speculative_config=speculative_config)
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
 

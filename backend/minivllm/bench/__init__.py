@@ -25,6 +25,10 @@ def run_bench(args) -> int:
         from minivllm.bench.profile import bench_profile
 
         return bench_profile(engine, args)
+    if args.kind == "spec":
+        from minivllm.bench.spec import bench_spec
+
+        return bench_spec(engine, args)
     from minivllm.bench.throughput import bench_throughput
 
     return bench_throughput(engine, args)

@@ -39,3 +39,19 @@ SYSTEM_PROMPT_WORDS = (
     "You are a meticulous assistant for a company that builds inference engines. Answer precisely, cite the "
     "relevant component, prefer short paragraphs, never invent numbers, and say when you are unsure. "
 )
+
+# Input-grounded work: the answer repeats much of the prompt (quote, rewrite, edit code), where
+# n-gram lookup can draft whole phrases.
+_PASSAGE = ("The Amazon rainforest covers much of the Amazon basin of South America. The basin spans seven "
+            "million square kilometres, of which five and a half million are covered by the rainforest. The "
+            "region includes territory belonging to nine nations, and the majority of the forest lies in Brazil.")
+_CODE = ("def total_price(items, tax_rate):\n    total = 0\n    for item in items:\n        total += item.price "
+         "* item.quantity\n    return total + total * tax_rate\n")
+GROUNDED_PROMPTS = [
+    f"Repeat the following passage word for word:\n\n{_PASSAGE}",
+    f"Rewrite this Python function so that it uses a generator expression and sum(). Show the whole "
+    f"function.\n\n{_CODE}",
+    f"Quote the first two sentences of this text exactly, then say which country holds most of the forest."
+    f"\n\n{_PASSAGE}",
+    f"Add a docstring to this function and return the full code:\n\n{_CODE}",
+]

@@ -190,6 +190,17 @@ class BlockManager:
             self._emit("allocated", new, seq_id)
         return True
 
+    def trim(self, seq_id: int, num_tokens: int) -> None:
+        """Free the table's blocks past those holding ``num_tokens`` tokens: speculative decoding's
+        rollback of rejected drafts. Those blocks were allocated for drafts: never hashed."""
+        table = self._tables[seq_id]
+        keep = ceil_div(num_tokens, self.block_size)
+        if len(table) <= keep:
+            return
+        tail = table[keep:]
+        del table[keep:]
+        self._drop_refs(tail, seq_id)
+
     def needs_copy_on_write(self, seq_id: int, position: int) -> bool:
         """Writing the KV of token ``position`` must go to a private copy of its block: the block
         is shared, or it is hashed -- it holds computed tokens of another sequence, as after a fork
@@ -276,15 +287,19 @@ class BlockManager:
         if seq_id not in self._tables:
             return
         table = self._tables.pop(seq_id)  # gone before the events: listeners see the table released
+        self._drop_refs(table, seq_id)
+        del self._owners[seq_id]
+
+    def _drop_refs(self, block_ids: list[int], seq_id: int) -> None:
+        """Release the sequence's references to these blocks, last first."""
         freed, released = [], []
-        for bid in reversed(table):
+        for bid in reversed(block_ids):
             self._decref(bid)
             (released if self.blocks[bid].ref_count else freed).append(bid)
         if freed:
             self._emit("freed", freed, seq_id)
         if released:
             self._emit("released", released, seq_id)
-        del self._owners[seq_id]
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached hash. Free cached blocks become plain free blocks ("evicted").

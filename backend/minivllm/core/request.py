@@ -52,6 +52,10 @@ class Sequence:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     _block_hashes: list[int] = field(default_factory=list, repr=False)
+    # speculative decoding: tokens proposed to follow `token_ids`, verified in the next step, and
+    # the draft's distributions they were drawn from ([k, vocab]; None: chosen deterministically)
+    draft_token_ids: list[int] = field(default_factory=list)
+    draft_probs: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:

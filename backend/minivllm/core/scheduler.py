@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Callable, NamedTuple
 
 from minivllm.arith import ceil_div
@@ -28,22 +29,36 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class ScheduledSeq:
-    """One sequence's share of a step: run tokens [start, start + num_tokens)."""
+    """One sequence's share of a step: run tokens [start, start + num_tokens). With drafts, the
+    chunk is the sequence's last token and then `num_draft` proposed ones (a verify step)."""
 
     seq: Sequence
     start: int  # num_computed before this step
     num_tokens: int
+    num_draft: int = 0
 
     @property
     def completes(self) -> bool:
         """This chunk reaches the end of the sequence, so its logits are sampled."""
-        return self.start + self.num_tokens == self.seq.num_tokens
+        return self.start + self.num_tokens - self.num_draft == self.seq.num_tokens
+
+    @property
+    def num_logits(self) -> int:
+        """Logits rows this chunk yields: one per position a token is chosen at."""
+        return 1 + self.num_draft if self.completes else 0
+
+    @property
+    def drafts(self) -> list[int]:
+        return self.seq.draft_token_ids[:self.num_draft]
 
     @property
     def is_single_token(self) -> bool:
-        """The model runner's split (the paged decode kernel takes one token per sequence). Not the
-        request's phase: a prefill can end in a one-token chunk, a verify step runs several."""
-        return self.num_tokens == 1
+        """The model runner's split: every token of this chunk is a row of the paged decode kernel
+        (one token per row). Not the request's phase: a prefill can end in a one-token chunk. A
+        verify chunk runs its k + 1 tokens as k + 1 decode rows, each attending to the cache up to
+        its own position: the very computation a decode step there does, so verifying changes no
+        bit of the logits (greedy output stays identical to decoding without drafts)."""
+        return self.num_tokens == 1 or self.num_draft > 0
 
 
 @dataclass
@@ -64,14 +79,19 @@ class SchedulerOutput:
         return not self.scheduled
 
     def in_logits_order(self) -> list[ScheduledSeq]:
-        """Chunks as the runner lays out its rows: single tokens first, then multi-token chunks."""
+        """Chunks as the runner lays out its rows: decode rows first, then multi-token chunks."""
         return ([s for s in self.scheduled if s.is_single_token]
                 + [s for s in self.scheduled if not s.is_single_token])
 
     def sampled(self) -> list[tuple[ScheduledSeq, int]]:
-        """(chunk, logits row) for every chunk that completes its sequence."""
-        ready = [s for s in self.in_logits_order() if s.completes]
-        return [(s, row) for row, s in enumerate(ready)]
+        """(chunk, its first logits row) for every chunk that completes its sequence; a verify
+        chunk's rows follow on from there."""
+        out, row = [], 0
+        for s in self.in_logits_order():
+            if s.completes:
+                out.append((s, row))
+                row += s.num_logits
+        return out
 
 
 class Progress(NamedTuple):
@@ -124,17 +144,23 @@ class Scheduler:
 
     # ---- after a step ---------------------------------------------------------------------------
 
-    def update_from_output(self, out: SchedulerOutput) -> None:
+    def update_from_output(self, out: SchedulerOutput, accepted: Mapping[int, int] | None = None) -> None:
         """The one place progress moves: every scheduled chunk is now in the KV cache, and blocks it
-        filled enter the prefix cache. (Speculative decoding will pass how many drafted tokens each
-        sequence accepted; the rejected tail is then rolled back here.)"""
+        filled enter the prefix cache. A verify chunk keeps only its last token and the drafts
+        `accepted[seq_id]` says were accepted: the rejected positions roll back and the blocks that
+        held only them are freed. Only verified tokens are ever hashed: the accepted drafts join
+        `token_ids` after this, so their blocks are committed by the next update."""
         for s in out.scheduled:
             seq = s.seq
+            seq.draft_token_ids, seq.draft_probs = [], None  # used (or stale): proposed afresh each step
             if seq.request.is_finished:  # failed while sampling: its blocks are gone already
                 continue
-            seq.num_computed = s.start + s.num_tokens
+            rejected = s.num_draft - (accepted or {}).get(seq.seq_id, 0) if s.num_draft else 0
+            seq.num_computed = s.start + s.num_tokens - rejected
+            if s.num_draft:
+                self.bm.trim(seq.seq_id, seq.num_computed + 1)  # room for the token sampled this step
             if self.bm.enable_prefix_caching:  # else nothing is hashed at all
-                self.bm.commit_full_blocks(seq.seq_id, seq.token_ids, seq.num_computed,
+                self.bm.commit_full_blocks(seq.seq_id, seq.token_ids, min(seq.num_computed, seq.num_tokens),
                                            seq.block_hashes(self.bm.block_size))
 
     # ---- one step -----------------------------------------------------------------------------
@@ -161,13 +187,27 @@ class Scheduler:
         chunks = self._chunks(request, budget, progress)
         if not any(chunks):
             return 0
+        num_draft = self._num_draft(request, chunks, budget, progress)
+        chunks[0] += num_draft
         while self._blocks_needed(request, chunks, progress) > self.bm.num_free_blocks:
             victim = max(self.running, key=lambda r: r.sort_key)
             self._preempt(victim, out, reason=f"out of KV blocks (needed by {request.request_id})")
             if victim is request:
                 return 0
-        self._commit(request, chunks, out)
+        self._commit(request, chunks, out, num_draft)
         return sum(chunks)
+
+    def _num_draft(self, request: Request, chunks: list[int], budget: int, progress: Progress) -> int:
+        """Drafts ride along a sequence's next token under the same budget: only for a request
+        with one sequence that has caught up (its chunk is that one token), and only on free
+        blocks: a draft never preempts anyone (speculation is optional, a preemption is not)."""
+        seq = request.seqs[0]
+        if len(request.seqs) > 1 or chunks[0] != 1 or seq.num_remaining != 1:
+            return 0
+        num_draft = min(len(seq.draft_token_ids), budget - 1)
+        if num_draft and self._blocks_needed(request, [1 + num_draft], progress) > self.bm.num_free_blocks:
+            return 0
+        return num_draft
 
     def _admit_waiting(self, budget: int, out: SchedulerOutput) -> int:
         while self.waiting and budget > 0:
@@ -281,7 +321,7 @@ class Scheduler:
     def _blocks_needed(self, request: Request, chunks: list[int], progress: Progress) -> int:
         return sum(self._new_blocks(s, done, c) for s, done, c in zip(request.seqs, progress.computed, chunks))
 
-    def _commit(self, request: Request, chunks: list[int], out: SchedulerOutput) -> None:
+    def _commit(self, request: Request, chunks: list[int], out: SchedulerOutput, num_draft: int = 0) -> None:
         for seq, chunk in zip(request.seqs, chunks):
             if chunk == 0:
                 continue
@@ -289,13 +329,14 @@ class Scheduler:
             if copy is not None:
                 out.copies.append(copy)
             assert self.bm.ensure_capacity(seq.seq_id, seq.num_computed + chunk), "checked before commit"
-            out.scheduled.append(ScheduledSeq(seq, seq.num_computed, chunk))
+            out.scheduled.append(ScheduledSeq(seq, seq.num_computed, chunk, num_draft))
 
     def _preempt(self, request: Request, out: SchedulerOutput, reason: str) -> None:
         self.running.remove(request)
         for seq in request.seqs:
             self.bm.free_seq(seq.seq_id)
             seq.num_computed = 0
+            seq.draft_token_ids, seq.draft_probs = [], None
         request.refork_at = None
         request.num_preemptions += 1
         self.num_preemptions += 1

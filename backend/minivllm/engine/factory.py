@@ -9,16 +9,22 @@ from minivllm.engine.config import EngineConfig
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.loader import load_model
 from minivllm.quant.policy import QuantConfig
+from minivllm.spec.config import SpeculativeConfig
+from minivllm.spec.factory import load_draft
 
 
 def create_engine(model: str | None = None, config: EngineConfig | None = None, *, dtype: str = "float32",
                   device: str | None = None, seed: int = 0, quantization: str | QuantConfig = "auto",
-                  threads: int | None = None) -> LLMEngine:
+                  threads: int | None = None,
+                  speculative_config: str | dict | SpeculativeConfig | None = None) -> LLMEngine:
     """`model`: an HF directory, a .gguf file, a cached hub id, random:<shape>, or None for the
-    embedded SmolLM2. `threads`: torch's CPU threads (None: torch's choice)."""
+    embedded SmolLM2. `threads`: torch's CPU threads (None: torch's choice). `speculative_config`:
+    vLLM's JSON object (a string or a dict), None for no speculative decoding."""
     config = config or EngineConfig()
+    speculative = SpeculativeConfig.parse(speculative_config)  # a bad config fails before any load
     if threads:
         torch.set_num_threads(threads)
     loaded = load_model(model, dtype=dtype, device=device, seed=seed, max_model_len=config.max_model_len,
                         quantization=quantization)
-    return LLMEngine(loaded, config)
+    draft = load_draft(speculative, loaded, config.max_model_len) if speculative else None
+    return LLMEngine(loaded, config, speculative=speculative, draft=draft)

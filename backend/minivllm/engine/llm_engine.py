@@ -23,13 +23,14 @@ import torch
 from minivllm.events import types as ev
 from minivllm.core.block_manager import BlockManager
 from minivllm.core.request import Request
-from minivllm.core.scheduler import ScheduledSeq, Scheduler, SchedulerConfig, SchedulerOutput
+from minivllm.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from minivllm.engine import wire
 from minivllm.engine.config import EngineConfig
 from minivllm.engine.errors import EngineBusyError
 from minivllm.engine.malloc_tuning import keep_freed_memory_for_reuse
 from minivllm.engine.memory_budget import check_pool_fits
-from minivllm.engine.model_runner import ModelRunner, SeqWork
+from minivllm.engine.model_runner import ModelRunner
+from minivllm.engine.step_inputs import runner_inputs
 from minivllm.engine.output_processor import OutputProcessor
 from minivllm.engine.outputs import RequestOutput
 from minivllm.engine.request_tracker import RequestTracker
@@ -41,14 +42,20 @@ from minivllm.loader import LoadedModel
 from minivllm.model.attention import KVCache
 from minivllm.sampling.params import SamplingParams
 from minivllm.sampling.sampler import Sampler
+from minivllm.spec.config import SpeculativeConfig
+from minivllm.spec.factory import build_speculator
 
 Subscription = tuple[ev.Snapshot | None, list[ev.AnyEvent] | None, str | None]
 
 
 class LLMEngine:
-    def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None, bus: EventBus | None = None):
+    def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None, bus: EventBus | None = None,
+                 speculative: SpeculativeConfig | None = None, draft: LoadedModel | None = None):
+        """`speculative`: speculative decoding's setup (None: off); `draft`: its draft model, loaded
+        by `spec.factory.load_draft`."""
         config = config or EngineConfig()
         self.loaded = loaded
+        self.speculative, self.draft = speculative, draft
         self.tokenizer = loaded.tokenizer
         self.bus = bus or EventBus()
         self.telemetry = Telemetry(self.bus, config.metrics_interval_s)
@@ -75,6 +82,9 @@ class LLMEngine:
         sched_cfg = SchedulerConfig(config.max_num_batched_tokens, config.max_num_seqs, self.max_model_len)
         self.scheduler = Scheduler(sched_cfg, self.block_manager, self.telemetry.set_status)
         self.runner = ModelRunner(self.loaded.model, self.kv_cache)
+        self.speculator = (build_speculator(self.speculative, self.runner, self.block_manager, self.draft,
+                                            self.max_model_len) if self.speculative else None)
+        self.telemetry.spec_method = self.speculator.method if self.speculator else None
         self.telemetry.bind(self.block_manager, self.scheduler, config.metrics_interval_s)
         self.tracker.scheduler = self.scheduler
         self.output_processor.max_model_len = self.max_model_len
@@ -113,7 +123,8 @@ class LLMEngine:
             enable_prefix_caching=self.config.enable_prefix_caching,
             dtype=str(self.loaded.dtype).removeprefix("torch."), device=str(self.loaded.device),
             quantization=quant.mode, weight_bytes=quant.weight_bytes, weight_fp32_bytes=quant.fp32_bytes,
-            kernels=quant.kernel_lines())
+            kernels=quant.kernel_lines(),
+            speculative=self.speculative.describe() if self.speculative else None)
 
     # ---- requests -----------------------------------------------------------------------------
 
@@ -181,23 +192,20 @@ class LLMEngine:
         timer.mark("executed")
         samples = self.step_sampler.sample(sched, logits)
         timer.mark("sampled")
-        self.scheduler.update_from_output(sched)
+        accepted = {s.tokens[0].seq.seq_id: s.verified.num_accepted for s in samples if s.verified}
+        self.scheduler.update_from_output(sched, accepted)
         outputs += self.output_processor.apply(samples) + self.tracker.take_failed()
-        self.telemetry.step_finished(sched, timer)
+        if self.speculator is not None:  # learn what drafts cost and earn; draft the next step's tokens
+            self.speculator.observe(sched, accepted, timer.executed - timer.scheduled)
+            self.speculator.propose(self.scheduler.running)
+        self.telemetry.step_finished(sched, timer, sum(s.num_tokens for s in samples))
         return outputs
 
     def execute(self, sched: SchedulerOutput) -> torch.Tensor:
         """Run the plan's tokens through the model: logits rows in `sched.sampled()` order."""
-        chunks = sched.in_logits_order()
-        single = [self._work(s) for s in chunks if s.is_single_token]
-        multi = [self._work(s) for s in chunks if not s.is_single_token]
-        logits = self.runner.execute(single, multi, sched.copies)
+        logits = self.runner.execute(*runner_inputs(sched, self.block_manager), sched.copies)
         self.telemetry.step_ran(sched)
         return logits
-
-    def _work(self, s: ScheduledSeq) -> SeqWork:
-        tokens = s.seq.token_ids[s.start:s.start + s.num_tokens]
-        return SeqWork(tokens, s.start, self.block_manager.block_table(s.seq.seq_id), needs_logits=s.completes)
 
     # ---- the narrow surface the server reads ----------------------------------------------------
 

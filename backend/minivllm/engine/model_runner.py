@@ -23,7 +23,9 @@ class SeqWork:
     token_ids: list[int]  # the new tokens to run (1 for a decode)
     num_computed: int  # tokens of the sequence already in the KV cache
     block_table: list[int]
-    needs_logits: bool = True  # False for a prefill chunk that does not reach the end of the prompt
+    # logits rows wanted, for the last this many tokens: 1 for a decode or the end of a prompt, 0
+    # for a prefill chunk that does not reach it, 1 + k to verify k drafted tokens
+    num_logits: int = 1
 
 
 class ModelRunner:
@@ -35,12 +37,12 @@ class ModelRunner:
 
     def execute(self, single: list[SeqWork], chunks: list[SeqWork],
                 copies: list[tuple[int, int]] | None = None,
-                hidden_states_out: list[torch.Tensor] | None = None) -> torch.Tensor:
-        """Returns fp32 logits [rows, vocab], one row per sequence with needs_logits, in the
-        order single-token rows, then chunks."""
+                hidden_states_out: list[torch.Tensor] | None = None, num_layers: int | None = None) -> torch.Tensor:
+        """Returns fp32 logits [rows, vocab]: each sequence's `num_logits` rows, in the order
+        single-token rows, then chunks. `num_layers`: the early-exit draft (see LlamaModel)."""
         self.kv_cache.copy_blocks(copies or [])
         input_ids, positions, meta, logit_rows = self._prepare(single, chunks)
-        hidden = self.model(input_ids, positions, self.kv_cache, meta, hidden_states_out)
+        hidden = self.model(input_ids, positions, self.kv_cache, meta, hidden_states_out, num_layers)
         return self.model.compute_logits(hidden[logit_rows])
 
     def _prepare(self, single: list[SeqWork], chunks: list[SeqWork]):
@@ -55,8 +57,7 @@ class ModelRunner:
             positions = range(work.num_computed, work.num_computed + n)
             pos.extend(positions)
             slots.extend(self._slot(work.block_table, p) for p in positions)
-            if work.needs_logits:
-                rows.append(start + n - 1)
+            rows.extend(range(start + n - work.num_logits, start + n))
         dev = self.device
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),

@@ -29,6 +29,8 @@ class OutputProcessor:
             elif drawn.new_children:
                 contained(drawn.request, "forking", self.add_forks, drawn)
         for drawn in samples:
+            if drawn.verified is not None:
+                self.telemetry.spec_verified(drawn.tokens[0].seq, drawn.verified)
             if drawn.request.error is None and drawn.tokens:
                 contained(drawn.request, "post-processing", self.append_all, drawn.tokens)
         for drawn in samples:
@@ -42,11 +44,12 @@ class OutputProcessor:
 
     def append_all(self, tokens: list[SampledToken]) -> None:
         for t in tokens:
-            self.append(t.seq, t.token, t.logprob, t.top)
+            if not t.seq.finished:  # a stop inside an accepted run of drafts ends the sequence there
+                self.append(t.seq, t.token, t.logprob, t.top, t.drafted)
 
-    def append(self, seq: Sequence, token: int, logprob: float | None, top) -> None:
+    def append(self, seq: Sequence, token: int, logprob: float | None, top, drafted: bool = False) -> None:
         text = append_token(seq, token, logprob, top, self.eos_ids, self.max_model_len)
-        self.telemetry.token(seq, token, text, logprob)
+        self.telemetry.token(seq, token, text, logprob, drafted)
 
     # ---- beam search --------------------------------------------------------------------------
 

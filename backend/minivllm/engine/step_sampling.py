@@ -12,10 +12,11 @@ from dataclasses import dataclass, field
 import torch
 
 from minivllm.core.request import Request, Sequence
-from minivllm.core.scheduler import SchedulerOutput
+from minivllm.core.scheduler import ScheduledSeq, SchedulerOutput
 from minivllm.engine.request_tracker import RequestTracker
 from minivllm.sampling.beam_search import BeamSearchState
 from minivllm.sampling.sampler import Sampler, SamplingRow
+from minivllm.spec.verify import Verified, verify_drafts
 
 Rows = list[tuple[Sequence, int]]  # (sequence, logits row)
 
@@ -26,6 +27,7 @@ class SampledToken:
     token: int
     logprob: float | None
     top: list[tuple[int, float]] | None
+    drafted: bool = False  # an accepted draft token (speculative decoding)
 
 
 @dataclass
@@ -36,6 +38,12 @@ class RequestSamples:
     tokens: list[SampledToken] = field(default_factory=list)
     new_children: list[tuple[Sequence, Sequence]] = field(default_factory=list)  # (parent, child): n > 1 forks
     beam_choices: list[tuple[int, int]] | None = None  # beam search: (parent row, token) pairs to continue
+    verified: Verified | None = None  # speculative decoding: what was proposed and what was kept
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens this request drew this step (a beam step: one per continued beam)."""
+        return len(self.beam_choices) if self.beam_choices is not None else len(self.tokens)
 
 
 class StepSampler:
@@ -46,10 +54,13 @@ class StepSampler:
 
     def sample(self, sched: SchedulerOutput, logits: torch.Tensor) -> list[RequestSamples]:
         by_request: dict[str, tuple[Request, Rows]] = {}
+        samples, plain = [], []
         for chunk, row in sched.sampled():
+            if chunk.num_draft:
+                samples.append(self._verify(chunk, logits[row:row + chunk.num_logits]))
+                continue
             request = chunk.seq.request
             by_request.setdefault(request.request_id, (request, []))[1].append((chunk.seq, row))
-        samples, plain = [], []
         for request, rows in by_request.values():
             drawn = RequestSamples(request)
             if request.params.use_beam_search:
@@ -65,6 +76,20 @@ class StepSampler:
             samples.append(drawn)
         self._sample_plain(plain, logits)
         return [s for s in samples if s.request.error is None]
+
+    def _verify(self, chunk: ScheduledSeq, logits: torch.Tensor) -> RequestSamples:
+        """A verify chunk (one sequence, its request has no other): keep the drafts the target
+        agrees with, then the target's own token."""
+        seq, drawn = chunk.seq, RequestSamples(chunk.seq.request)
+        verified = self.tracker.contained(seq.request, "sampling", verify_drafts, self.sampler, seq, chunk.drafts,
+                                          logits, self.eos_id)
+        if verified is None:
+            return drawn
+        drawn.verified = verified
+        for i, token in enumerate(verified.tokens):
+            top = verified.top[i] if verified.top else None
+            drawn.tokens.append(SampledToken(seq, token, verified.logprobs[i], top, drafted=i < verified.num_accepted))
+        return drawn
 
     def beam_step(self, request: Request, logits: torch.Tensor) -> list[tuple[int, int]]:
         if request.beam is None:

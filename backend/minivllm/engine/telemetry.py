@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from minivllm.events import types as ev
 from minivllm.core.block_manager import BlockManager
@@ -18,6 +18,7 @@ from minivllm.core.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from minivllm.engine import wire
 from minivllm.engine.memory_budget import process_rss_bytes
 from minivllm.events.bus import EventBus
+from minivllm.spec.verify import Verified
 
 
 @dataclass
@@ -27,6 +28,10 @@ class Counters:
     prefix_queries: int = 0
     prefix_hits: int = 0
     steps: int = 0
+    spec_drafts: int = 0  # verifications of at least one drafted token
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_accepted_per_position: list[int] = field(default_factory=list)  # [i]: drafts accepted at position i
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,10 @@ class EngineStats:
     num_preemptions: int
     prompt_tokens: int
     generation_tokens: int
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_position: tuple[int, ...] = ()
 
 
 @dataclass
@@ -66,6 +75,7 @@ class Telemetry:
         self._last_metrics = (0.0, 0, 0)
         self._bm: BlockManager | None = None
         self._scheduler: Scheduler | None = None
+        self.spec_method: str | None = None  # set by the engine when it speculates
 
     def bind(self, block_manager: BlockManager, scheduler: Scheduler, metrics_interval_s: float) -> None:
         """Follow a freshly built pool and scheduler (start-up and every reconfiguration)."""
@@ -100,14 +110,27 @@ class Telemetry:
     def seq_removed(self, request: Request, seq: Sequence, reason: str) -> None:
         self.emit(ev.SeqRemoved(request_id=request.request_id, seq_id=seq.seq_id, reason=reason))
 
-    def token(self, seq: Sequence, token: int, text: str, logprob: float | None) -> None:
+    def token(self, seq: Sequence, token: int, text: str, logprob: float | None, drafted: bool = False) -> None:
         request = seq.request
         request.num_generated_events += 1
         self.counters.generation_tokens += 1
         event = self.emit(ev.TokenGenerated(request_id=request.request_id, seq_id=seq.seq_id,
-                                            token_id=token, text=text, logprob=logprob))
+                                            token_id=token, text=text, logprob=logprob, drafted=drafted))
         if request.first_token_time is None:
             request.first_token_time = event.ts
+
+    def spec_verified(self, seq: Sequence, verified: Verified) -> None:
+        c, accepted = self.counters, verified.num_accepted
+        c.spec_drafts += 1
+        c.spec_draft_tokens += len(verified.proposed)
+        c.spec_accepted_tokens += accepted
+        per_position = c.spec_accepted_per_position
+        per_position.extend([0] * (len(verified.proposed) - len(per_position)))
+        for i in range(accepted):
+            per_position[i] += 1
+        self.emit(ev.SpecVerified(request_id=seq.request.request_id, seq_id=seq.seq_id, step=c.steps,
+                                  method=self.spec_method or "", proposed=verified.proposed, accepted=accepted,
+                                  token_id=verified.tokens[-1]))
 
     # ---- steps --------------------------------------------------------------------------------
 
@@ -119,7 +142,7 @@ class Telemetry:
 
         def chunk(s: ScheduledSeq) -> ev.ScheduledChunk:
             return ev.ScheduledChunk(request_id=s.seq.request.request_id, seq_id=s.seq.seq_id,
-                                     start=s.start, num_tokens=s.num_tokens)
+                                     start=s.start, num_tokens=s.num_tokens, num_draft=s.num_draft)
 
         # prefill / decode here is the request's phase (the dashboard's lanes), not the runner's
         # single-token split: a recompute after preemption is prefill even for one token
@@ -143,11 +166,11 @@ class Telemetry:
             if s.start + s.num_tokens <= s.seq.num_prompt_tokens:
                 self.counters.prompt_tokens += s.num_tokens
 
-    def step_finished(self, sched: SchedulerOutput, timer: StepTimer) -> None:
+    def step_finished(self, sched: SchedulerOutput, timer: StepTimer, num_generated: int) -> None:
         end = time.perf_counter()
         self.emit(ev.StepFinished(
             step=self.counters.steps, duration_ms=(end - timer.start) * 1e3,
-            num_tokens=sum(s.num_tokens for s in sched.scheduled), num_generated=len(sched.sampled()),
+            num_tokens=sum(s.num_tokens for s in sched.scheduled), num_generated=num_generated,
             schedule_ms=(timer.scheduled - timer.start) * 1e3, forward_ms=(timer.executed - timer.scheduled) * 1e3,
             sample_ms=(timer.sampled - timer.executed) * 1e3, postprocess_ms=(end - timer.sampled) * 1e3))
         self.metrics_if_due()
@@ -166,7 +189,10 @@ class Telemetry:
             num_running=len(scheduler.running), num_waiting=len(scheduler.waiting), kv_usage=bm.usage(),
             num_cached_free_blocks=bm.num_cached_free_blocks, prefix_cache_queries=c.prefix_queries,
             prefix_cache_hits=c.prefix_hits, num_preemptions=scheduler.num_preemptions,
-            prompt_tokens=c.prompt_tokens, generation_tokens=c.generation_tokens)
+            prompt_tokens=c.prompt_tokens, generation_tokens=c.generation_tokens,
+            spec_num_drafts=c.spec_drafts, spec_num_draft_tokens=c.spec_draft_tokens,
+            spec_num_accepted_tokens=c.spec_accepted_tokens,
+            spec_accepted_per_position=tuple(c.spec_accepted_per_position))
 
     def metrics_if_due(self, force: bool = False) -> None:
         now = self.bus.now()

@@ -18,7 +18,7 @@ def block_event(e: BlockEvent) -> ev.Event | None:
                                prefix_hit=e.prefix_hit, table=e.table)
     if e.kind in ("freed", "released"):
         return ev.BlocksFreed(request_id=owner, seq_id=seq_id, block_ids=e.block_ids, ref_counts=e.ref_counts,
-                              whole_table=e.seq_released)
+                              whole_table=e.seq_released, table=None if e.seq_released else e.table)
     if e.kind == "cached":
         return ev.BlocksCached(request_id=owner, seq_id=seq_id, block_ids=e.block_ids,
                                hashes=[ev.hash_hex(h) or "" for h in e.block_hashes or []])

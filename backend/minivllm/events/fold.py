@@ -106,6 +106,11 @@ class StateFolder:
             if seq is not None:
                 seq.num_computed = chunk.start + chunk.num_tokens
 
+    def _on_SpecVerified(self, e: ev.SpecVerified) -> None:
+        seq = self._seq(e.request_id, e.seq_id)
+        if seq is not None:  # the rejected drafts' positions roll back
+            seq.num_computed -= len(e.proposed) - e.accepted
+
     def _on_BlocksAllocated(self, e: ev.BlocksAllocated) -> None:
         for b in e.block_ids:
             self.blocks[b].ref_count = 1
@@ -119,6 +124,8 @@ class StateFolder:
         self._set_refs(e.block_ids, e.ref_counts)
         if e.whole_table:
             self._set_table(e.request_id, e.seq_id, [])
+        elif e.table is not None:
+            self._set_table(e.request_id, e.seq_id, e.table)
 
     def _on_BlocksCached(self, e: ev.BlocksCached) -> None:
         for b, h in zip(e.block_ids, e.hashes):

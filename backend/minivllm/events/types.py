@@ -65,6 +65,21 @@ class TokenGenerated(Event, tag="token"):
     token_id: int
     text: str  # the detokenized text delta (may be "" while a multi-byte character is incomplete)
     logprob: float | None
+    drafted: bool = False  # proposed by speculative decoding and accepted by the target model
+
+
+class SpecVerified(Event, tag="spec_verified"):
+    """Speculative decoding: the target model checked a sequence's drafted tokens in one pass.
+    The first `accepted` drafts were kept; then `token_id` came from the target itself (the
+    correction at the first rejected draft, or a bonus token when all were accepted)."""
+
+    request_id: str
+    seq_id: int
+    step: int
+    method: str  # ngram | draft_model | early_exit
+    proposed: list[int]
+    accepted: int
+    token_id: int
 
 
 # ---- scheduling ------------------------------------------------------------------------------
@@ -75,6 +90,7 @@ class ScheduledChunk(msgspec.Struct):
     seq_id: int
     start: int  # tokens already computed before this chunk
     num_tokens: int
+    num_draft: int = 0  # of num_tokens, drafted tokens to verify (speculative decoding)
 
 
 class StepScheduled(Event, tag="step_scheduled"):
@@ -114,6 +130,11 @@ class MetricsSample(Event, tag="metrics"):
     generation_throughput: float  # tokens/s over the last sample window
     prompt_throughput: float
     rss_bytes: int = 0  # the serving process's resident memory, as `ps` shows it (0: unknown)
+    # speculative decoding, cumulative (vLLM's spec_decode_* counters)
+    spec_num_drafts: int = 0  # verify steps with at least one drafted token
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_position: list[int] = []  # [i]: drafts accepted at draft position i
 
 
 # ---- KV blocks -------------------------------------------------------------------------------
@@ -137,14 +158,16 @@ class BlocksShared(Event, tag="blocks_shared"):
 
 class BlocksFreed(Event, tag="blocks_freed"):
     """A sequence dropped references: its whole table (`whole_table`, when it finished, was
-    preempted or pruned) or one block it just copied (copy-on-write). Blocks whose ref count
-    reached 0 are free, and stay reusable from the prefix cache while they keep their hash."""
+    preempted or pruned), one block it just copied (copy-on-write), or the tail blocks that held
+    only rejected drafts (speculative decoding's rollback). Blocks whose ref count reached 0 are
+    free, and stay reusable from the prefix cache while they keep their hash."""
 
     request_id: str
     seq_id: int
     block_ids: list[int]
     ref_counts: list[int]
     whole_table: bool
+    table: list[int] | None = None  # the sequence's table after the change, unless whole_table
 
 
 class BlocksCached(Event, tag="blocks_cached"):
@@ -179,7 +202,7 @@ class ConfigChanged(Event, tag="config_changed"):
 AnyEvent = Union[
     RequestArrived, RequestStateChanged, SeqAdded, SeqRemoved, TokenGenerated, StepScheduled,
     StepFinished, MetricsSample, BlocksAllocated, BlocksShared, BlocksFreed, BlocksCached,
-    BlocksEvicted, BlocksCopied, ConfigChanged,
+    BlocksEvicted, BlocksCopied, ConfigChanged, SpecVerified,
 ]
 
 
@@ -201,6 +224,7 @@ class EngineInfo(msgspec.Struct):
     weight_bytes: int = 0  # bytes the weights occupy as stored (packed copies included)
     weight_fp32_bytes: int = 0  # the same parameters in fp32, for the ratio
     kernels: list[str] = []  # one line per layer group: which kernel serves which row counts
+    speculative: str | None = None  # the speculative-decoding setup in words; None: off
 
 
 class SeqState(msgspec.Struct):

@@ -89,13 +89,15 @@ class LlamaModel(nn.Module):
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache,
-                meta: AttentionMetadata, hidden_states_out: list[torch.Tensor] | None = None) -> torch.Tensor:
+                meta: AttentionMetadata, hidden_states_out: list[torch.Tensor] | None = None,
+                num_layers: int | None = None) -> torch.Tensor:
         """Returns the final-normed hidden state of every token [T, hidden]. When `hidden_states_out`
         is given, it receives every layer's input and then the final normed output (HF's convention
-        for `output_hidden_states`)."""
+        for `output_hidden_states`). `num_layers`: stop after that many layers and norm there (early
+        exit: the speculative self-draft; only those layers' KV is written)."""
         x = self.embed_tokens(input_ids)
         rope = self.rotary.tables(positions, x.dtype)
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.layers[:num_layers]):
             if hidden_states_out is not None:
                 hidden_states_out.append(x)
             x = layer(x, rope, kv_cache.k[i], kv_cache.v[i], meta)

@@ -175,15 +175,14 @@ class Sampler:
             raise ValueError(f"logits must be [len(rows), vocab], got {tuple(logits.shape)} for {len(rows)} rows")
         if logits.dtype != torch.float32:
             logits = logits.to(torch.float32)
-        num_rows, vocab = logits.shape
+        num_rows = logits.shape[0]
         device = logits.device
         if num_rows == 0:
             return SampleOutput(token_ids=[], logprobs=[], top_logprobs=None)
 
         # Every stage below works out of place, so `raw` keeps the unprocessed logits.
         raw = logits
-        logits = self._apply_min_tokens(logits, rows)
-        logits = self._apply_penalties(logits, rows)
+        logits = self.processed(logits, rows)
 
         greedy = [r.params.is_greedy for r in rows]
         if all(greedy):
@@ -201,21 +200,32 @@ class Sampler:
             else:
                 si = torch.tensor(sampled_idx, dtype=torch.long, device=device)
                 token_ids[si] = self._sample(logits[si], sampled_rows)
+        chosen, top_logprobs = raw_logprobs(raw, token_ids, rows)
+        return SampleOutput(token_ids=token_ids.tolist(), logprobs=chosen, top_logprobs=top_logprobs)
 
-        # Log-probs of the raw distribution: logit - logsumexp (no full log_softmax needed).
-        raw_lse = torch.logsumexp(raw, dim=-1)
-        chosen = raw.gather(1, token_ids.unsqueeze(1)).squeeze(1) - raw_lse
-        top_logprobs = None
-        max_top = max((r.params.logprobs or 0) for r in rows)
-        if max_top > 0:
-            top_vals, top_ids = raw.topk(min(max_top, vocab), dim=-1)
-            top_lps = (top_vals - raw_lse.unsqueeze(1)).tolist()
-            top_ids_l = top_ids.tolist()
-            top_logprobs = []
-            for i, r in enumerate(rows):
-                n = r.params.logprobs or 0
-                top_logprobs.append(list(zip(top_ids_l[i][:n], top_lps[i][:n])))
-        return SampleOutput(token_ids=token_ids.tolist(), logprobs=chosen.tolist(), top_logprobs=top_logprobs)
+    def processed(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        """Stages 1-3 (min_tokens, penalties): what greedy rows take the argmax of."""
+        return self._apply_penalties(self._apply_min_tokens(logits, rows), rows)
+
+    @staticmethod
+    def probabilities(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        """Stage 4 up to the draw, for sampled rows: temperature, top-k, top-p, min-p, softmax."""
+        device = logits.device
+        vocab = logits.shape[1]
+        params = [r.params for r in rows]
+        temps = [p.temperature for p in params]
+        if any(t != 1.0 for t in temps):
+            logits = logits / torch.tensor(temps, dtype=torch.float32, device=device).unsqueeze(1)
+        k = p = mp = None
+        if any(0 < x.effective_top_k < vocab for x in params):
+            k = torch.tensor(
+                [x.effective_top_k if x.effective_top_k > 0 else vocab for x in params], dtype=torch.long, device=device
+            )
+        if any(x.top_p < 1.0 for x in params):
+            p = torch.tensor([x.top_p for x in params], dtype=torch.float32, device=device)
+        if any(x.min_p > 0.0 for x in params):
+            mp = torch.tensor([x.min_p for x in params], dtype=torch.float32, device=device)
+        return apply_top_k_top_p_min_p(logits, k, p, mp).softmax(dim=-1)
 
     # ------------------------------------------------------------------ stages
     @staticmethod
@@ -260,24 +270,26 @@ class Sampler:
         logits[ti] = apply_penalties(logits[ti], prompt_ids, output_ids, rep, freq, pres)
         return logits
 
-    @staticmethod
-    def _sample(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    @classmethod
+    def _sample(cls, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         """Temperature, top-k, top-p, min-p, softmax, exponential race for non-greedy rows."""
-        device = logits.device
-        vocab = logits.shape[1]
-        params = [r.params for r in rows]
-        temps = [p.temperature for p in params]
-        if any(t != 1.0 for t in temps):
-            logits = logits / torch.tensor(temps, dtype=torch.float32, device=device).unsqueeze(1)
-        k = p = mp = None
-        if any(0 < x.effective_top_k < vocab for x in params):
-            k = torch.tensor(
-                [x.effective_top_k if x.effective_top_k > 0 else vocab for x in params], dtype=torch.long, device=device
-            )
-        if any(x.top_p < 1.0 for x in params):
-            p = torch.tensor([x.top_p for x in params], dtype=torch.float32, device=device)
-        if any(x.min_p > 0.0 for x in params):
-            mp = torch.tensor([x.min_p for x in params], dtype=torch.float32, device=device)
-        logits = apply_top_k_top_p_min_p(logits, k, p, mp)
-        probs = logits.softmax(dim=-1)
-        return exponential_race(probs, [r.generator for r in rows])
+        return exponential_race(cls.probabilities(logits, rows), [r.generator for r in rows])
+
+
+def raw_logprobs(raw: torch.Tensor, token_ids: torch.Tensor, rows: list[SamplingRow]
+                 ) -> tuple[list[float], list[list[tuple[int, float]]] | None]:
+    """Log-probs of the chosen tokens under the raw distribution (logit - logsumexp, no full
+    log_softmax), and each row's top-N when any row asked for logprobs."""
+    raw_lse = torch.logsumexp(raw, dim=-1)
+    chosen = raw.gather(1, token_ids.unsqueeze(1)).squeeze(1) - raw_lse
+    max_top = max((r.params.logprobs or 0) for r in rows)
+    if max_top <= 0:
+        return chosen.tolist(), None
+    top_vals, top_ids = raw.topk(min(max_top, raw.shape[1]), dim=-1)
+    top_lps = (top_vals - raw_lse.unsqueeze(1)).tolist()
+    top_ids_l = top_ids.tolist()
+    top_logprobs = []
+    for i, r in enumerate(rows):
+        n = r.params.logprobs or 0
+        top_logprobs.append(list(zip(top_ids_l[i][:n], top_lps[i][:n])))
+    return chosen.tolist(), top_logprobs

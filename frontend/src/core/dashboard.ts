@@ -1,8 +1,9 @@
 // The dashboard's one reducer: the engine fold (fold.ts) plus what the panels need — timeline
-// segments per request, prefill chunk ticks, scheduler step rows, an event log, metrics history,
-// latency samples, eviction times and the generated tokens. Live view and replay both call
-// `reduce(state, events)`; it is pure (the input state is never changed), so replay checkpoints can
-// be kept and folded forward again.
+// segments per request, prefill chunk ticks and speculative verify marks, scheduler step rows, an
+// event log, metrics history, latency samples, eviction times, the generated tokens (each with the
+// verification that produced it) and each request's speculative verifications. Live view and
+// replay both call `reduce(state, events)`; it is pure (the input state is never changed), so replay
+// checkpoints can be kept and folded forward again.
 import { EngineDraft, stateFromSnapshot, type EngineState, type RequestView } from "./fold";
 import { ring, ringPush, type Ring } from "./ring";
 import type {
@@ -11,6 +12,7 @@ import type {
   MetricsSample,
   RequestStateName,
   Snapshot,
+  SpecVerified,
   StepFinished,
   StepScheduled,
 } from "./wire";
@@ -34,11 +36,23 @@ export interface ChunkTick {
   readonly num_tokens: number;
 }
 
+/** A verify step of speculative decoding: a scheduled chunk with drafted tokens (num_draft > 0). */
+export interface VerifyMark {
+  readonly ts: number;
+  readonly step: number;
+  readonly seq_id: number;
+  readonly num_draft: number;
+  /** Drafts kept, once the step's SpecVerified arrived; null until then. */
+  readonly accepted: number | null;
+}
+
 export interface RequestTimeline {
   readonly request_id: string;
   readonly arrival_ts: number;
   readonly segments: readonly Segment[];
   readonly ticks: readonly ChunkTick[];
+  /** Verify steps, oldest first (at most limits.maxTokensPerRequest). */
+  readonly verifies: readonly VerifyMark[];
 }
 
 export interface TokenEntry {
@@ -47,6 +61,19 @@ export interface TokenEntry {
   readonly text: string;
   readonly logprob: number | null;
   readonly ts: number;
+  /** An accepted draft (speculative decoding). */
+  readonly drafted: boolean;
+  /** The verification of the step that produced this token (its sequence's SpecVerified), if any:
+   * set on the accepted drafts and on the target's own token after them. */
+  readonly verify: SpecVerified | null;
+}
+
+/** A request's speculative verifications (every sequence's, oldest first) and their totals. */
+export interface RequestSpec {
+  readonly verifies: Ring<SpecVerified>;
+  readonly drafts: number;
+  readonly draftTokens: number;
+  readonly accepted: number;
 }
 
 export interface LatencySample {
@@ -83,6 +110,8 @@ export interface DashboardState {
   readonly engine: EngineState;
   readonly timelines: ReadonlyMap<string, RequestTimeline>;
   readonly tokens: ReadonlyMap<string, Ring<TokenEntry>>;
+  /** Speculative verifications per request (only requests that had one). */
+  readonly spec: ReadonlyMap<string, RequestSpec>;
   readonly steps: Ring<StepScheduled>;
   readonly stepTimes: Ring<StepFinished>;
   readonly log: Ring<AnyEvent>;
@@ -116,7 +145,7 @@ function snapshotTimeline(r: RequestView, at: number, previous?: RequestTimeline
     return { ...previous, segments };
   }
   if (r.state === "WAITING" && r.num_preemptions === 0) {
-    return { request_id: r.request_id, arrival_ts: r.arrival_ts, ticks: [], segments: [
+    return { request_id: r.request_id, arrival_ts: r.arrival_ts, ticks: [], verifies: [], segments: [
       { state: "WAITING", start: r.arrival_ts, end: null, reason: "arrived" },
     ] };
   }
@@ -125,7 +154,7 @@ function snapshotTimeline(r: RequestView, at: number, previous?: RequestTimeline
     { state: "UNKNOWN", start: r.arrival_ts, end: knownUntil, reason: "before the dashboard joined" },
     r.state === "FINISHED" ? terminal() : { state: r.state, start: at, end: null, reason: "from snapshot" },
   ];
-  return { request_id: r.request_id, arrival_ts: r.arrival_ts, segments, ticks: [] };
+  return { request_id: r.request_id, arrival_ts: r.arrival_ts, segments, ticks: [], verifies: [] };
 }
 
 /**
@@ -143,16 +172,20 @@ export function fromSnapshot(
     previous.engine.config.block_size === engine.config.block_size;
   const timelines = new Map<string, RequestTimeline>();
   const tokens = new Map<string, Ring<TokenEntry>>();
+  const spec = new Map<string, RequestSpec>();
   for (const r of engine.requests.values()) {
     timelines.set(r.request_id, snapshotTimeline(r, snapshot.ts, sameEngine ? previous.timelines.get(r.request_id) : undefined));
     const known = sameEngine ? previous.tokens.get(r.request_id) : undefined;
     if (known !== undefined) tokens.set(r.request_id, known);
+    const verified = sameEngine ? previous.spec.get(r.request_id) : undefined;
+    if (verified !== undefined) spec.set(r.request_id, verified);
   }
   const evictedAt = sameEngine ? previous.evictedAt : new Float64Array(engine.config.num_blocks).fill(NaN);
   return {
     engine,
     timelines,
     tokens,
+    spec,
     steps: previous?.steps ?? ring(limits.stepRows),
     stepTimes: previous?.stepTimes ?? ring(limits.stepRows),
     log: previous?.log ?? ring(limits.logSize),
@@ -175,10 +208,13 @@ function latencyOf(r: RequestView): LatencySample {
   return { request_id: r.request_id, ts: finish, ttft, tpot, e2e: finish - r.arrival_ts, finish_reason: r.finish_reason };
 }
 
+type MTimeline = { -readonly [K in keyof RequestTimeline]: RequestTimeline[K] } & { segments: Segment[]; ticks: ChunkTick[]; verifies: VerifyMark[] };
+
 class DashboardDraft {
   readonly engine: EngineDraft;
   private timelines: Map<string, RequestTimeline>;
   private tokens: Map<string, Ring<TokenEntry>>;
+  private spec: Map<string, RequestSpec>;
   private evictedAt: Float64Array;
   private epoch: number;
   private readonly fresh = new WeakSet<object>();
@@ -193,6 +229,7 @@ class DashboardDraft {
     this.engine = new EngineDraft(base.engine);
     this.timelines = base.timelines as Map<string, RequestTimeline>;
     this.tokens = base.tokens as Map<string, Ring<TokenEntry>>;
+    this.spec = base.spec as Map<string, RequestSpec>;
     this.evictedAt = base.evictedAt;
     this.epoch = base.epoch;
   }
@@ -213,14 +250,76 @@ class DashboardDraft {
     return this.tokens;
   }
 
-  private mutTimeline(id: string): { segments: Segment[]; ticks: ChunkTick[] } | undefined {
+  private ownSpec(): Map<string, RequestSpec> {
+    if (!this.fresh.has(this.spec)) {
+      this.spec = new Map(this.spec);
+      this.fresh.add(this.spec);
+    }
+    return this.spec;
+  }
+
+  private mutTimeline(id: string): MTimeline | undefined {
     const current = this.timelines.get(id);
     if (current === undefined) return undefined;
-    if (this.fresh.has(current)) return current as unknown as { segments: Segment[]; ticks: ChunkTick[] };
+    if (this.fresh.has(current)) return current as MTimeline;
     const copy = { ...current, segments: current.segments.slice(), ticks: current.ticks.slice() };
     this.fresh.add(copy);
     this.ownTimelines().set(id, copy);
-    return copy;
+    return copy as MTimeline;
+  }
+
+  /** The timeline's verify marks, writable (copied at most once per batch, and only when touched). */
+  private mutVerifies(id: string): VerifyMark[] | undefined {
+    const timeline = this.mutTimeline(id);
+    if (timeline === undefined) return undefined;
+    if (!this.fresh.has(timeline.verifies)) {
+      timeline.verifies = timeline.verifies.slice();
+      this.fresh.add(timeline.verifies);
+    }
+    return timeline.verifies;
+  }
+
+  private addVerifyMark(id: string, mark: VerifyMark): void {
+    const marks = this.mutVerifies(id);
+    if (marks === undefined) return;
+    marks.push(mark);
+    const extra = marks.length - this.base.limits.maxTokensPerRequest;
+    if (extra > 0) marks.splice(0, extra);
+  }
+
+  /** The verification (this step's) that a token of `seqId` came out of, if any. */
+  private verifyOf(requestId: string, seqId: number): SpecVerified | null {
+    const verifies = this.spec.get(requestId)?.verifies;
+    if (verifies === undefined) return null;
+    const step = this.engine.step;
+    for (let j = verifies.end - 1; j >= verifies.start; j--) {
+      const v = verifies.buf[j]!;
+      if (v.step !== step) break; // older steps: this step's verification would have come after them
+      if (v.seq_id === seqId) return v;
+    }
+    return null;
+  }
+
+  private onSpecVerified(e: SpecVerified, ts: number): void {
+    const current = this.spec.get(e.request_id);
+    const verifies = ringPush(current?.verifies ?? ring<SpecVerified>(this.base.limits.maxTokensPerRequest), [e]);
+    this.ownSpec().set(e.request_id, {
+      verifies,
+      drafts: (current?.drafts ?? 0) + 1,
+      draftTokens: (current?.draftTokens ?? 0) + e.proposed.length,
+      accepted: (current?.accepted ?? 0) + e.accepted,
+    });
+    // complete the step's verify mark (the StepScheduled chunk), or add one if that came before we joined
+    const timeline = this.timelines.get(e.request_id);
+    if (timeline === undefined) return;
+    const marks = timeline.verifies;
+    for (let j = marks.length - 1; j >= 0 && marks[j]!.step >= e.step; j--) {
+      if (marks[j]!.step === e.step && marks[j]!.seq_id === e.seq_id) {
+        this.mutVerifies(e.request_id)![j] = { ...marks[j]!, accepted: e.accepted };
+        return;
+      }
+    }
+    this.addVerifyMark(e.request_id, { ts, step: e.step, seq_id: e.seq_id, num_draft: e.proposed.length, accepted: e.accepted });
   }
 
   apply(e: AnyEvent): void {
@@ -229,10 +328,12 @@ class DashboardDraft {
     this.logged.push(e);
     switch (e.type) {
       case "request_arrived": {
-        const timeline = { request_id: e.request_id, arrival_ts: ts, segments: [] as Segment[], ticks: [] as ChunkTick[] };
+        const timeline: MTimeline = { request_id: e.request_id, arrival_ts: ts, segments: [], ticks: [], verifies: [] };
         this.fresh.add(timeline);
+        this.fresh.add(timeline.verifies);
         this.ownTimelines().set(e.request_id, timeline);
         if (this.tokens.has(e.request_id)) this.ownTokens().delete(e.request_id);
+        if (this.spec.has(e.request_id)) this.ownSpec().delete(e.request_id);
         break;
       }
       case "request_state": {
@@ -253,7 +354,10 @@ class DashboardDraft {
       }
       case "token": {
         const current = this.tokens.get(e.request_id) ?? ring<TokenEntry>(this.base.limits.maxTokensPerRequest);
-        const entry: TokenEntry = { seq_id: e.seq_id, token_id: e.token_id, text: e.text, logprob: e.logprob, ts };
+        const entry: TokenEntry = {
+          seq_id: e.seq_id, token_id: e.token_id, text: e.text, logprob: e.logprob, ts,
+          drafted: e.drafted ?? false, verify: this.verifyOf(e.request_id, e.seq_id),
+        };
         this.ownTokens().set(e.request_id, ringPush(current, [entry]));
         break;
       }
@@ -263,6 +367,13 @@ class DashboardDraft {
           const timeline = this.mutTimeline(chunk.request_id);
           timeline?.ticks.push({ ts, seq_id: chunk.seq_id, start: chunk.start, num_tokens: chunk.num_tokens });
         }
+        for (const chunk of [...e.prefill, ...e.decode]) {
+          const numDraft = chunk.num_draft ?? 0;
+          if (numDraft > 0) this.addVerifyMark(chunk.request_id, { ts, step: e.step, seq_id: chunk.seq_id, num_draft: numDraft, accepted: null });
+        }
+        break;
+      case "spec_verified":
+        this.onSpecVerified(e, ts);
         break;
       case "step_finished":
         this.stepTimes.push(e);
@@ -282,6 +393,8 @@ class DashboardDraft {
         this.fresh.add(this.timelines);
         this.tokens = new Map();
         this.fresh.add(this.tokens);
+        this.spec = new Map();
+        this.fresh.add(this.spec);
         this.evictedAt = new Float64Array(e.config.num_blocks).fill(NaN);
         this.fresh.add(this.evictedAt);
         this.epoch++;
@@ -312,6 +425,7 @@ class DashboardDraft {
       this.engine.deleteRequest(id);
       if (this.timelines.has(id)) this.ownTimelines().delete(id);
       if (this.tokens.has(id)) this.ownTokens().delete(id);
+      if (this.spec.has(id)) this.ownSpec().delete(id);
     }
   }
 
@@ -323,6 +437,7 @@ class DashboardDraft {
       engine: this.engine.result(),
       timelines: this.timelines,
       tokens: this.tokens,
+      spec: this.spec,
       steps: ringPush(b.steps, this.steps),
       stepTimes: ringPush(b.stepTimes, this.stepTimes),
       log: ringPush(b.log, this.logged),

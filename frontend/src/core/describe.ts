@@ -16,11 +16,13 @@ export function describeEvent(e: AnyEvent): string {
     case "seq_removed":
       return `${e.request_id}: seq ${e.seq_id} removed (${e.reason})`;
     case "token":
-      return `${e.request_id}/${e.seq_id}: ${JSON.stringify(e.text)}${e.logprob !== null ? ` p=${Math.exp(e.logprob).toFixed(2)}` : ""}`;
+      return `${e.request_id}/${e.seq_id}: ${JSON.stringify(e.text)}${e.logprob !== null ? ` p=${Math.exp(e.logprob).toFixed(2)}` : ""}${e.drafted ? " (accepted draft)" : ""}`;
     case "step_scheduled":
       return `step ${e.step}: ${e.prefill.length} prefill, ${e.decode.length} decode, budget ${e.budget_used}/${e.budget}` +
         (e.preempted.length ? `, preempted ${e.preempted.join(",")}` : "") +
         (e.queue_head ? `, ${e.queue_head} waits: ${e.queue_head_reason ?? "?"}` : "");
+    case "spec_verified":
+      return `${e.request_id}/${e.seq_id}: verify (${e.method}) step ${e.step}: ${e.accepted}/${e.proposed.length} drafts accepted [${ids(e.proposed)}] → ${e.token_id}`;
     case "step_finished":
       return `step ${e.step}: ${e.duration_ms.toFixed(1)} ms, ${e.num_tokens} tokens in, ${e.num_generated} out`;
     case "metrics":
@@ -30,7 +32,7 @@ export function describeEvent(e: AnyEvent): string {
     case "blocks_shared":
       return `${e.request_id}/${e.seq_id}: ${e.prefix_hit ? "prefix hit" : "fork"} [${ids(e.block_ids)}]`;
     case "blocks_freed":
-      return `${e.request_id}/${e.seq_id}: freed [${ids(e.block_ids)}]${e.whole_table ? " (whole table)" : ""}`;
+      return `${e.request_id}/${e.seq_id}: freed [${ids(e.block_ids)}]${e.whole_table ? " (whole table)" : e.table ? ` → table of ${e.table.length}` : ""}`;
     case "blocks_cached":
       return `${e.request_id}/${e.seq_id}: cached [${ids(e.block_ids)}]`;
     case "blocks_evicted":
@@ -44,7 +46,7 @@ export function describeEvent(e: AnyEvent): string {
 
 export function describeChunks(chunks: readonly ScheduledChunk[], max = 4): string {
   if (chunks.length === 0) return "–";
-  const text = chunks.slice(0, max).map((c) => `${c.request_id}[${c.start}+${c.num_tokens}]`).join(" ");
+  const text = chunks.slice(0, max).map((c) => `${c.request_id}[${c.start}+${c.num_tokens}${c.num_draft ? `, ${c.num_draft} draft` : ""}]`).join(" ");
   return chunks.length > max ? `${text} +${chunks.length - max}` : text;
 }
 

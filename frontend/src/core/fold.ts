@@ -364,9 +364,16 @@ export class EngineDraft {
         this.setRefs(e.block_ids, e.ref_counts);
         this.setTable(e.request_id, e.seq_id, e.table);
         break;
+      case "spec_verified": {
+        // the rejected drafts' positions roll back (StepScheduled counted them as computed)
+        const s = this.mutSeq(e.request_id, e.seq_id);
+        if (s !== undefined) s.num_computed -= e.proposed.length - e.accepted;
+        break;
+      }
       case "blocks_freed":
         this.setRefs(e.block_ids, e.ref_counts);
         if (e.whole_table) this.setTable(e.request_id, e.seq_id, []);
+        else if (e.table !== undefined && e.table !== null) this.setTable(e.request_id, e.seq_id, e.table); // rollback / copy-on-write
         break;
       case "blocks_cached": {
         const n = Math.min(e.block_ids.length, e.hashes.length);

@@ -20,7 +20,8 @@ export type AnyEvent =
   | BlocksCached
   | BlocksEvicted
   | BlocksCopied
-  | ConfigChanged;
+  | ConfigChanged
+  | SpecVerified;
 /**
  * This interface was referenced by `WireTypes`'s JSON-Schema
  * via the `definition` "WsMessage".
@@ -61,6 +62,7 @@ export interface WireTypes {
   SeqRemoved: SeqRemoved;
   SeqState: SeqState;
   Snapshot: Snapshot;
+  SpecVerified: SpecVerified;
   StepFinished: StepFinished;
   StepScheduled: StepScheduled;
   TokenGenerated: TokenGenerated;
@@ -131,6 +133,7 @@ export interface SeqRemoved {
  * via the `definition` "TokenGenerated".
  */
 export interface TokenGenerated {
+  drafted?: boolean;
   logprob: number | null;
   request_id: string;
   seq?: number;
@@ -164,6 +167,7 @@ export interface StepScheduled {
  * via the `definition` "ScheduledChunk".
  */
 export interface ScheduledChunk {
+  num_draft?: number;
   num_tokens: number;
   request_id: string;
   seq_id: number;
@@ -204,6 +208,10 @@ export interface MetricsSample {
   prompt_tokens: number;
   rss_bytes?: number;
   seq?: number;
+  spec_accepted_per_position?: number[];
+  spec_num_accepted_tokens?: number;
+  spec_num_draft_tokens?: number;
+  spec_num_drafts?: number;
   ts?: number;
   type: "metrics";
 }
@@ -237,8 +245,9 @@ export interface BlocksShared {
 }
 /**
  * A sequence dropped references: its whole table (`whole_table`, when it finished, was
- * preempted or pruned) or one block it just copied (copy-on-write). Blocks whose ref count
- * reached 0 are free, and stay reusable from the prefix cache while they keep their hash.
+ * preempted or pruned), one block it just copied (copy-on-write), or the tail blocks that held
+ * only rejected drafts (speculative decoding's rollback). Blocks whose ref count reached 0 are
+ * free, and stay reusable from the prefix cache while they keep their hash.
  *
  * This interface was referenced by `WireTypes`'s JSON-Schema
  * via the `definition` "BlocksFreed".
@@ -249,6 +258,7 @@ export interface BlocksFreed {
   request_id: string;
   seq?: number;
   seq_id: number;
+  table?: number[] | null;
   ts?: number;
   type: "blocks_freed";
   whole_table: boolean;
@@ -322,8 +332,29 @@ export interface EngineInfo {
   model: string;
   num_blocks: number;
   quantization?: string;
+  speculative?: string | null;
   weight_bytes?: number;
   weight_fp32_bytes?: number;
+}
+/**
+ * Speculative decoding: the target model checked a sequence's drafted tokens in one pass.
+ * The first `accepted` drafts were kept; then `token_id` came from the target itself (the
+ * correction at the first rejected draft, or a bonus token when all were accepted).
+ *
+ * This interface was referenced by `WireTypes`'s JSON-Schema
+ * via the `definition` "SpecVerified".
+ */
+export interface SpecVerified {
+  accepted: number;
+  method: string;
+  proposed: number[];
+  request_id: string;
+  seq?: number;
+  seq_id: number;
+  step: number;
+  token_id: number;
+  ts?: number;
+  type: "spec_verified";
 }
 /**
  * This interface was referenced by `WireTypes`'s JSON-Schema
@@ -385,6 +416,7 @@ export interface EventBatch {
     | BlocksEvicted
     | BlocksCopied
     | ConfigChanged
+    | SpecVerified
   )[];
   type: "events";
 }

@@ -4,7 +4,7 @@
 import { act, cleanup, fireEvent, render, screen } from "@testing-library/react";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { App, findRequest } from "./App";
-import { loadSession } from "../test/fixture";
+import { loadSession, loadSpecSession, specSessionRaw } from "../test/fixture";
 
 class FakeWebSocket {
   static last: FakeWebSocket | null = null;
@@ -63,6 +63,7 @@ describe("App", () => {
     expect(screen.getByTestId("engine-model").textContent).toContain("random:tiny");
     // a recording from before quantization: no weight sizes, so the header names just the precision
     expect(screen.getByTestId("engine-precision").textContent).toBe("float32");
+    expect(screen.getByTestId("engine-speculative").textContent).toBe("spec off");
     // select a request from the accessible list mirror of the timeline
     await act(async () => {
       fireEvent.click(screen.getByTestId("request-row-c"));
@@ -78,6 +79,52 @@ describe("App", () => {
     expect((screen.getByTestId("replay-play") as HTMLButtonElement).disabled).toBe(true);
     expect(screen.getByTestId("replay-open")).toBeTruthy();
     expect(screen.getByTestId("connection-badge").textContent).toContain("viewing replay");
+  });
+
+  it("shows a speculative session live and in the replay viewer: header, timeline, metrics, scheduler, tokens", async () => {
+    const spec = loadSpecSession();
+    render(<App />);
+    const ws = FakeWebSocket.last!;
+    await act(async () => {
+      ws.onopen?.({});
+      ws.deliver(spec.header.snapshot);
+      await frame();
+    });
+    expect(screen.getByTestId("engine-speculative").textContent).toBe("spec draft_model: k=3");
+    expect(screen.getByTestId("engine-speculative").getAttribute("title")).toContain("draft_model: k=3, draft random:tiny (auto)");
+    await act(async () => {
+      fireEvent.click(screen.getByTestId("mode-replay"));
+      await frame();
+    });
+    const file = new File([specSessionRaw()], "spec_session.jsonl", { type: "application/x-ndjson" });
+    Object.defineProperty(file, "text", { value: async () => specSessionRaw() }); // jsdom's File has no text()
+    await act(async () => {
+      fireEvent.change(screen.getByTestId("replay-open"), { target: { files: [file] } });
+      await frame();
+    });
+    await act(async () => {
+      fireEvent.change(screen.getByTestId("replay-scrub"), { target: { value: "1000" } });
+      await frame();
+      await frame();
+    });
+    expect(screen.getByTestId("replay-position").dataset.position).toBe(String(spec.events.length));
+    expect(screen.getByTestId("replay-verified").textContent).toBe(" ✓ consistent"); // folding it gives its footer
+    const verifies = spec.events.filter((e) => e.type === "spec_verified");
+    const summary = screen.getByTestId("timeline-verify-summary").textContent!.split("\n");
+    expect(summary.reduce((n, line) => n + Number(/verifies=(\d+)/.exec(line)![1]), 0)).toBe(verifies.length);
+    expect(screen.getByTestId("timeline-legend-verify")).toBeTruthy();
+    expect(screen.getByTestId("metrics-spec").dataset.state).toBe("on");
+    expect(screen.getByTestId("metric-spec-drafts").textContent).toBe(String(verifies.length));
+    expect(screen.getAllByTestId("scheduler-verify-count").length).toBeGreaterThan(0);
+    // the request detail marks the accepted drafts in its text
+    await act(async () => {
+      fireEvent.click(screen.getByTestId("request-row-r0"));
+      await frame();
+    });
+    expect(screen.getByTestId("request-detail-spec").textContent).toMatch(/% · \d\.\d\d \/ verify$/);
+    const drafted = screen.getAllByTestId("engine-token").filter((t) => t.dataset.drafted === "true");
+    const accepted = verifies.reduce((n, e) => n + (e.type === "spec_verified" && e.request_id === "r0" ? e.accepted : 0), 0);
+    expect(drafted.length).toBe(accepted);
   });
 
   it("maps chat ids to engine requests", () => {

@@ -3,12 +3,14 @@
 import { useCallback, useEffect, useMemo, useState } from "react";
 import { listModels } from "../api/client";
 import { defaultParams, type DecodingParams } from "../core/openai";
+import { speculativeName, speculativeShort } from "../core/spec";
 import { weightsSummary } from "../core/weights";
 import { frameLoop } from "../live/frameLoop";
 import { ReplayController } from "../live/replayController";
 import { LiveConnection } from "../live/socket";
 import { DashboardStore } from "../live/store";
 import { ChatPanel } from "./chat/ChatPanel";
+import { findRequest } from "./chat/chatState";
 import { ComparePanel } from "./chat/ComparePanel";
 import { ThemeToggle } from "./components/ThemeToggle";
 import { DashboardContext, type DashboardContextValue, type ViewMode } from "./context";
@@ -35,16 +37,7 @@ export function App() {
   return <Main />;
 }
 
-/** Engine request ids matching what the chat knows (X-Request-Id, completion id), exact or as a prefix. */
-export function findRequest(ids: Iterable<string>, candidates: readonly string[]): string | null {
-  const all = [...ids];
-  for (const c of candidates) if (all.includes(c)) return c;
-  for (const c of candidates) {
-    const hit = all.find((id) => id.startsWith(c) || c.startsWith(id) || id.endsWith(c));
-    if (hit !== undefined) return hit;
-  }
-  return null;
-}
+export { findRequest };
 
 function Main() {
   const [liveStore] = useState(() => new DashboardStore());
@@ -114,6 +107,11 @@ function Main() {
                 {weightsSummary(config)}
               </span>
             )}
+            {config.model && (
+              <span className="brand-precision muted" data-testid="engine-speculative" title={`Speculative decoding: ${speculativeName(config)} (fixed at start-up)`}>
+                spec {speculativeShort(config)}
+              </span>
+            )}
           </div>
           <div className="segmented" role="group" aria-label="View">
             <button type="button" aria-pressed={mode === "live"} data-testid="mode-live" onClick={() => setMode("live")}>Live</button>
@@ -154,10 +152,10 @@ function Main() {
               ))}
             </div>
             <div className="tabpanel" role="tabpanel" id="tabpanel-chat" aria-labelledby="tab-chat" hidden={tab !== "chat"}>
-              <ChatPanel model={model} params={params} setParams={setParams} onShowRequest={showRequest} />
+              <ChatPanel model={model} params={params} setParams={setParams} onShowRequest={showRequest} engine={liveStore} />
             </div>
             <div className="tabpanel scroll" role="tabpanel" id="tabpanel-compare" aria-labelledby="tab-compare" hidden={tab !== "compare"}>
-              <ComparePanel model={model} onShowRequest={showRequest} />
+              <ComparePanel model={model} onShowRequest={showRequest} engine={liveStore} />
             </div>
             <div className="tabpanel scroll" role="tabpanel" id="tabpanel-loadgen" aria-labelledby="tab-loadgen" hidden={tab !== "loadgen"}>
               <LoadGenPanel />

@@ -1,13 +1,15 @@
 // Chat playground: multi-turn streaming chat with Stop, regenerate, edit & resend, per-message stats
-// and a token view coloured by probability.
+// and a token view coloured by probability (accepted speculative drafts marked, from the live engine's
+// events for the message's request).
 import { useEffect, useReducer, useRef, useState } from "react";
-import { describeParams, type DecodingParams } from "../../core/openai";
+import { describeParams, type DecodingParams, type TokenView } from "../../core/openai";
+import type { DashboardStore } from "../../live/store";
 import { EmptyState } from "../components/Card";
 import { Toggle } from "../components/fields";
 import { activeChoice, chatReducer, clockMs, historyBefore, initialChat, isStreaming, requestCandidates, type AssistantTurn, type Turn } from "./chatState";
 import { DecodingControls } from "./DecodingControls";
 import { MessageStats } from "./MessageStats";
-import { TokenText } from "./TokenText";
+import { LiveTokenText } from "./LiveTokenText";
 import { useStreams } from "./useStream";
 
 let counter = 0;
@@ -18,6 +20,8 @@ export function ChatPanel(props: {
   params: DecodingParams;
   setParams: (p: DecodingParams) => void;
   onShowRequest: (candidates: string[]) => boolean;
+  /** The live engine state: which tokens came from accepted drafts (none shown without it). */
+  engine?: DashboardStore;
 }) {
   const [chat, dispatch] = useReducer(chatReducer, initialChat);
   const [input, setInput] = useState("");
@@ -105,7 +109,7 @@ export function ChatPanel(props: {
               )}
             </li>
           ) : (
-            <AssistantMessage key={t.id} turn={t} tokenView={tokenView} isLast={t === lastAssistant} streaming={streaming}
+            <AssistantMessage key={t.id} turn={t} tokenView={tokenView} isLast={t === lastAssistant} streaming={streaming} engine={props.engine}
               onChoose={(index) => dispatch({ type: "choose", id: t.id, index })}
               onRegenerate={regenerate}
               onStop={() => stop(t.id)}
@@ -153,6 +157,7 @@ function AssistantMessage(props: {
   onRegenerate: () => void;
   onStop: () => void;
   onShowRequest: (candidates: string[]) => boolean;
+  engine?: DashboardStore;
 }) {
   const t = props.turn;
   const choice = activeChoice(t);
@@ -175,7 +180,8 @@ function AssistantMessage(props: {
       {choice === undefined && live ? (
         <div className="message-text muted"><span className="caret" aria-hidden="true" /> waiting for the first token…</div>
       ) : (
-        <TokenText tokens={choice?.tokens ?? []} text={choice?.text ?? ""} tokenView={props.tokenView} streaming={live} testId="message-content" />
+        <LiveTokenText tokens={choice?.tokens ?? NO_TOKENS} text={choice?.text ?? ""} tokenView={props.tokenView} streaming={live} testId="message-content"
+          engine={props.engine} candidates={candidates} choiceIndex={choice?.index ?? 0} />
       )}
       {t.status === "error" && <div className="error-text small" role="alert" data-testid="message-error">{t.error}</div>}
       {t.status === "stopped" && <div className="muted small">Stopped — the request was aborted on the server.</div>}
@@ -194,3 +200,5 @@ function AssistantMessage(props: {
     </li>
   );
 }
+
+const NO_TOKENS: readonly TokenView[] = [];

@@ -2,10 +2,11 @@
 // requests run at the same time, so they appear together in the timeline and the heatmap.
 import { useCallback, useReducer, useState } from "react";
 import { describeParams, matchingPreset, PRESET_NAMES, presetParams, type DecodingParams, type PresetName } from "../../core/openai";
+import type { DashboardStore } from "../../live/store";
 import { NumberField, Select, Toggle } from "../components/fields";
 import { chatReducer, clockMs, initialChat, isStreaming, requestCandidates, type AssistantTurn, type ChatAction, type ChatState } from "./chatState";
 import { MessageStats } from "./MessageStats";
-import { TokenText } from "./TokenText";
+import { LiveTokenText } from "./LiveTokenText";
 import { useStreams } from "./useStream";
 
 const DEFAULT_STRATEGIES: DecodingParams[] = [
@@ -25,7 +26,7 @@ function columnsReducer(state: Columns, a: ColumnAction): Columns {
 
 let runCounter = 0;
 
-export function ComparePanel(props: { model: string | null; onShowRequest: (candidates: string[]) => boolean }) {
+export function ComparePanel(props: { model: string | null; onShowRequest: (candidates: string[]) => boolean; engine?: DashboardStore }) {
   const [prompt, setPrompt] = useState("Write a two-sentence story about a lighthouse keeper.");
   const [count, setCount] = useState(3);
   const [maxTokens, setMaxTokens] = useState(96);
@@ -93,7 +94,8 @@ export function ComparePanel(props: { model: string | null; onShowRequest: (cand
                 <div className="muted small">Not run yet.</div>
               ) : (
                 <>
-                  <TokenText tokens={choice?.tokens ?? []} text={choice?.text ?? ""} tokenView={tokenView} streaming={turn.status === "streaming"} testId={`compare-output-${col}`} />
+                  <LiveTokenText tokens={choice?.tokens ?? []} text={choice?.text ?? ""} tokenView={tokenView} streaming={turn.status === "streaming"} testId={`compare-output-${col}`}
+                    engine={props.engine} candidates={requestCandidates(turn)} choiceIndex={0} />
                   {turn.status === "error" && <div className="error-text small" role="alert">{turn.error}</div>}
                   <MessageStats turn={turn} testId={`compare-stats-${col}`} />
                   {(turn.requestId ?? turn.result.id) && (

@@ -97,6 +97,17 @@ export function requestCandidates(t: AssistantTurn): string[] {
   return [t.requestId, t.result.id].filter((x): x is string => x !== null);
 }
 
+/** Engine request ids matching what the chat knows (X-Request-Id, completion id), exact or as a prefix. */
+export function findRequest(ids: Iterable<string>, candidates: readonly string[]): string | null {
+  const all = [...ids];
+  for (const c of candidates) if (all.includes(c)) return c;
+  for (const c of candidates) {
+    const hit = all.find((id) => id.startsWith(c) || c.startsWith(id) || id.endsWith(c));
+    if (hit !== undefined) return hit;
+  }
+  return null;
+}
+
 /** The messages to send for the assistant turn at `index` (everything before it). */
 export function historyBefore(turns: readonly Turn[], index: number): ChatTurn[] {
   const out: ChatTurn[] = [];

@@ -1,9 +1,11 @@
 // Metrics: live time series (throughput, running / waiting, KV usage, prefix-cache hit rate,
-// preemptions, the server's RSS) and TTFT / TPOT distributions, all drawn on plain canvas.
+// preemptions, the server's RSS, speculative decoding's acceptance) and TTFT / TPOT distributions,
+// all drawn on plain canvas.
 import { useMemo, useState } from "react";
 import type { DashboardState } from "../../core/dashboard";
 import { fmtInt, fmtPct, fmtRate, fmtSeconds, fmtTick, niceTicks } from "../../core/format";
 import { ringItems, ringLast } from "../../core/ring";
+import { specInterval, specSummary, speculativeName, type SpecSummary } from "../../core/spec";
 import { histogram, summary } from "../../core/stats";
 import type { MetricsSample } from "../../core/wire";
 import { Card, EmptyState } from "../components/Card";
@@ -84,6 +86,30 @@ const CHARTS: ChartSpec[] = [
   },
 ];
 
+/** Shown while speculative decoding is on (or drafts were ever verified): overall (the cumulative
+ * counters) and per sample interval (gaps where nothing was verified). */
+const SPEC_CHARTS: ChartSpec[] = [
+  {
+    id: "spec-acceptance",
+    title: "Draft acceptance (%)",
+    format: (v) => `${fmtTick(v)}%`,
+    yMax: 100,
+    series: [
+      { name: "overall", color: (p) => p.series[2]!, values: (m) => (specSummary(m)?.acceptanceRate ?? NaN) * 100 },
+      { name: "per interval", color: (p) => p.series[0]!, values: (m, prev) => specInterval(m, prev).acceptanceRate * 100 },
+    ],
+  },
+  {
+    id: "spec-accepted-length",
+    title: "Accepted drafts per verify",
+    format: (v) => fmtTick(v),
+    series: [
+      { name: "overall", color: (p) => p.series[2]!, values: (m) => specSummary(m)?.meanAccepted ?? NaN },
+      { name: "per interval", color: (p) => p.series[0]!, values: (m, prev) => specInterval(m, prev).meanAccepted },
+    ],
+  },
+];
+
 type Span = "60" | "300" | "900" | "all";
 const SPANS: { value: Span; label: string }[] = [
   { value: "60", label: "1 min" },
@@ -153,17 +179,25 @@ function TimeChart(props: { spec: ChartSpec; span: Span }) {
         ctx.lineWidth = 1.5;
         ctx.beginPath();
         let pen = false;
-        for (const pt of visible) {
+        visible.forEach((pt) => {
           const v = pt.v[k]!;
           if (!Number.isFinite(v)) {
             pen = false;
-            continue;
+            return;
           }
           if (pen) ctx.lineTo(x(pt.t), y(v));
           else ctx.moveTo(x(pt.t), y(v));
           pen = true;
-        }
+        });
         ctx.stroke();
+        // a value with a gap on both sides draws no line: a dot instead
+        ctx.fillStyle = s.color(p);
+        visible.forEach((pt, i) => {
+          const v = pt.v[k]!;
+          if (Number.isFinite(v) && !Number.isFinite(visible[i - 1]?.v[k] ?? NaN) && !Number.isFinite(visible[i + 1]?.v[k] ?? NaN)) {
+            ctx.fillRect(x(pt.t) - 1.5, y(v) - 1.5, 3, 3);
+          }
+        });
       });
       ctx.restore();
       return false;
@@ -253,14 +287,45 @@ function drawAxesHist(ctx: CanvasRenderingContext2D, w: number, h: number, top: 
 function kpis(state: DashboardState) {
   const last = ringLast(state.metrics);
   const hitRate = last && last.prefix_cache_queries > 0 ? last.prefix_cache_hits / last.prefix_cache_queries : null;
-  return { last, hitRate };
+  return { last, hitRate, spec: specSummary(last) };
+}
+
+/** Speculative decoding's totals: acceptance, accepted drafts per verify, tokens per verify step, and
+ * acceptance by draft position; or a line saying it is off (or has verified nothing yet). */
+export function SpecMetrics(props: { spec: SpecSummary | null; setup: string | null | undefined }) {
+  const { spec } = props;
+  if (spec === null) {
+    const on = (props.setup?.trim() ?? "") !== "";
+    return (
+      <p className="spec-metrics muted small" data-testid="metrics-spec" data-state={on ? "idle" : "off"}>
+        {on ? `Speculative decoding (${speculativeName({ speculative: props.setup })}): no drafts verified yet` : "Speculative decoding off"}
+      </p>
+    );
+  }
+  return (
+    <div className="spec-metrics" data-testid="metrics-spec" data-state="on">
+      <dl className="kpis kpis-spec">
+        <div title="Accepted draft tokens / drafted tokens"><dt>Draft acceptance</dt><dd data-testid="metric-spec-acceptance">{fmtPct(spec.acceptanceRate)}</dd></div>
+        <div title="Accepted draft tokens / verify steps"><dt>Accepted / verify</dt><dd data-testid="metric-spec-mean-accepted">{spec.meanAccepted.toFixed(2)}</dd></div>
+        <div title="Accepted drafts + the target's own token, per verify step"><dt>Tokens / verify</dt><dd data-testid="metric-spec-tokens-per-step">{spec.tokensPerStep.toFixed(2)}</dd></div>
+        <div title={`${fmtInt(spec.accepted)} of ${fmtInt(spec.draftTokens)} drafted tokens accepted`}><dt>Verify steps</dt><dd data-testid="metric-spec-drafts">{fmtInt(spec.drafts)}</dd></div>
+      </dl>
+      {spec.perPosition.length > 0 && (
+        <p className="small muted" data-testid="metric-spec-per-position">
+          Acceptance by draft position: {spec.perPosition.map((r, i) => `${i + 1}: ${fmtPct(r)}`).join(" · ")}
+        </p>
+      )}
+    </div>
+  );
 }
 
 export function MetricsPanel() {
   const { store } = useDashboard();
   const state = useThrottledDashboardState(store, 250);
   const [span, setSpan] = useState<Span>("300");
-  const { last, hitRate } = kpis(state);
+  const { last, hitRate, spec } = kpis(state);
+  const setup = state.engine.config.speculative;
+  const charts = spec !== null || (setup?.trim() ?? "") !== "" ? [...CHARTS, ...SPEC_CHARTS] : CHARTS;
   const latencies = state.latencies;
   const ttftValues = useMemo(() => ringItems(latencies).map((l) => l.ttft ?? NaN).filter(Number.isFinite), [latencies]);
   const tpotValues = useMemo(() => ringItems(latencies).map((l) => l.tpot ?? NaN).filter(Number.isFinite), [latencies]);
@@ -285,11 +350,12 @@ export function MetricsPanel() {
         <div><dt>TTFT p50</dt><dd data-testid="metric-ttft-p50">{fmtSeconds(ttft.p50)}</dd></div>
         <div><dt>TPOT p50</dt><dd data-testid="metric-tpot-p50">{fmtSeconds(tpot.p50)}</dd></div>
       </dl>
+      <SpecMetrics spec={spec} setup={setup} />
       {empty ? (
         <EmptyState title="No metrics yet" testId="metrics-empty">The engine samples its metrics while it works; charts fill in as requests run.</EmptyState>
       ) : (
         <div className="charts">
-          {CHARTS.map((spec) => <TimeChart key={spec.id} spec={spec} span={span} />)}
+          {charts.map((c) => <TimeChart key={c.id} spec={c} span={span} />)}
           <HistogramChart id="ttft" title="TTFT distribution" values={ttftValues} stats={ttft} color={(p) => p.series[0]!} />
           <HistogramChart id="tpot" title="TPOT distribution" values={tpotValues} stats={tpot} color={(p) => p.series[1]!} />
         </div>

@@ -1,8 +1,12 @@
-// The selected request: its state, timings, decoding settings and the text it generated so far.
+// The selected request: its state, timings, decoding settings and the text it generated so far (with
+// speculative decoding, its acceptance and the accepted drafts marked in the text).
 import { requestColor } from "../../core/color";
-import { fmtSeconds } from "../../core/format";
+import type { TokenEntry } from "../../core/dashboard";
+import { fmtPct, fmtSeconds } from "../../core/format";
+import { tokenTexts } from "../../core/spec";
 import { currentSegmentState } from "../../core/timeline";
 import { ringItems } from "../../core/ring";
+import { EngineTokenText } from "../chat/TokenText";
 import { Card, EmptyState } from "../components/Card";
 import { useDashboard } from "../context";
 import { useDashboardState } from "../hooks";
@@ -24,8 +28,15 @@ export function RequestDetail() {
       </Card>
     );
   }
-  const bySeq = new Map<number, string>();
-  if (tokens !== undefined) for (const t of ringItems(tokens)) bySeq.set(t.seq_id, (bySeq.get(t.seq_id) ?? "") + t.text);
+  const bySeq = new Map<number, TokenEntry[]>();
+  const entries = tokens !== undefined ? ringItems(tokens) : [];
+  for (const t of entries) {
+    const list = bySeq.get(t.seq_id);
+    if (list === undefined) bySeq.set(t.seq_id, [t]);
+    else list.push(t);
+  }
+  const spec = state.spec.get(r.request_id);
+  const texts = spec !== undefined ? tokenTexts(entries) : null;
   const shownState = (timeline && currentSegmentState(timeline)) ?? r.state;
   const ttft = r.first_token_ts !== null ? r.first_token_ts - r.arrival_ts : null;
   const sampling = Object.entries(r.sampling).map(([k, v]) => `${k}=${JSON.stringify(v)}`).join(" ");
@@ -48,6 +59,12 @@ export function RequestDetail() {
         <div><dt>TTFT</dt><dd>{fmtSeconds(ttft)}</dd></div>
         <div><dt>Preemptions</dt><dd>{r.num_preemptions}</dd></div>
         <div><dt>Sequences</dt><dd>{r.seqs.length}</dd></div>
+        {spec !== undefined && (
+          <div title={`${spec.accepted} of ${spec.draftTokens} drafted tokens accepted in ${spec.drafts} verify steps`}>
+            <dt>Drafts accepted</dt>
+            <dd data-testid="request-detail-spec">{fmtPct(spec.draftTokens > 0 ? spec.accepted / spec.draftTokens : null)} · {(spec.accepted / spec.drafts).toFixed(2)} / verify</dd>
+          </div>
+        )}
       </dl>
       {r.prompt_preview && <p className="small"><span className="muted">Prompt: </span>{r.prompt_preview}</p>}
       {sampling && <p className="small mono muted">{sampling}</p>}
@@ -60,10 +77,14 @@ export function RequestDetail() {
       )}
       {bySeq.size > 0 && (
         <div className="detail-text">
-          {[...bySeq.entries()].map(([seq, text]) => (
+          {[...bySeq.entries()].map(([seq, list]) => (
             <div key={seq}>
               {bySeq.size > 1 && <div className="muted small">seq {seq}</div>}
-              <div className="message-text small">{text}</div>
+              {texts !== null ? (
+                <EngineTokenText entries={list} texts={texts} testId="request-detail-text" />
+              ) : (
+                <div className="message-text small" data-testid="request-detail-text">{list.map((t) => t.text).join("")}</div>
+              )}
             </div>
           ))}
         </div>

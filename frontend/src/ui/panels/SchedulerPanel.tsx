@@ -1,11 +1,13 @@
-// Scheduler panel: one row per engine step (prefill chunks, decode batch, token budget, preemptions,
-// why the queue head waits, step time) and an event log with a type filter and pause.
+// Scheduler panel: one row per engine step (prefill chunks, decode batch with its speculative verify
+// chunks, token budget, preemptions, why the queue head waits, step time) and an event log with a
+// type filter and pause.
 import { useMemo, useState } from "react";
 import type { DashboardState } from "../../core/dashboard";
+import { verifyTitle } from "../../core/spec";
 import { describeChunks, describeEvent, prefillTokens } from "../../core/describe";
 import { fmtMs } from "../../core/format";
 import { ringItems, ringTail } from "../../core/ring";
-import { EVENT_TYPES, type EventType, type StepFinished } from "../../core/wire";
+import { EVENT_TYPES, type EventType, type StepFinished, type StepScheduled } from "../../core/wire";
 import { Card, EmptyState } from "../components/Card";
 import { useDashboard } from "../context";
 import { useThrottledDashboardState } from "../hooks";
@@ -14,6 +16,22 @@ const STEP_ROWS = 60;
 const LOG_ROWS = 150;
 /** DOM tables refresh at 4 Hz: readable, and cheap next to the canvases. */
 const TABLE_INTERVAL_MS = 250;
+
+/** The step's verify chunks (num_draft > 0), each with its outcome from the request's timeline. */
+function verifyLines(state: DashboardState, s: StepScheduled): string[] {
+  const lines: string[] = [];
+  for (const c of [...s.prefill, ...s.decode]) {
+    const numDraft = c.num_draft ?? 0;
+    if (numDraft === 0) continue;
+    const marks = state.timelines.get(c.request_id)?.verifies ?? [];
+    let accepted: number | null = null;
+    for (let j = marks.length - 1; j >= 0 && marks[j]!.step >= s.step; j--) {
+      if (marks[j]!.step === s.step && marks[j]!.seq_id === c.seq_id) accepted = marks[j]!.accepted;
+    }
+    lines.push(`${c.request_id} seq ${c.seq_id}: ${verifyTitle({ num_draft: numDraft, accepted })}`);
+  }
+  return lines;
+}
 
 function usePausable(state: DashboardState): [DashboardState, boolean, (v: boolean) => void] {
   const [frozen, setFrozen] = useState<DashboardState | null>(null);
@@ -63,6 +81,7 @@ export function SchedulerPanel() {
               {steps.map((s) => {
                 const t = times.get(s.step);
                 const used = s.budget > 0 ? s.budget_used / s.budget : 0;
+                const verifies = verifyLines(state, s);
                 return (
                   <tr key={`${s.seq}`} data-testid="scheduler-step-row" data-step={s.step} className={s.preempted.length ? "row-alert" : ""}>
                     <td className="num">{s.step}</td>
@@ -70,7 +89,10 @@ export function SchedulerPanel() {
                       {describeChunks(s.prefill)}
                       {s.prefill.length > 0 && <span className="muted"> ({prefillTokens(s)} tok)</span>}
                     </td>
-                    <td className="num">{s.decode.length}</td>
+                    <td className="num" title={verifies.length > 0 ? verifies.join("\n") : undefined} data-testid="scheduler-decode-cell">
+                      {s.decode.length}
+                      {verifies.length > 0 && <span className="verify-count" data-testid="scheduler-verify-count"> · {verifies.length} verify</span>}
+                    </td>
                     <td>
                       <div className="budget" title={`${s.budget_used} of ${s.budget} tokens`}>
                         <div className="budget-bar"><div style={{ width: `${Math.min(100, used * 100)}%` }} /></div>

@@ -1,9 +1,11 @@
 // Engine settings: GET / PUT /api/config. The server rebuilds the engine when it is idle (409 while busy).
-// Below them, read-only, the weights as loaded (precision, memory, kernels): PUT cannot change those.
+// Below them, read-only, the weights as loaded (precision, memory, kernels) and the speculative
+// decoding setup: PUT cannot change those.
 import { useEffect, useState } from "react";
 import { ApiError, getConfig, putConfig } from "../../api/client";
 import type { ConfigUpdate, EngineInfo } from "../../core/wire";
 import { NumberField, Toggle } from "../components/fields";
+import { SpeculativeSection } from "./SpeculativeSection";
 import { WeightsSection } from "./WeightsSection";
 
 type Form = Required<{ [K in keyof ConfigUpdate]: NonNullable<ConfigUpdate[K]> }>;
@@ -101,6 +103,7 @@ export function SettingsPanel(props: { liveConfig: EngineInfo | null }) {
         {status && <p className={`small ${status.kind === "error" ? "error-text" : status.kind === "ok" ? "ok-text" : "muted"}`} role={status.kind === "error" ? "alert" : "status"} data-testid="settings-status">{status.text}</p>}
       </form>
       <WeightsSection config={config} />
+      <SpeculativeSection config={config} />
     </div>
   );
 }

@@ -1,9 +1,11 @@
 // Request timeline: a Gantt chart on canvas, one row per request, with a DOM list of the rows
-// (buttons: keyboard and e2e friendly) drawn beside it at the same row height.
+// (buttons: keyboard and e2e friendly) drawn beside it at the same row height. Speculative decoding's
+// verify steps are marks across the bar: the accepted share of the drafts on top, the rejected below.
 import { memo, useCallback, useEffect, useMemo, useRef, useState, type MouseEvent } from "react";
 import { requestColor } from "../../core/color";
-import type { DashboardState, RequestTimeline, Segment, SegmentState } from "../../core/dashboard";
+import type { DashboardState, RequestTimeline, Segment, SegmentState, VerifyMark } from "../../core/dashboard";
 import { fmtSeconds, fmtTick, niceTicks } from "../../core/format";
+import { verifyMarkAt, verifySummaryText, verifyTitle } from "../../core/spec";
 import { currentSegmentState, segmentAt, timeScale, timelineSummaryText, visibleTimelines } from "../../core/timeline";
 import { Card, EmptyState } from "../components/Card";
 import { Select } from "../components/fields";
@@ -115,9 +117,32 @@ function drawSegment(ctx: CanvasRenderingContext2D, s: Segment, color: string, x
   }
 }
 
+/** A verify step: a 2 px bar a little taller than the request's bar, the accepted share of its drafts
+ * in the verify colour from the top and the rejected share in the preemption red below. */
+function drawVerify(ctx: CanvasRenderingContext2D, mark: VerifyMark, x: number, y: number, p: Palette): void {
+  const top = y + (ROW_H - BAR_H) / 2 - 2;
+  const h = BAR_H + 4;
+  const px = Math.round(x) - 1;
+  ctx.fillStyle = p.panel;
+  ctx.fillRect(px - 1, top, 4, h);
+  if (mark.accepted === null) {
+    ctx.globalAlpha = 0.5;
+    ctx.fillStyle = p.series[2]!;
+    ctx.fillRect(px, top, 2, h);
+    ctx.globalAlpha = 1;
+    return;
+  }
+  const kept = mark.num_draft > 0 ? Math.round((h * mark.accepted) / mark.num_draft) : h;
+  ctx.fillStyle = p.series[2]!;
+  ctx.fillRect(px, top, 2, kept);
+  ctx.fillStyle = p.preempted;
+  ctx.fillRect(px, top + kept, 2, h - kept);
+}
+
 interface Hover {
   id: string;
   segment: Segment | undefined;
+  verify: VerifyMark | undefined;
   ts: number;
   /** Viewport coordinates of the pointer (the tooltip is position: fixed). */
   x: number;
@@ -160,6 +185,7 @@ export function TimelinePanel() {
   const [hover, setHover] = useState<Hover | null>(null);
   const scrollTopRef = useRef(0);
   const summaryRef = useRef<HTMLPreElement | null>(null);
+  const verifySummaryRef = useRef<HTMLPreElement | null>(null);
   const view = useRef({ t0: 0, t1: 1, width: 1 });
   const hoverRef = useRef<Hover | null>(null);
   const selectedRef = useRef(selected);
@@ -176,6 +202,7 @@ export function TimelinePanel() {
     const s = currentSegmentState(t);
     return s !== null && s !== "FINISHED" && s !== "ABORTED";
   }).length;
+  const hasVerifies = state.engine.config.speculative != null || [...state.timelines.values()].some((t) => t.verifies.length > 0);
   const activeRef = useRef(false);
   useEffect(() => {
     activeRef.current = active > 0;
@@ -247,6 +274,10 @@ export function TimelinePanel() {
             ctx.fillRect(Math.round(x(tick.ts)), y + (ROW_H - BAR_H) / 2, 1, BAR_H);
           }
         }
+        for (const mark of timeline.verifies) {
+          if (mark.ts < a || mark.ts > b) continue;
+          drawVerify(ctx, mark, x(mark.ts), y, p);
+        }
       }
       ctx.restore();
       if (store.live) {
@@ -260,6 +291,7 @@ export function TimelinePanel() {
   // The DOM mirror of what is drawn, written at the UI rate (never more than once per frame).
   usePublishedState(store, (st) => {
     if (summaryRef.current !== null) summaryRef.current.textContent = timelineSummaryText([...st.timelines.values()]);
+    if (verifySummaryRef.current !== null) verifySummaryRef.current.textContent = verifySummaryText(st.timelines.values());
   });
 
   const onMove = (e: MouseEvent<HTMLCanvasElement>) => {
@@ -278,7 +310,8 @@ export function TimelinePanel() {
     const timeline = store.state.timelines.get(id);
     const slack = ((b - a) / Math.max(1, width)) * 5;
     const segment = timeline ? segmentAt(timeline, ts, store.now(), slack) : undefined;
-    setHover({ id, segment, ts, x: e.clientX, y: e.clientY });
+    const verify = timeline ? verifyMarkAt(timeline, ts, slack * 0.6) : undefined;
+    setHover({ id, segment, verify, ts, x: e.clientX, y: e.clientY });
   };
 
 
@@ -297,6 +330,7 @@ export function TimelinePanel() {
           <li key={s}><span className={`legend-mark mark-${s.toLowerCase()}`} aria-hidden="true" />{STATE_LABEL[s]}</li>
         ))}
         <li><span className="legend-mark mark-tick" aria-hidden="true" />Prefill chunk</li>
+        {hasVerifies && <li data-testid="timeline-legend-verify"><span className="legend-mark mark-verify" aria-hidden="true" />Verify step (speculative: accepted / rejected drafts)</li>}
       </ul>
       <div className="timeline-scroll" onScroll={(e) => { scrollTopRef.current = e.currentTarget.scrollTop; setHover(null); }}>
         <div className="timeline-inner" style={{ height: Math.max(contentH, PLOT_H) }}>
@@ -349,16 +383,23 @@ export function TimelinePanel() {
           ) : (
             <div className="muted">at {fmtSeconds(hover.ts - state.originTs)}</div>
           )}
+          {hover.verify && (
+            <div data-testid="timeline-tooltip-verify">
+              <b>{verifyTitle(hover.verify)}</b> <span className="muted">step {hover.verify.step}{hovered.verifies.some((v) => v.seq_id !== hover.verify!.seq_id) ? `, seq ${hover.verify.seq_id}` : ""}</span>
+            </div>
+          )}
           {request && (
             <div className="muted">
               prompt {request.prompt_tokens} · out {request.output_tokens}/{request.max_tokens * request.n}
               {request.num_preemptions > 0 && ` · preempted ×${request.num_preemptions}`}
               {hovered.ticks.length > 0 && ` · ${hovered.ticks.length} prefill chunk${hovered.ticks.length > 1 ? "s" : ""}`}
+              {hovered.verifies.length > 0 && ` · ${hovered.verifies.length} verify step${hovered.verifies.length > 1 ? "s" : ""}`}
             </div>
           )}
         </div>
       )}
       <pre className="visually-hidden" data-testid="timeline-summary" ref={summaryRef} />
+      <pre className="visually-hidden" data-testid="timeline-verify-summary" ref={verifySummaryRef} />
     </Card>
   );
 }

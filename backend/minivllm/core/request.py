@@ -86,6 +86,9 @@ class Sequence:
             hashes.append(hash_block_tokens(hashes[-1] if hashes else None, tokens))
         return hashes
 
+    def clear_drafts(self) -> None:
+        self.draft_token_ids, self.draft_probs = [], None
+
     def inherit_block_hashes(self, parent: "Sequence") -> None:
         """A fork starts with its parent's tokens: their hashes carry over."""
         self._block_hashes = list(parent._block_hashes)

@@ -152,7 +152,8 @@ class Scheduler:
         `token_ids` after this, so their blocks are committed by the next update."""
         for s in out.scheduled:
             seq = s.seq
-            seq.draft_token_ids, seq.draft_probs = [], None  # used (or stale): proposed afresh each step
+            if seq.draft_token_ids:  # used (or stale): proposed afresh each step
+                seq.clear_drafts()
             if seq.request.is_finished:  # failed while sampling: its blocks are gone already
                 continue
             rejected = s.num_draft - (accepted or {}).get(seq.seq_id, 0) if s.num_draft else 0
@@ -336,7 +337,7 @@ class Scheduler:
         for seq in request.seqs:
             self.bm.free_seq(seq.seq_id)
             seq.num_computed = 0
-            seq.draft_token_ids, seq.draft_probs = [], None
+            seq.clear_drafts()
         request.refork_at = None
         request.num_preemptions += 1
         self.num_preemptions += 1

@@ -139,9 +139,7 @@ class StepSampler:
 
 
 def _outputs_for_sampler(seq: Sequence) -> list[int]:
-    """Only penalties and min_tokens read the output so far: skip the per-step copy otherwise."""
-    p = seq.request.params
-    return seq.output_token_ids if p.needs_penalties or p.min_tokens else []
+    return seq.output_token_ids if seq.request.params.reads_output_tokens else []
 
 
 def _select_rows(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:

@@ -134,6 +134,11 @@ class SamplingParams:
         )
 
     @property
+    def reads_output_tokens(self) -> bool:
+        """Only penalties and min_tokens read a sequence's output so far: skip copying it otherwise."""
+        return self.needs_penalties or self.min_tokens > 0
+
+    @property
     def effective_top_k(self) -> int:
         """top-k with the "off" values (0, -1) mapped to 0."""
         return self.top_k if self.top_k > 0 else 0

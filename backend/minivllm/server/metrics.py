@@ -57,24 +57,20 @@ class _EngineCollector(Collector):
         yield counter("num_preemptions", "Preemptions since the engine was (re)configured.", v.num_preemptions)
         yield counter("prompt_tokens", "Prompt tokens computed (prefill).", v.prompt_tokens)
         yield counter("generation_tokens", "Tokens generated.", v.generation_tokens)
-        yield from _spec_decode_counters(model, v)
+        # speculative decoding, with vLLM's names
+        yield counter("spec_decode_num_drafts", "Verify steps with at least one drafted token.", v.spec_num_drafts)
+        yield counter("spec_decode_num_draft_tokens", "Drafted tokens verified.", v.spec_num_draft_tokens)
+        yield counter("spec_decode_num_accepted_tokens", "Drafted tokens accepted.", v.spec_num_accepted_tokens)
+        yield _accepted_per_position(model, v.spec_accepted_per_position)
 
 
-def _spec_decode_counters(model: str, v: EngineStats):
-    """vLLM's speculative-decoding counters; accepted tokens per draft position as a label."""
-    for name, doc, value in (
-            ("spec_decode_num_drafts", "Verify steps with at least one drafted token.", v.spec_num_drafts),
-            ("spec_decode_num_draft_tokens", "Drafted tokens verified.", v.spec_num_draft_tokens),
-            ("spec_decode_num_accepted_tokens", "Drafted tokens accepted.", v.spec_num_accepted_tokens)):
-        family = CounterMetricFamily(f"minivllm:{name}", doc, labels=["model_name"])
-        family.add_metric([model], value)
-        yield family
-    per_position = CounterMetricFamily("minivllm:spec_decode_num_accepted_tokens_per_pos",
-                                       "Drafted tokens accepted, by position in the draft (0 = first).",
-                                       labels=["model_name", "position"])
-    for position, value in enumerate(v.spec_accepted_per_position):
-        per_position.add_metric([model, str(position)], value)
-    yield per_position
+def _accepted_per_position(model: str, counts: tuple[int, ...]) -> CounterMetricFamily:
+    family = CounterMetricFamily("minivllm:spec_decode_num_accepted_tokens_per_pos",
+                                 "Drafted tokens accepted, by position in the draft (0 = first).",
+                                 labels=["model_name", "position"])
+    for position, value in enumerate(counts):
+        family.add_metric([model, str(position)], value)
+    return family
 
 
 class ServerMetrics:

@@ -41,12 +41,11 @@ class _ModelDrafter:
         probs: list[list[torch.Tensor | None]] = [[] for _ in seqs]
         active, works = list(range(len(seqs))), first
         while active:
-            order = ([i for i, w in zip(active, works) if len(w.token_ids) == 1]
-                     + [i for i, w in zip(active, works) if len(w.token_ids) > 1])  # the runner's row order
-            by_index = dict(zip(active, works))
-            logits = self.runner.execute([by_index[i] for i in order if len(by_index[i].token_ids) == 1],
-                                         [by_index[i] for i in order if len(by_index[i].token_ids) > 1],
-                                         num_layers=self.num_layers)
+            # the runner's row order: single tokens first, then chunks (sorted is stable)
+            pairs = sorted(zip(active, works), key=lambda pair: len(pair[1].token_ids) > 1)
+            order = [i for i, _ in pairs]
+            logits = self.runner.execute([w for _, w in pairs if len(w.token_ids) == 1],
+                                         [w for _, w in pairs if len(w.token_ids) > 1], num_layers=self.num_layers)
             tokens, qs = draw_drafts(logits, [seqs[i] for i in order])
             for row, i in enumerate(order):
                 drafts[i].append(tokens[row])

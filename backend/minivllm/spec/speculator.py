@@ -77,7 +77,7 @@ class Speculator:
         except Exception:  # noqa: BLE001 - contained: the sequences decode without drafts
             log.exception("%s proposer failed; these sequences decode one token this step", self.method)
             for seq in seqs:
-                seq.draft_token_ids, seq.draft_probs = [], None
+                seq.clear_drafts()
             return
         if self.method != "ngram":
             self.costs.observe_round((time.perf_counter() - started) / max(ks))

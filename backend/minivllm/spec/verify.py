@@ -43,8 +43,8 @@ def verify_drafts(sampler: Sampler, seq: Sequence, drafts: list[int], logits: to
 
 def _position_rows(seq: Sequence, drafts: list[int], eos_id: int | None) -> list[SamplingRow]:
     params = seq.request.params
-    reads_outputs = params.needs_penalties or params.min_tokens
-    outputs = seq.output_token_ids if reads_outputs else []
-    return [SamplingRow(params, seq.request.prompt_token_ids, outputs + drafts[:i] if reads_outputs else [],
+    reads = params.reads_output_tokens
+    outputs = seq.output_token_ids if reads else []
+    return [SamplingRow(params, seq.request.prompt_token_ids, outputs + drafts[:i] if reads else [],
                         seq.generator, eos_id)
             for i in range(len(drafts) + 1)]

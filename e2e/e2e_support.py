@@ -146,6 +146,27 @@ def set_decoding(page: Page, preset: str | None = None, max_tokens: int | None =
         page.get_by_test_id("decoding-seed").fill("" if seed is None else str(seed))
 
 
+def set_structured(page: Page, mode: str, text: str | None = None) -> None:
+    """Picks a structured-output mode in the decoding settings (none, json_object, json_schema, regex,
+    choice, grammar) and, when given, types that mode's text (the schema, the regex, the choices)."""
+    open_decoding(page)
+    page.get_by_test_id("structured-mode").select_option(mode)
+    expect(page.get_by_test_id("structured-controls")).to_have_attribute("data-mode", mode)
+    editor = {"json_schema": "structured-schema", "regex": "structured-regex", "choice": "structured-choices",
+              "grammar": "structured-grammar"}.get(mode)
+    if text is not None:
+        assert editor is not None, f"structured mode {mode} has no text"
+        page.get_by_test_id(editor).fill(text)
+
+
+def set_token_view(page: Page, on: bool) -> None:
+    """Turns the chat's token view on or off (through its label, as a user would)."""
+    box = page.get_by_test_id("chat-token-view")
+    if box.is_checked() != on:
+        page.locator("label.toggle", has=box).click()
+    expect(box).to_be_checked(checked=on)
+
+
 def _is_chat(response) -> bool:
     return response.url.endswith(CHAT_PATH) and response.request.method == "POST"
 

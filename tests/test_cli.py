@@ -165,3 +165,14 @@ def test_bench_quality_reports_every_precision_against_fp32(tmp_path):
     for name in ("int8 per channel", "int4 g32"):
         assert rows[name]["weights_mib"] < ref["weights_mib"] and rows[name]["kl_mean"] > 0
     assert "machine: CPU capability" in proc.stdout and (tmp_path / "quality.png").stat().st_size > 0
+
+
+def test_bench_structured_puts_the_schema_next_to_unconstrained(tmp_path):
+    proc = cli("bench", "structured", "--quick", "--model", "random:tiny", "--concurrency", "1", "4",
+               "--output-dir", str(tmp_path), timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    for conc in (1, 4):
+        assert re.search(rf"^\s+{conc}\s+[\d.]+\s+[\d.]+\s+[\d.]+x$", proc.stdout, re.MULTILINE), proc.stdout
+    assert re.search(r"schema compile \(cold, validated\): [\d.]+ ms", proc.stdout)
+    assert re.search(r"machine: CPU capability \w+, \d+ threads, streaming bandwidth [\d.]+ GB/s", proc.stdout)
+    assert (tmp_path / "structured.png").stat().st_size > 0 and (tmp_path / "structured.json").exists()

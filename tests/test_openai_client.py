@@ -6,6 +6,7 @@ reads does not slow generation."""
 from __future__ import annotations
 
 import base64
+import json
 import os
 import socket
 import subprocess
@@ -233,3 +234,73 @@ def test_a_stuck_websocket_client_does_not_slow_generation(tiny_server):
     tokens = sum(isinstance(e, ev.TokenGenerated) for m in received if isinstance(m, ev.EventBatch) for e in m.events)
     assert tokens == 4 * 50 + 4 * 100, "the healthy client got every event"
     assert client.models.list().data  # the server is fine afterwards
+
+
+# ---- structured outputs and tools through the official client (the embedded model) -------------
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40},
+                                                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+                   "required": ["city", "unit"], "additionalProperties": False}}}
+WEATHER_QUESTION = [{"role": "user", "content": "What's the weather like in Paris today?"}]
+
+
+def test_parse_returns_a_pydantic_object(client):
+    import pydantic
+
+    class City(pydantic.BaseModel):
+        city: str = pydantic.Field(max_length=40)
+        country: str = pydantic.Field(max_length=40)
+        population: int = pydantic.Field(ge=0, le=100_000_000)
+        is_capital: bool
+
+    model = client.models.list().data[0].id
+    out = client.chat.completions.parse(model=model, response_format=City, max_tokens=120, temperature=0,
+                                        messages=[{"role": "user", "content": "Give me facts about Paris as JSON."}])
+    parsed = out.choices[0].message.parsed
+    assert isinstance(parsed, City) and out.choices[0].finish_reason == "stop"
+    assert parsed.city  # the model's own words, in the schema's shape
+
+
+def _stream_tool_calls(stream) -> tuple[list[dict], str | None, str]:
+    """Accumulate streamed tool-call deltas by index, as OpenAI's clients do."""
+    calls: dict[int, dict] = {}
+    finish, content = None, ""
+    for chunk in stream:
+        if not chunk.choices:
+            continue
+        choice = chunk.choices[0]
+        content += choice.delta.content or ""
+        finish = choice.finish_reason or finish
+        for delta in choice.delta.tool_calls or []:
+            call = calls.setdefault(delta.index, {"id": None, "name": "", "arguments": ""})
+            call["id"] = delta.id or call["id"]
+            call["name"] += delta.function.name or ""
+            call["arguments"] += delta.function.arguments or ""
+    return [calls[i] for i in sorted(calls)], finish, content
+
+
+def test_a_tool_call_round_trip_streaming_and_not(client):
+    import jsonschema
+
+    model = client.models.list().data[0].id
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    out = client.chat.completions.create(model=model, messages=WEATHER_QUESTION, tools=[WEATHER_TOOL],
+                                         tool_choice=named, max_tokens=80, temperature=0)
+    message = out.choices[0].message
+    assert out.choices[0].finish_reason == "tool_calls" and message.content is None
+    (call,) = message.tool_calls
+    assert call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER_TOOL["function"]["parameters"])
+
+    streamed, finish, content = _stream_tool_calls(client.chat.completions.create(
+        model=model, messages=WEATHER_QUESTION, tools=[WEATHER_TOOL], tool_choice=named, max_tokens=80,
+        temperature=0, stream=True))
+    assert finish == "tool_calls" and not content.strip()
+    assert [(c["name"], c["arguments"]) for c in streamed] == [(call.function.name, call.function.arguments)]
+
+    answer = client.chat.completions.create(model=model, tools=[WEATHER_TOOL], max_tokens=60, temperature=0, messages=[
+        *WEATHER_QUESTION, message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature": 18, "sky": "sunny"})}])
+    assert answer.choices[0].message.content and not answer.choices[0].message.tool_calls

@@ -136,8 +136,11 @@ def test_token_id_prompt_stop_strings_and_extra_fields(client):
     tokenizer = server_of(client.app).async_engine.engine.tokenizer
     ids = tokenizer.encode("Hello there")
     by_text = client.post("/v1/completions", json={"prompt": "Hello there", **GREEDY}).json()
-    by_ids = client.post("/v1/completions", json={"prompt": ids, "some_unknown_field": {"x": 1}, **GREEDY}).json()
+    by_ids = client.post("/v1/completions", json={"prompt": ids, **GREEDY}).json()
     assert by_ids["choices"][0]["text"] == by_text["choices"][0]["text"]
+    unknown = client.post("/v1/completions", json={"prompt": ids, "some_unknown_field": {"x": 1}, **GREEDY})
+    assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "some_unknown_field"
+    assert unknown.json()["error"]["message"] == "Unrecognized request argument supplied: some_unknown_field"
     text = by_text["choices"][0]["text"]
     stop = text[len(text) // 2:len(text) // 2 + 3]
     stopped = client.post("/v1/completions", json={"prompt": "Hello there", "stop": [stop], **GREEDY}).json()
@@ -190,9 +193,9 @@ BAD_INPUT = [
     ("/v1/completions", {"prompt": "x", "use_beam_search": True, "n": 2, "length_penalty": 1e308}, "length_penalty",
      "[-10, 10]"),
     ("/v1/completions", b'{"prompt": "x", "temperature": 1e999}', "temperature", "out of range"),
-    ("/v1/completions", {"prompt": ["a", "b"]}, "prompt", "batched"),
+    ("/v1/completions", {"prompt": ["a"] * 9}, "prompt", "at most 8 per request"),
     ("/v1/completions", {"prompt": [1, 99999999]}, "prompt", "out of range"),
-    ("/v1/completions", {"prompt": "x", "echo": True}, "echo", "not supported"),
+    ("/v1/completions", {"prompt": "x", "prompt_logprobs": 2, "stream": True}, "prompt_logprobs", "stream=True"),
     ("/v1/completions", {"prompt": "word " * 600, "max_tokens": 4}, "prompt", "512 tokens"),
     ("/v1/completions", {"prompt": "x" * 40_000}, "prompt", "cannot hold more than about 32768 characters"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "y" * 20_000}] * 2}, "messages",
@@ -237,7 +240,8 @@ BAD_INPUT = [
     ("/v1/completions", {"prompt": "x", "length_penalty": float("1e308"), "use_beam_search": True}, "length_penalty",
      "[-10, 10]"),
     ("/v1/completions", {"prompt": []}, "prompt", "empty"),
-    ("/v1/completions", {"prompt": [[1, 2], [3]]}, "prompt", "batched"),
+    ("/v1/completions", {"prompt": [[1, 2], "x", 3]}, "prompt", "list of strings or of token-id lists"),
+    ("/v1/completions", {"prompt": "x", "prompt_logprobs": 21}, "prompt_logprobs", "[0, 20]"),
     ("/v1/completions", {"prompt": "x", "suffix": "y"}, "suffix", "not supported"),
     ("/v1/completions", {"prompt": "x", "n": 3, "use_beam_search": True, "max_tokens": 400}, "max_tokens", "KV blocks"),
     ("PUT /api/config", {"num_blocks": 0}, "num_blocks", ">= 1"),

@@ -29,6 +29,10 @@ def run_bench(args) -> int:
         from minivllm.bench.spec import bench_spec
 
         return bench_spec(engine, args)
+    if args.kind == "structured":
+        from minivllm.bench.structured import bench_structured
+
+        return bench_structured(engine, args)
     from minivllm.bench.throughput import bench_throughput
 
     return bench_throughput(engine, args)

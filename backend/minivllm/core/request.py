@@ -14,9 +14,11 @@ from dataclasses import dataclass, field
 import torch
 
 from minivllm.core.block_manager import hash_block_tokens
+from minivllm.core.prompt_logprobs import PromptLogprobs
 from minivllm.text.detokenizer import IncrementalDetokenizer
 from minivllm.sampling.beam_search import BeamSearchState
 from minivllm.sampling.params import SamplingParams
+from minivllm.structured.grammar import CompiledGrammar, GrammarMatcher
 from minivllm.text.stop_strings import StopStringMatcher
 
 
@@ -56,6 +58,7 @@ class Sequence:
     # the draft's distributions they were drawn from ([k, vocab]; None: chosen deterministically)
     draft_token_ids: list[int] = field(default_factory=list)
     draft_probs: torch.Tensor | None = None
+    grammar: GrammarMatcher | None = None  # structured outputs: where the output stands in its grammar
 
     @property
     def num_tokens(self) -> int:
@@ -120,6 +123,12 @@ class Request:
     # its first sequence; the others are forked from it at this many tokens (None: nothing pending).
     refork_at: int | None = None
     error: str | None = None  # why the request failed inside the engine (it then finished as "abort")
+    prompt_logprobs: PromptLogprobs | None = None  # gathered when params.prompt_logprobs asks for them
+    grammar: CompiledGrammar | None = None  # structured outputs: each sequence gets a matcher of it
+
+    def __post_init__(self) -> None:
+        if self.params.prompt_logprobs is not None and self.prompt_logprobs is None:
+            self.prompt_logprobs = PromptLogprobs(self.params.prompt_logprobs, len(self.prompt_token_ids))
 
     @property
     def num_prompt_tokens(self) -> int:

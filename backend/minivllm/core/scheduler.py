@@ -234,8 +234,11 @@ class Scheduler:
         the prefix all of them share once, then forking, keeps the footprint admission validated;
         recomputing a copy per sequence might never fit the pool again."""
         leader = request.seqs[0]
+        # prompt log-probs still missing need the model run on every prompt token: no cache hit
+        # (its blocks still enter the prefix cache as they fill)
+        skip_cache = request.prompt_logprobs is not None and request.prompt_logprobs.pending
         cached = (self.bm.find_cached_prefix(leader.token_ids, leader.block_hashes(self.bm.block_size))
-                  if self.bm.enable_prefix_caching else [])
+                  if self.bm.enable_prefix_caching and not skip_cache else [])
         progress = self._admission_progress(request, len(cached) * self.bm.block_size)
         chunks = self._chunks(request, budget, progress)
         needed = (self._resume_blocks(request, progress) if progress.refork_at is not None

@@ -11,6 +11,8 @@ from minivllm.engine.errors import EngineBusyError, EngineDeadError, RequestFail
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.engine.outputs import CompletionOutput, OutputAccumulator, RequestOutput
 from minivllm.engine.telemetry import EngineStats
+from minivllm.structured.params import StructuredOutputsParams
 
 __all__ = ["AsyncEngine", "CompletionOutput", "EngineBusyError", "EngineConfig", "EngineDeadError", "EngineStats",
-           "LLMEngine", "OutputAccumulator", "RequestFailedError", "RequestOutput", "RequestRejectedError", "parse_memory"]
+           "LLMEngine", "OutputAccumulator", "RequestFailedError", "RequestOutput", "RequestRejectedError",
+           "StructuredOutputsParams", "parse_memory"]

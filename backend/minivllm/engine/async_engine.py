@@ -143,6 +143,12 @@ class AsyncEngine:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._tokenizer_pool, fn, self.engine.tokenizer)
 
+    async def compile_grammar(self, structured) -> None:
+        """Compile (and cache) a structured-output grammar on the tokenizer pool; a bad one raises
+        RequestRejectedError naming the field, before the request reaches the engine."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._tokenizer_pool, self.engine.grammars.compile, structured)
+
     def abort(self, request_id: str) -> None:
         if self.is_alive:
             self._commands.put((lambda e: e.abort_request(request_id), None))

@@ -1,16 +1,15 @@
 """The engine: `step()` is schedule -> execute -> sample -> update, each one call.
 
 Who owns what:
-- the scheduler (core/scheduler.py) plans each step and is the one place progress moves
-  (`update_from_output`);
+- the scheduler (core/scheduler.py) plans each step; only its `update_from_output` moves progress;
 - the model runner (model_runner.py) turns the plan into tensors and logits;
 - the step sampler (step_sampling.py) draws the next tokens without touching a sequence;
 - the output processor (output_processor.py) appends them, forks, finishes, reports outputs;
 - the request tracker (request_tracker.py) owns the live requests and their sequences;
 - telemetry (telemetry.py) emits every event, keeps the counters, samples metrics, snapshots.
 
-Single-threaded by design: the async front end (`async_engine.py`) owns the thread that calls
-`step()` and hands requests in through a queue, so no engine state needs a lock.
+Single-threaded: the async front end (async_engine.py) owns the thread that calls `step()` and
+hands requests in through a queue, so no engine state needs a lock (grammars compile thread-safely).
 """
 
 from __future__ import annotations
@@ -44,6 +43,7 @@ from minivllm.sampling.params import SamplingParams
 from minivllm.sampling.sampler import Sampler
 from minivllm.spec.config import SpeculativeConfig
 from minivllm.spec.factory import build_speculator
+from minivllm.structured.grammar import GrammarCompiler
 
 Subscription = tuple[ev.Snapshot | None, list[ev.AnyEvent] | None, str | None]
 
@@ -55,8 +55,7 @@ class LLMEngine:
         by `spec.factory.load_draft`."""
         config = config or EngineConfig()
         self.loaded = loaded
-        self.speculative, self.draft = speculative, draft
-        self.tokenizer = loaded.tokenizer
+        self.speculative, self.draft, self.tokenizer = speculative, draft, loaded.tokenizer
         self.bus = bus or EventBus()
         self.telemetry = Telemetry(self.bus, config.metrics_interval_s)
         self.tracker = RequestTracker(self.telemetry, loaded.tokenizer, loaded.device)
@@ -64,6 +63,7 @@ class LLMEngine:
         eos_id = next(iter(eos_ids), None)  # the one that min_tokens masks and beams end on
         self.step_sampler = StepSampler(Sampler(), self.tracker, eos_id)
         self.output_processor = OutputProcessor(self.tracker, self.telemetry, eos_ids, loaded.tokenizer)
+        self.grammars = GrammarCompiler(loaded.tokenizer, loaded.config.vocab_size)
         if torch.device(loaded.device).type == "cpu":
             keep_freed_memory_for_reuse()  # process-wide, so once per engine, not per rebuild
         self._build(config)
@@ -145,7 +145,7 @@ class LLMEngine:
         ids = list(prompt_token_ids) if prompt_token_ids is not None else self.encode(prompt or "")
         max_tokens = validate_request(ids, params, self.limits)
         request = Request(request_id, prompt, ids, params, self.bus.now(), max_tokens=max_tokens,
-                          priority=priority, preview=(prompt or "")[:120])
+                          priority=priority, preview=(prompt or "")[:120], grammar=self.grammars.for_params(params))
         request.seqs.append(self.tracker.new_seq(request, list(ids), 0))
         arrived = self.telemetry.emit(ev.RequestArrived(
             request_id=request_id, prompt_tokens=len(ids), max_tokens=max_tokens, n=params.n, priority=priority,

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from minivllm.engine.prompt_logprobs import PromptLogprobsRows, target_logprobs
 from minivllm.model.attention import AttentionMetadata, KVCache, PrefillChunk
 from minivllm.model.llama import LlamaModel
 
@@ -26,6 +27,8 @@ class SeqWork:
     # logits rows wanted, for the last this many tokens: 1 for a decode or the end of a prompt, 0
     # for a prefill chunk that does not reach it, 1 + k to verify k drafted tokens
     num_logits: int = 1
+    # vLLM's prompt_logprobs: rows whose log-probs of the next prompt token are wanted (None: none)
+    prompt_logprobs: PromptLogprobsRows | None = None
 
 
 class ModelRunner:
@@ -39,20 +42,29 @@ class ModelRunner:
                 copies: list[tuple[int, int]] | None = None,
                 hidden_states_out: list[torch.Tensor] | None = None, num_layers: int | None = None) -> torch.Tensor:
         """Returns fp32 logits [rows, vocab]: each sequence's `num_logits` rows, in the order
-        single-token rows, then chunks. `num_layers`: the early-exit draft (see LlamaModel)."""
+        single-token rows, then chunks. `num_layers`: the early-exit draft (see LlamaModel). A work
+        with `prompt_logprobs` also gets its rows' log-probs, handed to its sink."""
         self.kv_cache.copy_blocks(copies or [])
-        input_ids, positions, meta, logit_rows = self._prepare(single, chunks)
+        input_ids, positions, meta, logit_rows, wanted = self._prepare(single, chunks)
         hidden = self.model(input_ids, positions, self.kv_cache, meta, hidden_states_out, num_layers)
-        return self.model.compute_logits(hidden[logit_rows])
+        logits = self.model.compute_logits(hidden[logit_rows])
+        for start, rows in wanted:  # only requests that asked: nothing to do for the others
+            first = start + rows.first_row
+            rows.sink(*target_logprobs(self.model.compute_logits, hidden[first:first + len(rows.targets)],
+                                       rows.targets, rows.top_n, self.model.config.vocab_size))
+        return logits
 
     def _prepare(self, single: list[SeqWork], chunks: list[SeqWork]):
         ids: list[int] = []
         pos: list[int] = []
         slots: list[int] = []
         rows: list[int] = []
+        wanted: list[tuple[int, PromptLogprobsRows]] = []
         for work in single + chunks:
             n = len(work.token_ids)
             start = len(ids)
+            if work.prompt_logprobs is not None:
+                wanted.append((start, work.prompt_logprobs))
             ids.extend(work.token_ids)
             positions = range(work.num_computed, work.num_computed + n)
             pos.extend(positions)
@@ -69,7 +81,7 @@ class ModelRunner:
         )
         return (torch.tensor(ids, dtype=torch.long, device=dev),
                 torch.tensor(pos, dtype=torch.long, device=dev), meta,
-                torch.tensor(rows, dtype=torch.long, device=dev))
+                torch.tensor(rows, dtype=torch.long, device=dev), wanted)
 
     def _slot(self, table: list[int], position: int) -> int:
         return table[position // self.block_size] * self.block_size + position % self.block_size

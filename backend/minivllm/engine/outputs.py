@@ -55,6 +55,10 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics
     error: str | None = None  # set when the request failed inside the engine
+    # vLLM's prompt_logprobs, in the request's first output only: per prompt token {token_id: logprob}
+    # (the prompt token first, then the top-N; None for the first token), and the prompt token's rank
+    prompt_logprobs: list[dict[int, float] | None] | None = None
+    prompt_logprob_ranks: list[int | None] | None = None
 
     @property
     def num_generated_tokens(self) -> int:
@@ -104,3 +108,5 @@ def _merge(whole: RequestOutput, delta: RequestOutput) -> None:
         old.cumulative_logprob, old.finish_reason, old.stop_reason, old.num_tokens = (
             new.cumulative_logprob, new.finish_reason, new.stop_reason, new.num_tokens)
     whole.finished, whole.metrics, whole.error = delta.finished, delta.metrics, delta.error
+    if delta.prompt_logprobs is not None:
+        whole.prompt_logprobs, whole.prompt_logprob_ranks = delta.prompt_logprobs, delta.prompt_logprob_ranks

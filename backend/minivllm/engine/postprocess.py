@@ -21,8 +21,20 @@ def append_token(seq: Sequence, token_id: int, logprob: float | None,
             seq.top_logprobs.append(dict([(token_id, logprob), *(top or [])]))  # built once, not per output
         delta = seq.detokenizer.append(token_id) if seq.detokenizer else ""
         text = _stop_string_or_length(seq, delta, seq.request.max_tokens, max_model_len)
+        if seq.grammar is not None and not seq.finished:
+            text += _advance_grammar(seq, token_id)
     seq.text += text
     return text
+
+
+def _advance_grammar(seq: Sequence, token_id: int) -> str:
+    """The grammar follows the token; once nothing but the end can follow, the output is complete
+    (vLLM's rule: a finished grammar stops the request without waiting for an EOS step)."""
+    seq.grammar.accept(token_id)  # type: ignore[union-attr]
+    if not seq.grammar.is_finished:  # type: ignore[union-attr]
+        return ""
+    seq.finish_reason = "stop"
+    return flush_text(seq)
 
 
 def _stopped_by_token(seq: Sequence, token_id: int, eos_ids: frozenset[int]) -> bool:
@@ -82,6 +94,7 @@ def request_output(request: Request) -> RequestOutput:
     reports its finished sequences only."""
     seqs = request.finished_seqs if request.params.use_beam_search else request.all_seqs()
     seqs = sorted(seqs, key=lambda s: s.sample_index)
+    prompt = request.prompt_logprobs.take() if request.prompt_logprobs is not None else None
     return RequestOutput(
         request_id=request.request_id,
         prompt=request.prompt,
@@ -97,4 +110,6 @@ def request_output(request: Request) -> RequestOutput:
             num_preemptions=request.num_preemptions,
         ),
         error=request.error,
+        prompt_logprobs=prompt[0] if prompt else None,
+        prompt_logprob_ranks=prompt[1] if prompt else None,
     )

@@ -45,6 +45,8 @@ class RequestTracker:
             seq.detokenizer = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, p.skip_special_tokens)
         if p.stop and not p.use_beam_search:
             seq.stop_matcher = StopStringMatcher(p.stop, p.include_stop_str_in_output)
+        if request.grammar is not None:
+            seq.grammar = parent.grammar.fork() if parent is not None and parent.grammar else request.grammar.matcher()
         return seq
 
     def add_fork(self, request: Request, parent: Sequence, child: Sequence) -> None:

@@ -31,6 +31,10 @@ def validate_request(ids: list[int], params: SamplingParams, limits: RequestLimi
     if params.top_k > vocab:
         raise RequestRejectedError(f"top_k must be -1 or 0 (disabled) or at most the vocabulary size {vocab}, "
                                    f"got {params.top_k}", "top_k")
+    bad_bias = [t for t in params.logit_bias or {} if t >= vocab]
+    if bad_bias:
+        raise RequestRejectedError(f"logit_bias token id {bad_bias[0]} is out of range for vocabulary size {vocab}",
+                                   "logit_bias")
     if not ids:
         raise RequestRejectedError("the prompt is empty", "prompt")
     bad = [t for t in ids if not 0 <= t < vocab]

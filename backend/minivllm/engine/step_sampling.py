@@ -28,6 +28,7 @@ class SampledToken:
     logprob: float | None
     top: list[tuple[int, float]] | None
     drafted: bool = False  # an accepted draft token (speculative decoding)
+    allowed_fraction: float | None = None  # structured outputs: the share of the vocabulary the grammar allowed
 
 
 @dataclass
@@ -118,7 +119,7 @@ class StepSampler:
             return
         generators = [(s.generator, s.generator.get_state()) for s, _ in items if s.generator is not None]
         rows = [SamplingRow(s.request.params, s.request.prompt_token_ids, _outputs_for_sampler(s), s.generator,
-                            self.eos_id) for s, _ in items]
+                            self.eos_id, s.grammar) for s, _ in items]
         try:
             result = self.sampler(_select_rows(logits, [row for _, row in items]), rows)
         except Exception as exc:  # noqa: BLE001 - contained below, per request
@@ -134,7 +135,9 @@ class StepSampler:
         for drawn, group in groups:
             for seq, _ in group:
                 top = result.top_logprobs[i] if result.top_logprobs else None
-                drawn.tokens.append(SampledToken(seq, result.token_ids[i], result.logprobs[i], top))
+                allowed = result.allowed_fractions[i] if result.allowed_fractions else None
+                drawn.tokens.append(SampledToken(seq, result.token_ids[i], result.logprobs[i], top,
+                                                 allowed_fraction=allowed))
                 i += 1
 
 

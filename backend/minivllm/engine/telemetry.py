@@ -110,12 +110,14 @@ class Telemetry:
     def seq_removed(self, request: Request, seq: Sequence, reason: str) -> None:
         self.emit(ev.SeqRemoved(request_id=request.request_id, seq_id=seq.seq_id, reason=reason))
 
-    def token(self, seq: Sequence, token: int, text: str, logprob: float | None, drafted: bool = False) -> None:
+    def token(self, seq: Sequence, token: int, text: str, logprob: float | None, drafted: bool = False,
+              allowed_fraction: float | None = None) -> None:
         request = seq.request
         request.num_generated_events += 1
         self.counters.generation_tokens += 1
         event = self.emit(ev.TokenGenerated(request_id=request.request_id, seq_id=seq.seq_id,
-                                            token_id=token, text=text, logprob=logprob, drafted=drafted))
+                                            token_id=token, text=text, logprob=logprob, drafted=drafted,
+                                            allowed_fraction=allowed_fraction))
         if request.first_token_time is None:
             request.first_token_time = event.ts
 

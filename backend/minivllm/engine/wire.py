@@ -44,6 +44,10 @@ def sampling_summary(request: Request) -> dict[str, object]:
     if "stop" in summary:
         summary["stop"] = stop_summary(request.params.stop)  # type: ignore[arg-type]
     summary["max_tokens"] = request.max_tokens
+    if request.params.structured_outputs is not None:
+        summary["structured_outputs"] = request.params.structured_outputs.kind
+    if request.params.logit_bias:
+        summary["logit_bias"] = len(request.params.logit_bias)  # how many tokens it biases
     return summary
 
 

@@ -66,6 +66,8 @@ class TokenGenerated(Event, tag="token"):
     text: str  # the detokenized text delta (may be "" while a multi-byte character is incomplete)
     logprob: float | None
     drafted: bool = False  # proposed by speculative decoding and accepted by the target model
+    # structured outputs: the share of the vocabulary the grammar allowed at this token (None: unconstrained)
+    allowed_fraction: float | None = None
 
 
 class SpecVerified(Event, tag="spec_verified"):

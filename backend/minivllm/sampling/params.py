@@ -6,10 +6,13 @@ from dataclasses import dataclass
 
 import math
 
+from minivllm.structured.params import StructuredOutputsParams
+
 _GREEDY_EPS = 1e-5
 MAX_LOGPROBS = 20
 MAX_SEED = 2**63 - 1  # a torch generator seed is an int64; sample i of a request uses seed + i
 MAX_LENGTH_PENALTY = 10.0  # generated_len ** length_penalty must stay a finite float
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range: -100 bans a token, +100 all but forces it
 
 
 def _is_int(x: object) -> bool:
@@ -51,6 +54,9 @@ class SamplingParams:
     length_penalty: float = 1.0
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit (OpenAI semantics)
+    prompt_logprobs: int | None = None  # top-N alternatives at each prompt position (0: the prompt token only)
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         # Normalise.
@@ -61,6 +67,8 @@ class SamplingParams:
         else:
             self.stop = list(self.stop)
         self.stop_token_ids = [] if self.stop_token_ids is None else list(self.stop_token_ids)
+        if self.logit_bias is not None:
+            self.logit_bias = {_token_key(k): v for k, v in self.logit_bias.items()} or None
         if self.use_beam_search and self.beam_width is None:
             self.beam_width = self.n
         self.validate()
@@ -113,12 +121,28 @@ class SamplingParams:
                              f"got {self.length_penalty!r}")
         if self.beam_width is not None and (not _is_int(self.beam_width) or self.beam_width < 1):
             raise ValueError(f"beam_width must be an integer >= 1, got {self.beam_width!r}")
+        self._validate_extras()
         if self.use_beam_search:
             assert self.beam_width is not None
             if self.n > self.beam_width:
                 raise ValueError(
                     f"n must be <= beam_width={self.beam_width} for beam search, got {self.n!r}"
                 )
+
+    def _validate_extras(self) -> None:
+        for token, bias in (self.logit_bias or {}).items():
+            if not _is_int(token) or token < 0:
+                raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {token!r}")
+            if not _is_number(bias) or abs(bias) > MAX_LOGIT_BIAS:
+                raise ValueError(f"logit_bias values must be in [-100, 100], got {bias!r} for token {token}")
+        if self.prompt_logprobs is not None and (
+            not _is_int(self.prompt_logprobs) or not 0 <= self.prompt_logprobs <= MAX_LOGPROBS
+        ):
+            raise ValueError(f"prompt_logprobs must be in [0, {MAX_LOGPROBS}] or None, got {self.prompt_logprobs!r}")
+        if self.structured_outputs is not None and self.use_beam_search:
+            raise ValueError(f"structured_outputs cannot be combined with beam search (use_beam_search): a beam "
+                             f"keeps the most likely continuations, which a grammar mask would have to follow per "
+                             f"beam; use sampling or greedy decoding")
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -142,3 +166,10 @@ class SamplingParams:
     def effective_top_k(self) -> int:
         """top-k with the "off" values (0, -1) mapped to 0."""
         return self.top_k if self.top_k > 0 else 0
+
+
+def _token_key(key: object) -> object:
+    """JSON object keys are strings: OpenAI's logit_bias sends {"50256": -100}."""
+    if isinstance(key, str) and key.strip().lstrip("-").isdigit():
+        return int(key)
+    return key

@@ -10,6 +10,7 @@ Processing order (as vLLM):
 2. repetition penalty over prompt + output tokens (positive logits divided, negative multiplied).
 3. frequency / presence penalties over output tokens:
    ``logits -= frequency * count + presence * (count > 0)``.
+   Then ``logit_bias`` is added, and a structured-output grammar masks what it does not allow.
 4. greedy rows: argmax. Sampled rows: temperature, top-k, top-p, min-p, softmax, then a draw
    by the exponential race ``argmax(probs / E)``, ``E ~ Exponential(1)``; a seeded row draws
    ``E`` from its own ``torch.Generator`` so its tokens do not depend on the rest of the batch.
@@ -24,6 +25,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import torch
+
+from minivllm.structured.grammar import GrammarMatcher, allocate_bitmask, apply_bitmask
 
 from .params import SamplingParams
 
@@ -41,6 +44,7 @@ class SamplingRow:
     # else None (the row then shares torch's default generator with the other unseeded rows).
     generator: torch.Generator | None = None
     eos_token_id: int | None = None
+    grammar: GrammarMatcher | None = None  # structured outputs: what the sequence may emit next
 
 
 @dataclass
@@ -51,6 +55,8 @@ class SampleOutput:
     # Per row: top-N (token_id, logprob) of the raw distribution when that row asked for
     # logprobs > 0, else []. None when no row in the batch asked for top logprobs.
     top_logprobs: list[list[tuple[int, float]]] | None
+    # Per row: the share of the vocabulary its grammar allowed (None: no grammar). None when no row has one.
+    allowed_fractions: list[float | None] | None = None
 
 
 # --------------------------------------------------------------------------- helpers
@@ -201,11 +207,13 @@ class Sampler:
                 si = torch.tensor(sampled_idx, dtype=torch.long, device=device)
                 token_ids[si] = self._sample(logits[si], sampled_rows)
         chosen, top_logprobs = raw_logprobs(raw, token_ids, rows)
-        return SampleOutput(token_ids=token_ids.tolist(), logprobs=chosen, top_logprobs=top_logprobs)
+        return SampleOutput(token_ids=token_ids.tolist(), logprobs=chosen, top_logprobs=top_logprobs,
+                            allowed_fractions=allowed_fractions(logits, rows))
 
     def processed(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-        """Stages 1-3 (min_tokens, penalties): what greedy rows take the argmax of."""
-        return self._apply_penalties(self._apply_min_tokens(logits, rows), rows)
+        """Stages 1-3 (min_tokens, penalties, logit_bias, grammar): what greedy rows take the argmax of."""
+        logits = self._apply_penalties(self._apply_min_tokens(logits, rows), rows)
+        return self._apply_grammars(self._apply_logit_bias(logits, rows), rows)
 
     @staticmethod
     def probabilities(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
@@ -270,10 +278,45 @@ class Sampler:
         logits[ti] = apply_penalties(logits[ti], prompt_ids, output_ids, rep, freq, pres)
         return logits
 
+    @staticmethod
+    def _apply_logit_bias(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        entries = [(i, token, bias) for i, r in enumerate(rows) for token, bias in (r.params.logit_bias or {}).items()]
+        if not entries:
+            return logits
+        row_idx, tok_idx, biases = zip(*entries)
+        device = logits.device
+        return logits.index_put((torch.tensor(row_idx, device=device), torch.tensor(tok_idx, device=device)),
+                                torch.tensor(biases, dtype=logits.dtype, device=device), accumulate=True)
+
+    @staticmethod
+    def _apply_grammars(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        idx = [i for i, r in enumerate(rows) if r.grammar is not None]
+        if not idx:
+            return logits
+        bitmask = allocate_bitmask(len(idx), logits.shape[1])
+        for j, i in enumerate(idx):
+            rows[i].grammar.fill_mask(bitmask, j)  # type: ignore[union-attr]
+        if len(idx) == len(rows):
+            logits = logits.clone()
+            apply_bitmask(logits, bitmask)
+            return logits
+        ti = torch.tensor(idx, dtype=torch.long, device=logits.device)
+        masked = logits[ti]  # a copy: `logits` may be the caller's raw tensor
+        apply_bitmask(masked, bitmask)
+        return logits.index_copy(0, ti, masked)
+
     @classmethod
     def _sample(cls, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         """Temperature, top-k, top-p, min-p, softmax, exponential race for non-greedy rows."""
         return exponential_race(cls.probabilities(logits, rows), [r.generator for r in rows])
+
+
+def allowed_fractions(processed: torch.Tensor, rows: list[SamplingRow]) -> list[float | None] | None:
+    """For rows with a grammar, the share of the vocabulary left selectable (for the dashboard)."""
+    if not any(r.grammar is not None for r in rows):
+        return None
+    shares = torch.isfinite(processed).sum(dim=-1).to(torch.float32) / processed.shape[1]
+    return [share if r.grammar is not None else None for share, r in zip(shares.tolist(), rows)]
 
 
 def raw_logprobs(raw: torch.Tensor, token_ids: torch.Tensor, rows: list[SamplingRow]

@@ -28,6 +28,7 @@ from minivllm.server.openapi_doc import DocumentedJsonRenderPlugin
 from minivllm.server.ops import health, metrics
 from minivllm.server.state import ServerState
 from minivllm.server.static import frontend, frontend_index
+from minivllm.server.tokenize_api import tokenize_router, version
 
 
 @asynccontextmanager
@@ -47,8 +48,8 @@ def create_app(config: ServerConfig | LLMEngine) -> Litestar:
                             description="OpenAI-compatible API, dashboard API and live engine events.",
                             render_plugins=[SwaggerRenderPlugin(path="/"), DocumentedJsonRenderPlugin(path="/openapi.json")])
     return Litestar(
-        route_handlers=[openai_router(), dashboard_router(), events_router(), health, metrics,
-                        frontend_index, frontend],
+        route_handlers=[openai_router(), tokenize_router(), dashboard_router(), events_router(), health, metrics,
+                        version, frontend_index, frontend],
         lifespan=[_lifespan],
         state=State({"server": ServerState(config)}),
         middleware=[request_id_middleware, exposure_guard(config.allowed_hosts, config.cors_origins)],

@@ -1,4 +1,5 @@
-"""The optional API key: a guard on the /v1, /api and /ws routers (/health and /metrics stay open).
+"""The optional API key: a guard on the /v1, /api and /ws routers and on /tokenize and /detokenize
+(/health, /metrics and /version stay open).
 
 Clients send `Authorization: Bearer KEY` (what the openai client does) or `X-API-Key`; browsers
 cannot set headers on a WebSocket, so there, and only there, `?api_key=KEY` is accepted too (a key

@@ -20,7 +20,7 @@ class ServerConfig:
     # A built engine (tests: ready at once) or a function that builds one; the function runs in a
     # background thread at startup so /health can answer 503 while the model loads.
     engine: LLMEngine | Callable[[], LLMEngine]
-    api_key: str | None = None  # guards /v1, /api and /ws when set
+    api_key: str | None = None  # guards /v1, /api, /ws, /tokenize and /detokenize when set
     cors_origins: list[str] = field(default_factory=list)
     # Host names served when bound to loopback (None: no Host check; see server/exposure.py)
     allowed_hosts: list[str] | None = None

@@ -43,12 +43,17 @@ def bad_request(message: str, param: str | None = None) -> APIError:
 
 
 _PATH = re.compile(r"at `\$\.([A-Za-z_][\w]*)")
+_UNKNOWN = re.compile(r"^Object contains unknown field `([^`]*)`(?: - at `\$\.?([^`]*)`)?")
 
 
 def decode_error(exc: msgspec.DecodeError | msgspec.ValidationError) -> APIError:
     """msgspec's message names the offending field as `$.field`: report it as the param."""
     text = str(exc)
     if isinstance(exc, msgspec.ValidationError):
+        unknown = _UNKNOWN.match(text)
+        if unknown:  # OpenAI's wording; nested fields are named by their path
+            name = ".".join(filter(None, (unknown.group(2), unknown.group(1))))
+            return bad_request(f"Unrecognized request argument supplied: {name}", name)
         m = _PATH.search(text)
         return bad_request(f"invalid request body: {text}", m.group(1) if m else None)
     return bad_request(f"malformed JSON body: {text}")

@@ -16,11 +16,14 @@ from minivllm.sampling.params import MAX_LENGTH_PENALTY, MAX_LOGPROBS, MAX_SEED
 from minivllm.server import openai_protocol as p
 from minivllm.server.api_types import ConfigUpdate
 from minivllm.server.openai_serving import CHAT_ROLES
+from minivllm.server.tokenize_api import DetokenizeRequest, TokenizeChatRequest, TokenizeCompletionRequest
 
-REQUEST_BODIES: dict[tuple[str, str], type] = {
+REQUEST_BODIES: dict[tuple[str, str], type | tuple[type, ...]] = {  # a tuple: one of these shapes
     ("/v1/completions", "post"): p.CompletionRequest,
     ("/v1/chat/completions", "post"): p.ChatCompletionRequest,
     ("/api/config", "put"): ConfigUpdate,
+    ("/tokenize", "post"): (TokenizeCompletionRequest, TokenizeChatRequest),
+    ("/detokenize", "post"): DetokenizeRequest,
 }
 
 # What `SamplingParams.validate` and `validate_request` enforce, as JSON Schema keywords on the
@@ -41,6 +44,7 @@ FIELD_LIMITS: dict[str, dict[str, Any]] = {
     "min_tokens": {"minimum": 0},
     "logprobs": {"minimum": 0, "maximum": MAX_LOGPROBS},
     "top_logprobs": {"minimum": 0, "maximum": MAX_LOGPROBS},
+    "prompt_logprobs": {"minimum": 0, "maximum": MAX_LOGPROBS},
     "stop": {"maxItems": EngineConfig.max_stop_strings},  # the default; the served engine's in the document
     "messages": {"minItems": 1},
     "role": {"enum": list(CHAT_ROLES)},
@@ -54,8 +58,13 @@ _KEYWORD_TYPES = {"maxItems": ("array",), "minItems": ("array",), "enum": ("stri
 
 def with_request_bodies(document: dict[str, Any], model_name: str | None = None,
                         config: EngineConfig | None = None) -> dict[str, Any]:
-    refs, components = msgspec.json.schema_components(list(REQUEST_BODIES.values()),
-                                                      ref_template="#/components/schemas/{name}")
+    shapes = [kinds if isinstance(kinds, tuple) else (kinds,) for kinds in REQUEST_BODIES.values()]
+    flat_refs, components = msgspec.json.schema_components([k for kinds in shapes for k in kinds],
+                                                           ref_template="#/components/schemas/{name}")
+    refs, taken = [], iter(flat_refs)
+    for kinds in shapes:  # msgspec cannot describe an untagged union of Structs: anyOf of their refs
+        mine = [next(taken) for _ in kinds]
+        refs.append(mine[0] if len(mine) == 1 else {"anyOf": mine})
     limits = FIELD_LIMITS | ({"model": {"enum": [model_name]}} if model_name else {})  # the one served
     if config is not None:
         limits["stop"] = {"maxItems": config.max_stop_strings}

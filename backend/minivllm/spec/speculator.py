@@ -1,5 +1,6 @@
 """Which sequences get drafts at the end of a step, and how many: requests with one sequence
-(n > 1 samples and beam search run without speculation: their sequences are sampled together),
+(n > 1 samples and beam search run without speculation: their sequences are sampled together;
+structured outputs too: a draft would need the grammar's mask at every drafted position),
 caught up with their tokens, with room left under max_tokens and the context length, while the
 batch is smaller than `disable_by_batch_size`."""
 
@@ -85,7 +86,8 @@ class Speculator:
     def _room(self, request: Request) -> int:
         """Drafts this request may take now (0: none)."""
         params = request.params
-        if params.use_beam_search or params.n > 1 or len(request.seqs) != 1 or request.is_finished:
+        if (params.use_beam_search or params.n > 1 or len(request.seqs) != 1 or request.is_finished
+                or request.grammar is not None):
             return 0
         seq = request.seqs[0]
         if seq.num_remaining != 1:

@@ -14,6 +14,8 @@ def load_chat_template_prompt(
     tokenizer: Any,
     messages: Sequence[Mapping[str, Any]],
     add_generation_prompt: bool = True,
+    tools: list[dict[str, Any]] | None = None,
+    **template_kwargs: Any,
 ) -> list[int]:
     """Render ``messages`` with the tokenizer's chat template into token ids.
 
@@ -31,6 +33,8 @@ def load_chat_template_prompt(
         add_generation_prompt=add_generation_prompt,
         tokenize=True,
         return_dict=False,
+        **({"tools": tools} if tools else {}),
+        **template_kwargs,
     )
     if isinstance(out, Mapping) or hasattr(out, "input_ids"):  # BatchEncoding / dict
         out = out["input_ids"]

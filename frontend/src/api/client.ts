@@ -42,8 +42,10 @@ export async function errorFrom(res: Response): Promise<ApiError> {
   try {
     const text = await res.text();
     try {
-      const body = JSON.parse(text) as { error?: { message?: string }; detail?: string };
+      const body = JSON.parse(text) as { error?: { message?: string; param?: string | null }; detail?: string };
       message = body.error?.message ?? body.detail ?? (text || message);
+      const param = body.error?.param;
+      if (typeof param === "string" && param !== "" && !message.includes(param)) message += ` (${param})`;
     } catch {
       if (text) message = text.slice(0, 300);
     }

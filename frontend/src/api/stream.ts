@@ -39,7 +39,7 @@ export async function streamCompletion(
     let going = true;
     for (const data of datas) {
       going = applyData(result, data) && going;
-      if (handle.firstTokenAt === null && result.choices.some((c) => c.text.length > 0 || c.tokens.length > 0)) {
+      if (handle.firstTokenAt === null && result.choices.some((c) => c.text.length > 0 || c.tokens.length > 0 || c.tool_calls.length > 0)) {
         handle.firstTokenAt = performance.now();
       }
     }

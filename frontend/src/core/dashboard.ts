@@ -63,6 +63,9 @@ export interface TokenEntry {
   readonly ts: number;
   /** An accepted draft (speculative decoding). */
   readonly drafted: boolean;
+  /** Structured outputs: the share of the vocabulary the grammar allowed at this token; null when
+   * the token was not constrained. */
+  readonly allowed_fraction: number | null;
   /** The verification of the step that produced this token (its sequence's SpecVerified), if any:
    * set on the accepted drafts and on the target's own token after them. */
   readonly verify: SpecVerified | null;
@@ -356,7 +359,7 @@ class DashboardDraft {
         const current = this.tokens.get(e.request_id) ?? ring<TokenEntry>(this.base.limits.maxTokensPerRequest);
         const entry: TokenEntry = {
           seq_id: e.seq_id, token_id: e.token_id, text: e.text, logprob: e.logprob, ts,
-          drafted: e.drafted ?? false, verify: this.verifyOf(e.request_id, e.seq_id),
+          drafted: e.drafted ?? false, allowed_fraction: e.allowed_fraction ?? null, verify: this.verifyOf(e.request_id, e.seq_id),
         };
         this.ownTokens().set(e.request_id, ringPush(current, [entry]));
         break;

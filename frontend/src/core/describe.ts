@@ -1,4 +1,5 @@
 // Short human text for events (the event log) and scheduler steps.
+import { fmtShare } from "./mask";
 import type { AnyEvent, ScheduledChunk, StepScheduled } from "./wire";
 
 function ids(list: readonly number[], max = 6): string {
@@ -16,7 +17,7 @@ export function describeEvent(e: AnyEvent): string {
     case "seq_removed":
       return `${e.request_id}: seq ${e.seq_id} removed (${e.reason})`;
     case "token":
-      return `${e.request_id}/${e.seq_id}: ${JSON.stringify(e.text)}${e.logprob !== null ? ` p=${Math.exp(e.logprob).toFixed(2)}` : ""}${e.drafted ? " (accepted draft)" : ""}`;
+      return `${e.request_id}/${e.seq_id}: ${JSON.stringify(e.text)}${e.logprob !== null ? ` p=${Math.exp(e.logprob).toFixed(2)}` : ""}${e.drafted ? " (accepted draft)" : ""}${typeof e.allowed_fraction === "number" ? ` (grammar allowed ${fmtShare(e.allowed_fraction)})` : ""}`;
     case "step_scheduled":
       return `step ${e.step}: ${e.prefill.length} prefill, ${e.decode.length} decode, budget ${e.budget_used}/${e.budget}` +
         (e.preempted.length ? `, preempted ${e.preempted.join(",")}` : "") +

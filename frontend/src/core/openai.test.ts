@@ -1,5 +1,7 @@
 import { describe, expect, it } from "vitest";
-import { applyChunk, applyData, chatRequestBody, emptyResult, loadRequestBody, matchingPreset, presetParams, SseParser } from "./openai";
+import { applyChunk, applyData, chatRequestBody, describeRequest, emptyResult, loadRequestBody, matchingPreset, presetParams, requestProblem, SseParser } from "./openai";
+import { NO_STRUCTURE } from "./structured";
+import { EXAMPLE_TOOLS } from "./tools";
 
 describe("SseParser", () => {
   it("handles events split anywhere, CRLF, comments and multi-line data", () => {
@@ -92,5 +94,55 @@ describe("request bodies and presets", () => {
   it("recognises presets", () => {
     expect(matchingPreset(presetParams("creative"))).toBe("creative");
     expect(matchingPreset(presetParams("creative", { temperature: 0.3 }))).toBeNull();
+  });
+});
+
+describe("structured output and tools in the request", () => {
+  const schema = '{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}';
+  const json = presetParams("greedy", { structured: { ...NO_STRUCTURE, mode: "json_schema", schema } });
+
+  it("adds response_format / structured_outputs and tools next to the sampling fields", () => {
+    expect(chatRequestBody(null, [], json)).toMatchObject({
+      temperature: 0, stream: true,
+      response_format: { type: "json_schema", json_schema: { name: "response", schema: JSON.parse(schema), strict: true } },
+    });
+    const choice = presetParams("balanced", { structured: { ...NO_STRUCTURE, mode: "choice", choices: "yes\nno" } });
+    expect(chatRequestBody(null, [], choice)).toMatchObject({ top_k: 40, structured_outputs: { choice: ["yes", "no"] } });
+    const tools = presetParams("greedy", { tools: { text: EXAMPLE_TOOLS, choice: "function:get_weather" } });
+    const body = chatRequestBody(null, [], tools);
+    expect(body.tools).toEqual(JSON.parse(EXAMPLE_TOOLS));
+    expect(body.tool_choice).toEqual({ type: "function", function: { name: "get_weather" } });
+    const plain = chatRequestBody(null, [], presetParams("greedy"));
+    for (const k of ["response_format", "structured_outputs", "tools", "tool_choice"]) expect(plain).not.toHaveProperty(k);
+  });
+
+  it("refuses settings it cannot send: a broken schema, beam search under a grammar, invalid tools", () => {
+    expect(requestProblem(json)).toBeNull();
+    const broken = { ...json, structured: { ...json.structured, schema: '{"type": ' } };
+    expect(requestProblem(broken)).toMatch(/^Structured output: not valid JSON/);
+    expect(() => chatRequestBody(null, [], broken)).toThrow(/Structured output/);
+    expect(requestProblem({ ...json, beam_width: 3 })).toMatch(/beam search/);
+    expect(requestProblem(presetParams("greedy", { beam_width: 3 }))).toBeNull();
+    expect(requestProblem(presetParams("greedy", { tools: { text: "{}", choice: "auto" } }))).toMatch(/^Tools: tools must be a JSON array/);
+  });
+
+  it("describes the constraints after the sampling settings", () => {
+    expect(describeRequest(json)).toBe("greedy · JSON schema");
+    expect(describeRequest(presetParams("greedy", { tools: { text: EXAMPLE_TOOLS, choice: "required" } }))).toBe("greedy · tools: get_weather (required)");
+    expect(describeRequest(presetParams("greedy"))).toBe("greedy");
+  });
+
+  it("accumulates streamed tool calls per choice, with finish_reason tool_calls", () => {
+    const r = emptyResult();
+    const delta = (d: Record<string, unknown>, finish: string | null = null) => ({ id: "chatcmpl-t", choices: [{ index: 0, delta: d, logprobs: null, finish_reason: finish }] });
+    applyChunk(r, delta({ role: "assistant", content: null }));
+    applyChunk(r, delta({ tool_calls: [{ index: 0, id: "call_0", type: "function", function: { name: "get_weather", arguments: "" } }] }));
+    applyChunk(r, delta({ tool_calls: [{ index: 0, function: { arguments: '{"city": ' } }] }));
+    applyChunk(r, delta({ tool_calls: [{ index: 0, function: { arguments: '"Paris"}' } }] }));
+    applyChunk(r, delta({}, "tool_calls"));
+    const c = r.choices[0]!;
+    expect(c.text).toBe("");
+    expect(c.tool_calls).toEqual([{ index: 0, id: "call_0", type: "function", name: "get_weather", arguments: '{"city": "Paris"}' }]);
+    expect(c.finish_reason).toBe("tool_calls");
   });
 });

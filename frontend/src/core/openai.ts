@@ -1,5 +1,8 @@
 // The OpenAI-compatible API as the playground uses it: decoding settings and presets, request
 // bodies, a Server-Sent-Events parser, and an accumulator for streamed chunks. No I/O here.
+import { describeStructured, NO_STRUCTURE, structuredFields, type StructuredSetting } from "./structured";
+import { applyToolCallDeltas, type ToolCallView } from "./toolCalls";
+import { describeTools, NO_TOOLS, toolFields, type ToolsSetting } from "./tools";
 import type { RequestTimings } from "./wire";
 
 export interface DecodingParams {
@@ -15,6 +18,10 @@ export interface DecodingParams {
   beam_width: number;
   logprobs: boolean;
   top_logprobs: number;
+  /** Constrained decoding (response_format / structured_outputs); mode "none": free. */
+  structured: StructuredSetting;
+  /** Tools the model may call, and tool_choice. */
+  tools: ToolsSetting;
 }
 
 export type PresetName = "greedy" | "balanced" | "creative";
@@ -31,6 +38,8 @@ const base: DecodingParams = {
   beam_width: 1,
   logprobs: true,
   top_logprobs: 5,
+  structured: NO_STRUCTURE,
+  tools: NO_TOOLS,
 };
 
 export const PRESETS: Record<PresetName, Partial<DecodingParams>> = {
@@ -70,13 +79,31 @@ export function describeParams(p: DecodingParams): string {
   return parts.join(" ");
 }
 
+/** describeParams plus the output constraints ("greedy · JSON schema · tools: get_weather"). */
+export function describeRequest(p: DecodingParams): string {
+  return [describeParams(p), describeStructured(p.structured), describeTools(p.tools)].filter((x) => x !== null).join(" · ");
+}
+
+/** Why these settings cannot be sent (an invalid schema, tools that do not parse...), or null. */
+export function requestProblem(p: DecodingParams): string | null {
+  const structured = structuredFields(p.structured);
+  if (!structured.ok) return `Structured output: ${structured.error}`;
+  if (p.structured.mode !== "none" && p.beam_width > 1) return "Structured output cannot be combined with beam search: set the beam width to 1";
+  const tools = toolFields(p.tools);
+  if (!tools.ok) return `Tools: ${tools.error}`;
+  return null;
+}
+
 export interface ChatTurn {
   role: "system" | "user" | "assistant";
   content: string;
 }
 
-/** Body for POST /v1/chat/completions (streaming, with usage and timings at the end). */
+/** Body for POST /v1/chat/completions (streaming, with usage and timings at the end). Throws on
+ * settings requestProblem refuses (the UI does not send those). */
 export function chatRequestBody(model: string | null, messages: readonly ChatTurn[], p: DecodingParams): Record<string, unknown> {
+  const problem = requestProblem(p);
+  if (problem !== null) throw new Error(problem);
   const beam = p.beam_width > 1;
   const body: Record<string, unknown> = {
     messages: messages.map((m) => ({ role: m.role, content: m.content })),
@@ -101,7 +128,9 @@ export function chatRequestBody(model: string | null, messages: readonly ChatTur
     body.logprobs = true;
     body.top_logprobs = Math.max(0, Math.min(20, p.top_logprobs));
   }
-  return body;
+  const structured = structuredFields(p.structured);
+  const tools = toolFields(p.tools);
+  return { ...body, ...(structured.ok ? structured.value : {}), ...(tools.ok ? tools.value : {}) };
 }
 
 /** Body for one load-generator request: plain sampling at `temperature` (no hidden top-k/top-p/min-p
@@ -170,6 +199,8 @@ export interface ChoiceResult {
   index: number;
   text: string;
   tokens: TokenView[];
+  /** Tool calls, as their deltas arrived (arguments concatenated). */
+  tool_calls: ToolCallView[];
   finish_reason: string | null;
 }
 
@@ -217,7 +248,7 @@ function parseTop(raw: unknown): TopAlternative[] {
 function choiceAt(result: StreamResult, index: number): ChoiceResult {
   let c = result.choices.find((x) => x.index === index);
   if (c === undefined) {
-    c = { index, text: "", tokens: [], finish_reason: null };
+    c = { index, text: "", tokens: [], tool_calls: [], finish_reason: null };
     result.choices.push(c);
     result.choices.sort((a, b) => a.index - b.index);
   }
@@ -243,9 +274,10 @@ export function applyChunk(result: StreamResult, chunk: unknown): void {
     for (const raw of c.choices as Record<string, unknown>[]) {
       const index = typeof raw.index === "number" ? raw.index : 0;
       const choice = choiceAt(result, index);
-      const delta = raw.delta as { content?: unknown } | undefined;
+      const delta = raw.delta as { content?: unknown; tool_calls?: unknown } | undefined;
       const piece = typeof delta?.content === "string" ? delta.content : typeof raw.text === "string" ? raw.text : "";
       choice.text += piece;
+      applyToolCallDeltas(choice.tool_calls, delta?.tool_calls);
       const logprobs = raw.logprobs as { content?: unknown; tokens?: unknown; token_logprobs?: unknown; top_logprobs?: unknown } | null | undefined;
       const entries: TokenView[] = [];
       if (logprobs && Array.isArray(logprobs.content)) {

@@ -275,7 +275,7 @@ describe("verify marks and drafts, as shown", () => {
   });
 
   it("tokenTexts keeps the first non-empty text per id", () => {
-    const entry = (token_id: number, text: string): TokenEntry => ({ seq_id: 0, token_id, text, logprob: null, ts: 0, drafted: false, verify: null });
+    const entry = (token_id: number, text: string): TokenEntry => ({ seq_id: 0, token_id, text, logprob: null, ts: 0, drafted: false, allowed_fraction: null, verify: null });
     expect([...tokenTexts([entry(1, ""), entry(1, "a"), entry(2, "b"), entry(1, "c")])]).toEqual([[1, "a"], [2, "b"]]);
   });
 
@@ -297,7 +297,7 @@ describe("verify marks and drafts, as shown", () => {
   });
 
   it("aligns a streamed choice with the engine sequence whose text agrees", () => {
-    const e = (seq_id: number, text: string, drafted = false): TokenEntry => ({ seq_id, token_id: text.length, text, logprob: null, ts: 0, drafted, verify: null });
+    const e = (seq_id: number, text: string, drafted = false): TokenEntry => ({ seq_id, token_id: text.length, text, logprob: null, ts: 0, drafted, allowed_fraction: null, verify: null });
     const entries = [e(1, "A"), e(2, "x"), e(1, "B", true), e(2, "y", true), e(1, "C"), e(2, "z")];
     const choice = [{ text: "x" }, { text: "y" }, { text: "z" }];
     expect(alignEngineTokens(choice, entries, 0).map((t) => t?.text)).toEqual(["x", "y", "z"]);

@@ -133,6 +133,7 @@ export interface SeqRemoved {
  * via the `definition` "TokenGenerated".
  */
 export interface TokenGenerated {
+  allowed_fraction?: number | null;
   drafted?: boolean;
   logprob: number | null;
   request_id: string;

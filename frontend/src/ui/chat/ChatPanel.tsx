@@ -1,8 +1,8 @@
-// Chat playground: multi-turn streaming chat with Stop, regenerate, edit & resend, per-message stats
-// and a token view coloured by probability (accepted speculative drafts marked, from the live engine's
-// events for the message's request).
+// Chat playground: multi-turn streaming chat with Stop, regenerate, edit & resend, per-message stats,
+// structured output and tool calls, and a token view coloured by probability (accepted speculative
+// drafts and grammar-constrained tokens marked, from the live engine's events for the message's request).
 import { useEffect, useReducer, useRef, useState } from "react";
-import { describeParams, type DecodingParams, type TokenView } from "../../core/openai";
+import { describeRequest, requestProblem, type DecodingParams, type TokenView } from "../../core/openai";
 import type { DashboardStore } from "../../live/store";
 import { EmptyState } from "../components/Card";
 import { Toggle } from "../components/fields";
@@ -10,6 +10,7 @@ import { activeChoice, chatReducer, clockMs, historyBefore, initialChat, isStrea
 import { DecodingControls } from "./DecodingControls";
 import { MessageStats } from "./MessageStats";
 import { LiveTokenText } from "./LiveTokenText";
+import { ToolCalls } from "./ToolCalls";
 import { useStreams } from "./useStream";
 
 let counter = 0;
@@ -31,6 +32,7 @@ export function ChatPanel(props: {
   const streaming = isStreaming(chat);
   const listRef = useRef<HTMLOListElement | null>(null);
   const { params } = props;
+  const problem = requestProblem(params);
 
   useEffect(() => {
     const el = listRef.current;
@@ -39,7 +41,7 @@ export function ChatPanel(props: {
 
   const send = () => {
     const content = input.trim();
-    if (!content || streaming) return;
+    if (!content || streaming || problem !== null) return;
     const userId = nextId("u");
     const assistantId = nextId("a");
     dispatch({ type: "send", userId, assistantId, content, params, at: clockMs() });
@@ -48,7 +50,7 @@ export function ChatPanel(props: {
   };
 
   const regenerate = () => {
-    if (streaming) return;
+    if (streaming || problem !== null) return;
     let i = chat.turns.length - 1;
     while (i >= 0 && chat.turns[i]!.role === "assistant") i--;
     if (i < 0) return;
@@ -59,7 +61,7 @@ export function ChatPanel(props: {
 
   const resend = (userId: string, text: string) => {
     const i = chat.turns.findIndex((t) => t.id === userId);
-    if (i < 0 || streaming || !text.trim()) return;
+    if (i < 0 || streaming || problem !== null || !text.trim()) return;
     const assistantId = nextId("a");
     dispatch({ type: "edit", userId, content: text.trim(), assistantId, params, at: clockMs() });
     setEditing(null);
@@ -72,7 +74,7 @@ export function ChatPanel(props: {
     <div className="chat" data-testid="chat-panel">
       <details className="decoding-details">
         <summary>
-          Decoding <span className="muted">· {describeParams(params)} · max {params.max_tokens}{params.n > 1 && params.beam_width <= 1 ? ` · n=${params.n}` : ""}</span>
+          Decoding <span className="muted">· {describeRequest(params)} · max {params.max_tokens}{params.n > 1 && params.beam_width <= 1 ? ` · n=${params.n}` : ""}</span>
         </summary>
         <DecodingControls value={params} onChange={props.setParams} />
       </details>
@@ -95,7 +97,7 @@ export function ChatPanel(props: {
                     if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); resend(t.id, editing.text); }
                   }} />
                   <div className="row gap">
-                    <button type="submit" className="btn btn-small btn-primary" data-testid="message-resend" disabled={streaming}>Resend</button>
+                    <button type="submit" className="btn btn-small btn-primary" data-testid="message-resend" disabled={streaming || problem !== null}>Resend</button>
                     <button type="button" className="btn btn-small" onClick={() => setEditing(null)}>Cancel</button>
                   </div>
                 </form>
@@ -109,7 +111,7 @@ export function ChatPanel(props: {
               )}
             </li>
           ) : (
-            <AssistantMessage key={t.id} turn={t} tokenView={tokenView} isLast={t === lastAssistant} streaming={streaming} engine={props.engine}
+            <AssistantMessage key={t.id} turn={t} tokenView={tokenView} isLast={t === lastAssistant} streaming={streaming} blocked={problem !== null} engine={props.engine}
               onChoose={(index) => dispatch({ type: "choose", id: t.id, index })}
               onRegenerate={regenerate}
               onStop={() => stop(t.id)}
@@ -136,11 +138,12 @@ export function ChatPanel(props: {
         <div className="composer-bar">
           <Toggle label="Token view" checked={tokenView} onChange={setTokenView} testId="chat-token-view" hint="Colour tokens by probability (needs logprobs)" />
           <span className="grow" />
+          {problem !== null && <span className="error-text small composer-problem" data-testid="chat-problem" title={problem}>{problem}</span>}
           <button type="button" className="btn btn-ghost btn-small" data-testid="chat-clear" disabled={streaming || chat.turns.length === 0} onClick={() => dispatch({ type: "clear" })}>Clear</button>
           {streaming ? (
             <button type="button" className="btn btn-danger" data-testid="chat-stop" onClick={() => stop()}>Stop</button>
           ) : (
-            <button type="submit" className="btn btn-primary" data-testid="chat-send" disabled={!input.trim()}>Send</button>
+            <button type="submit" className="btn btn-primary" data-testid="chat-send" disabled={!input.trim() || problem !== null} title={problem ?? undefined}>Send</button>
           )}
         </div>
       </form>
@@ -153,6 +156,8 @@ function AssistantMessage(props: {
   tokenView: boolean;
   isLast: boolean;
   streaming: boolean;
+  /** The current settings cannot be sent (no regenerate). */
+  blocked: boolean;
   onChoose: (index: number) => void;
   onRegenerate: () => void;
   onStop: () => void;
@@ -164,9 +169,9 @@ function AssistantMessage(props: {
   const live = t.status === "streaming";
   const candidates = requestCandidates(t);
   return (
-    <li className={`message message-assistant status-${t.status}`} data-testid="message-assistant" data-status={t.status}>
+    <li className={`message message-assistant status-${t.status}`} data-testid="message-assistant" data-status={t.status} data-finish={choice?.finish_reason ?? undefined}>
       <div className="message-meta muted small">
-        {describeParams(t.params)}
+        {describeRequest(t.params)}
         {t.result.choices.length > 1 && (
           <span className="choice-tabs" role="tablist" aria-label="Choices">
             {t.result.choices.map((c) => (
@@ -183,6 +188,7 @@ function AssistantMessage(props: {
         <LiveTokenText tokens={choice?.tokens ?? NO_TOKENS} text={choice?.text ?? ""} tokenView={props.tokenView} streaming={live} testId="message-content"
           engine={props.engine} candidates={candidates} choiceIndex={choice?.index ?? 0} />
       )}
+      {choice !== undefined && choice.tool_calls.length > 0 && <ToolCalls calls={choice.tool_calls} finishReason={choice.finish_reason} streaming={live} />}
       {t.status === "error" && <div className="error-text small" role="alert" data-testid="message-error">{t.error}</div>}
       {t.status === "stopped" && <div className="muted small">Stopped — the request was aborted on the server.</div>}
       <div className="message-footer">
@@ -190,7 +196,7 @@ function AssistantMessage(props: {
         <div className="message-actions">
           {live && <button type="button" className="btn btn-ghost btn-small" onClick={props.onStop}>Stop</button>}
           {!live && props.isLast && (
-            <button type="button" className="btn btn-ghost btn-small" data-testid="message-regenerate" disabled={props.streaming} onClick={props.onRegenerate}>Regenerate</button>
+            <button type="button" className="btn btn-ghost btn-small" data-testid="message-regenerate" disabled={props.streaming || props.blocked} onClick={props.onRegenerate}>Regenerate</button>
           )}
           {candidates.length > 0 && (
             <button type="button" className="btn btn-ghost btn-small" data-testid="message-show-request" onClick={() => props.onShowRequest(candidates)}>Show in timeline</button>

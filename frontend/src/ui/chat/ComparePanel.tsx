@@ -1,12 +1,14 @@
 // Compare mode: one prompt under 2–4 decoding strategies, run concurrently, side by side. The
-// requests run at the same time, so they appear together in the timeline and the heatmap.
+// requests run at the same time, so they appear together in the timeline and the heatmap. Each
+// strategy has its own structured-output setting, so a constrained and a free one can be compared.
 import { useCallback, useReducer, useState } from "react";
-import { describeParams, matchingPreset, PRESET_NAMES, presetParams, type DecodingParams, type PresetName } from "../../core/openai";
+import { describeRequest, matchingPreset, PRESET_NAMES, presetParams, requestProblem, type DecodingParams, type PresetName } from "../../core/openai";
 import type { DashboardStore } from "../../live/store";
 import { NumberField, Select, Toggle } from "../components/fields";
 import { chatReducer, clockMs, initialChat, isStreaming, requestCandidates, type AssistantTurn, type ChatAction, type ChatState } from "./chatState";
 import { MessageStats } from "./MessageStats";
 import { LiveTokenText } from "./LiveTokenText";
+import { StructuredControls } from "./StructuredControls";
 import { useStreams } from "./useStream";
 
 const DEFAULT_STRATEGIES: DecodingParams[] = [
@@ -40,10 +42,12 @@ export function ComparePanel(props: { model: string | null; onShowRequest: (cand
   const s3 = useStreams(useCallback((a: ChatAction) => dispatchColumn({ kind: "column", col: 3, action: a }), []), props.model);
   const streams = [s0, s1, s2, s3];
   const running = columns.slice(0, count).some(isStreaming);
+  const problems = strategies.slice(0, count).map(requestProblem);
+  const blocked = problems.some((p) => p !== null);
 
   const runAll = () => {
     const text = prompt.trim();
-    if (!text || running) return;
+    if (!text || running || blocked) return;
     dispatchColumn({ kind: "reset", count: 4 });
     for (let col = 0; col < count; col++) {
       const params = { ...strategies[col]!, max_tokens: maxTokens, logprobs: true, top_logprobs: 5 };
@@ -79,7 +83,8 @@ export function ComparePanel(props: { model: string | null; onShowRequest: (cand
           {running ? (
             <button type="button" className="btn btn-danger" data-testid="compare-stop" onClick={() => streams.forEach((s) => s.stop())}>Stop all</button>
           ) : (
-            <button type="submit" className="btn btn-primary" data-testid="compare-run" disabled={!prompt.trim()}>Run {count} at once</button>
+            <button type="submit" className="btn btn-primary" data-testid="compare-run" disabled={!prompt.trim() || blocked}
+              title={problems.map((p, col) => (p === null ? "" : `Strategy ${col + 1}: ${p}`)).filter(Boolean).join("\n") || undefined}>Run {count} at once</button>
           )}
         </div>
       </form>
@@ -89,7 +94,7 @@ export function ComparePanel(props: { model: string | null; onShowRequest: (cand
           const choice = turn?.result.choices[0];
           return (
             <section key={col} className="compare-column" data-testid={`compare-column-${col}`} aria-label={`Strategy ${col + 1}`}>
-              <header className="muted small">{describeParams(strategies[col]!)}</header>
+              <header className="muted small">{describeRequest(strategies[col]!)}</header>
               {turn === undefined ? (
                 <div className="muted small">Not run yet.</div>
               ) : (
@@ -123,8 +128,8 @@ function StrategyEditor(props: { col: number; value: DecodingParams; onChange: (
     <fieldset className="strategy" data-testid={`compare-strategy-${props.col}`}>
       <legend>Strategy {props.col + 1}</legend>
       <Select label="Preset" value={preset} options={options} onChange={(name) => {
-        if (name === "beam") props.onChange(presetParams("greedy", { beam_width: 3, seed: v.seed }));
-        else if (name !== "custom") props.onChange(presetParams(name as PresetName, { seed: v.seed }));
+        if (name === "beam") props.onChange(presetParams("greedy", { beam_width: 3, seed: v.seed, structured: v.structured }));
+        else if (name !== "custom") props.onChange(presetParams(name as PresetName, { seed: v.seed, structured: v.structured }));
       }} testId={`compare-preset-${props.col}`} />
       {v.beam_width > 1 ? (
         <NumberField label="Beam width" value={v.beam_width} min={2} max={8} onChange={(x) => x !== null && props.onChange({ ...v, beam_width: Math.max(2, Math.min(8, Math.round(x))) })} testId={`compare-beam-${props.col}`} />
@@ -132,6 +137,7 @@ function StrategyEditor(props: { col: number; value: DecodingParams; onChange: (
         <NumberField label="Temperature" value={v.temperature} min={0} max={2} step={0.1} onChange={(x) => x !== null && props.onChange({ ...v, temperature: Math.max(0, x) })} testId={`compare-temperature-${props.col}`} />
       )}
       <NumberField label="Seed" value={v.seed} allowEmpty placeholder="random" onChange={(x) => props.onChange({ ...v, seed: x === null ? null : Math.round(x) })} testId={`compare-seed-${props.col}`} />
+      <StructuredControls value={v.structured} onChange={(structured) => props.onChange({ ...v, structured })} testIds={(name) => `compare-${name}-${props.col}`} beam={v.beam_width > 1} rows={4} />
     </fieldset>
   );
 }

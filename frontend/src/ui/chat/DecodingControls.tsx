@@ -1,6 +1,10 @@
-// Decoding settings with presets (greedy / balanced / creative).
+// Decoding settings with presets (greedy / balanced / creative), structured output and tools.
 import { matchingPreset, PRESET_NAMES, presetParams, type DecodingParams } from "../../core/openai";
 import { NumberField, RangeField, Toggle } from "../components/fields";
+import { StructuredControls } from "./StructuredControls";
+import { ToolsControls } from "./ToolsControls";
+
+const chatIds = (name: string) => name;
 
 export function PresetButtons(props: { value: DecodingParams; onChange: (p: DecodingParams) => void; testIdPrefix?: string }) {
   const active = matchingPreset(props.value);
@@ -12,7 +16,10 @@ export function PresetButtons(props: { value: DecodingParams; onChange: (p: Deco
           type="button"
           aria-pressed={active === name}
           data-testid={`${props.testIdPrefix ?? "preset"}-${name}`}
-          onClick={() => props.onChange(presetParams(name, { max_tokens: props.value.max_tokens, seed: props.value.seed, n: props.value.n, logprobs: props.value.logprobs, top_logprobs: props.value.top_logprobs }))}
+          onClick={() => props.onChange(presetParams(name, {
+            max_tokens: props.value.max_tokens, seed: props.value.seed, n: props.value.n, logprobs: props.value.logprobs, top_logprobs: props.value.top_logprobs,
+            structured: props.value.structured, tools: props.value.tools,
+          }))}
         >
           {name}
         </button>
@@ -41,6 +48,8 @@ export function DecodingControls(props: { value: DecodingParams; onChange: (p: D
         <NumberField label="Top alternatives" value={v.top_logprobs} min={0} max={20} onChange={(x) => x !== null && set("top_logprobs", Math.max(0, Math.min(20, Math.round(x))))} testId="decoding-top-logprobs" disabled={!v.logprobs} />
       </div>
       <Toggle label="Token probabilities (logprobs)" checked={v.logprobs} onChange={(x) => set("logprobs", x)} testId="decoding-logprobs" />
+      <StructuredControls value={v.structured} onChange={(s) => set("structured", s)} testIds={chatIds} beam={beam} />
+      <ToolsControls value={v.tools} onChange={(t) => set("tools", t)} />
     </div>
   );
 }

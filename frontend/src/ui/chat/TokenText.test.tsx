@@ -8,7 +8,7 @@ import { EngineTokenText, TokenText } from "./TokenText";
 
 const verify: SpecVerified = { type: "spec_verified", request_id: "r", seq_id: 0, step: 5, method: "ngram", proposed: [11, 12, 13], accepted: 2, token_id: 20 };
 const view = (text: string): TokenView => ({ text, logprob: -0.5, top: [] });
-const entry = (token_id: number, text: string, drafted: boolean, v: SpecVerified | null): TokenEntry => ({ seq_id: 0, token_id, text, logprob: -0.5, ts: 0, drafted, verify: v });
+const entry = (token_id: number, text: string, drafted: boolean, v: SpecVerified | null): TokenEntry => ({ seq_id: 0, token_id, text, logprob: -0.5, ts: 0, drafted, allowed_fraction: null, verify: v });
 
 // " Hi" from a plain step; " the", " cat" accepted drafts; " dog" the target's correction at draft 3
 const streamed = [view(" Hi"), view(" the"), view(" cat"), view(" dog")];
@@ -69,5 +69,17 @@ describe("TokenText with speculative decoding", () => {
     fireEvent.mouseEnter(spans[1]!, { clientX: 1, clientY: 1 });
     expect(within(screen.getByTestId("token-tooltip")).getAllByTestId("draft-token").map((d) => d.dataset.status)).toEqual(["accepted", "accepted", "rejected"]);
     expect(screen.getByTestId("token-legend")).toBeTruthy();
+  });
+
+  it("the request detail's engine tokens show the grammar mask too, hover for the share", () => {
+    const masked = [{ ...engine[0]!, allowed_fraction: 1e-3 }, { ...engine[1]!, allowed_fraction: 1 }, engine[2]!];
+    render(<EngineTokenText entries={masked} texts={texts} testId="detail" />);
+    const spans = screen.getAllByTestId("engine-token");
+    expect(spans.map((s) => s.dataset.allowed ?? "")).toEqual(["0.001", "1", ""]);
+    expect(spans[1]!.style.backgroundImage).toBe(""); // everything allowed: no hatching
+    fireEvent.mouseEnter(spans[0]!, { clientX: 1, clientY: 1 });
+    expect(screen.getByTestId("token-mask").textContent).toBe("grammar allowed 0.1% of the vocabulary");
+    expect(screen.getByTestId("legend-mask")).toBeTruthy();
+    expect(screen.getByTestId("legend-drafted")).toBeTruthy();
   });
 });

@@ -1,10 +1,12 @@
 // Generated text, plain or as tokens coloured by probability with the top alternatives on hover/focus.
 // Tokens that came from an accepted speculative draft are underlined; hovering one shows its step's
-// draft (DraftDetail). The engine's token entries (TokenGenerated, aligned to the streamed tokens)
-// say which ones those are.
-import { useState, type FocusEvent, type MouseEvent } from "react";
+// draft (DraftDetail). Tokens chosen under a grammar (structured outputs) are hatched, denser where the
+// grammar allowed less of the vocabulary. The engine's token entries (TokenGenerated, aligned to the
+// streamed tokens) say which ones those are.
+import { useState, type CSSProperties, type FocusEvent, type MouseEvent } from "react";
 import { probabilityColor } from "../../core/color";
 import type { TokenEntry } from "../../core/dashboard";
+import { allowedAttr, maskShade, maskTitle } from "../../core/mask";
 import type { TokenView } from "../../core/openai";
 import { getPalette } from "../theme";
 import { tooltipPosition } from "../panels/TimelinePanel";
@@ -35,12 +37,41 @@ function useTokenHover() {
   return { hover, handlers };
 }
 
-function DraftLegend() {
+const LEGEND_SHADES = [0.1, 1e-3, 2e-5];
+
+function TokenLegend(props: { drafted: boolean; masked: boolean; dark: boolean }) {
+  if (!props.drafted && !props.masked) return null;
   return (
     <ul className="legend token-legend" aria-label="Token legend" data-testid="token-legend">
-      <li><span className="legend-mark mark-drafted" aria-hidden="true" />Accepted draft (speculative decoding): hover for the step's draft</li>
+      {props.drafted && <li data-testid="legend-drafted"><span className="legend-mark mark-drafted" aria-hidden="true" />Accepted draft (speculative decoding): hover for the step's draft</li>}
+      {props.masked && (
+        <li data-testid="legend-mask">
+          {LEGEND_SHADES.map((f) => <span key={f} className="legend-mark mark-mask" aria-hidden="true" style={{ backgroundImage: maskShade(f, props.dark) ?? undefined }} />)}
+          Grammar mask (structured output): denser hatching = the grammar allowed fewer tokens; hover for the share of the vocabulary
+        </li>
+      )}
     </ul>
   );
+}
+
+/** The class, style and data attributes that mark a token's engine entry: drafted, constrained. */
+function entryMarks(entry: TokenEntry | undefined, dark: boolean) {
+  const drafted = entry?.drafted === true;
+  const allowed = entry?.allowed_fraction ?? null;
+  const shade = allowed === null ? null : maskShade(allowed, dark);
+  return {
+    className: ["token", drafted ? "token-drafted" : "", allowed !== null ? "token-masked" : ""].filter(Boolean).join(" "),
+    style: (shade === null ? {} : { backgroundImage: shade }) as CSSProperties,
+    attrs: { "data-drafted": drafted ? "true" : undefined, "data-allowed": allowed === null ? undefined : allowedAttr(allowed) },
+    label: [drafted ? "accepted draft" : "", allowed !== null ? maskTitle(allowed) : ""].filter(Boolean).join(", "),
+    drafted,
+    allowed,
+  };
+}
+
+function MaskLine(props: { allowed: number | null }) {
+  if (props.allowed === null) return null;
+  return <div data-testid="token-mask">{maskTitle(props.allowed)}</div>;
 }
 
 export function TokenText(props: {
@@ -56,7 +87,9 @@ export function TokenText(props: {
 }) {
   const { hover, handlers } = useTokenHover();
   const dark = getPalette().dark;
-  if (!props.tokenView || props.tokens.every((t) => t.logprob === null)) {
+  const engine = props.engine ?? [];
+  const anyMasked = engine.some((e) => typeof e?.allowed_fraction === "number");
+  if (!props.tokenView || (props.tokens.every((t) => t.logprob === null) && !anyMasked)) {
     return (
       <div className="message-text" data-testid={props.testId}>
         {props.text}
@@ -64,7 +97,6 @@ export function TokenText(props: {
       </div>
     );
   }
-  const engine = props.engine ?? [];
   const texts = props.texts ?? new Map<number, string>();
   const anyDrafted = engine.some((e) => e?.drafted === true);
   const hovered = hover !== null ? props.tokens[hover.i] : undefined;
@@ -74,19 +106,19 @@ export function TokenText(props: {
       <div className="message-text tokens" data-testid={props.testId}>
         {props.tokens.map((t, i) => {
           const p = t.logprob === null ? null : Math.exp(t.logprob);
-          const drafted = engine[i]?.drafted === true;
+          const marks = entryMarks(engine[i], dark);
           const label = p === null ? JSON.stringify(t.text) : `${JSON.stringify(t.text)}, probability ${(p * 100).toFixed(1)}%`;
           return (
             <span
               key={i}
-              className={drafted ? "token token-drafted" : "token"}
+              className={marks.className}
               tabIndex={0}
               data-testid="token"
               data-prob={p === null ? "" : p.toFixed(4)}
-              data-drafted={drafted ? "true" : undefined}
-              style={p === null ? undefined : { background: probabilityColor(p, dark) }}
+              {...marks.attrs}
+              style={p === null ? marks.style : { backgroundColor: probabilityColor(p, dark), ...marks.style }}
               {...handlers(i)}
-              aria-label={drafted ? `${label}, accepted draft` : p === null ? t.text : label}
+              aria-label={marks.label ? `${label}, ${marks.label}` : p === null ? t.text : label}
             >
               {visible(t.text)}
             </span>
@@ -110,11 +142,12 @@ export function TokenText(props: {
                 </tbody>
               </table>
             )}
+            <MaskLine allowed={hoveredEntry?.allowed_fraction ?? null} />
             {hoveredEntry?.verify && <DraftDetail verify={hoveredEntry.verify} texts={texts} drafted={hoveredEntry.drafted} />}
           </div>
         )}
       </div>
-      {anyDrafted && <DraftLegend />}
+      <TokenLegend drafted={anyDrafted} masked={anyMasked} dark={dark} />
     </>
   );
 }
@@ -122,30 +155,37 @@ export function TokenText(props: {
 /** The engine's generated tokens for one sequence (the request detail), drafted ones marked. */
 export function EngineTokenText(props: { entries: readonly TokenEntry[]; texts: ReadonlyMap<number, string>; testId?: string }) {
   const { hover, handlers } = useTokenHover();
+  const dark = getPalette().dark;
   const hovered = hover !== null ? props.entries[hover.i] : undefined;
+  const detailed = (t: TokenEntry) => t.verify !== null || t.allowed_fraction !== null;
   return (
     <>
       <div className="message-text tokens small" data-testid={props.testId}>
-        {props.entries.map((t, i) => (
-          <span
-            key={i}
-            className={t.drafted ? "token token-drafted" : "token"}
-            data-testid="engine-token"
-            data-drafted={t.drafted ? "true" : undefined}
-            tabIndex={t.verify ? 0 : undefined}
-            {...(t.verify ? handlers(i) : {})}
-          >
-            {t.text}
-          </span>
-        ))}
-        {hovered?.verify && hover !== null && (
+        {props.entries.map((t, i) => {
+          const marks = entryMarks(t, dark);
+          return (
+            <span
+              key={i}
+              className={marks.className}
+              data-testid="engine-token"
+              {...marks.attrs}
+              style={marks.style}
+              tabIndex={detailed(t) ? 0 : undefined}
+              {...(detailed(t) ? handlers(i) : {})}
+            >
+              {t.text}
+            </span>
+          );
+        })}
+        {hovered !== undefined && detailed(hovered) && hover !== null && (
           <div className="tooltip" role="tooltip" data-testid="token-tooltip" style={tooltipPosition(hover.x, hover.y)}>
             <div className="tooltip-title mono">{JSON.stringify(hovered.text)}</div>
-            <DraftDetail verify={hovered.verify} texts={props.texts} drafted={hovered.drafted} />
+            <MaskLine allowed={hovered.allowed_fraction} />
+            {hovered.verify && <DraftDetail verify={hovered.verify} texts={props.texts} drafted={hovered.drafted} />}
           </div>
         )}
       </div>
-      {props.entries.some((t) => t.drafted) && <DraftLegend />}
+      <TokenLegend drafted={props.entries.some((t) => t.drafted)} masked={props.entries.some((t) => t.allowed_fraction !== null)} dark={dark} />
     </>
   );
 }

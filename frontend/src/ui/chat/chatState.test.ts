@@ -3,7 +3,7 @@ import { defaultParams, emptyResult } from "../../core/openai";
 import { chatReducer, historyBefore, initialChat, isStreaming, turnStats, type AssistantTurn } from "./chatState";
 
 const p = defaultParams();
-const reply = (text: string) => ({ ...emptyResult(), choices: [{ index: 0, text, tokens: [], finish_reason: "stop" }] });
+const reply = (text: string) => ({ ...emptyResult(), choices: [{ index: 0, text, tokens: [], tool_calls: [], finish_reason: "stop" }] });
 
 describe("chat conversation", () => {
   it("sends, streams, finishes; history carries the reply", () => {

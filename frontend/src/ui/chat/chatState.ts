@@ -127,7 +127,7 @@ export function isStreaming(state: ChatState): boolean {
 
 /** A copy of a StreamResult that React can hold while the stream keeps mutating the original. */
 export function cloneResult(r: StreamResult): StreamResult {
-  return { ...r, choices: r.choices.map((c) => ({ ...c, tokens: c.tokens.slice() })) };
+  return { ...r, choices: r.choices.map((c) => ({ ...c, tokens: c.tokens.slice(), tool_calls: c.tool_calls.map((t) => ({ ...t })) })) };
 }
 
 export interface TurnStats {

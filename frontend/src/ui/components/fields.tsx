@@ -109,3 +109,40 @@ export function Select<T extends string>(props: {
     </label>
   );
 }
+
+/** A labelled multi-line text field; `error` is shown under it (and marks it invalid) when set. */
+export function TextAreaField(props: {
+  label: string;
+  value: string;
+  onChange: (v: string) => void;
+  rows?: number;
+  testId?: string;
+  error?: string | null;
+  errorTestId?: string;
+  placeholder?: string;
+  hint?: ReactNode;
+  mono?: boolean;
+}) {
+  const id = useId();
+  const errorId = `${id}-error`;
+  const invalid = props.error !== undefined && props.error !== null;
+  return (
+    <div className="field textarea-field">
+      <label className="field-label" htmlFor={id}>{props.label}</label>
+      <textarea
+        id={id}
+        className={props.mono ? "mono" : undefined}
+        data-testid={props.testId}
+        value={props.value}
+        rows={props.rows ?? 4}
+        placeholder={props.placeholder}
+        spellCheck={false}
+        aria-invalid={invalid}
+        aria-describedby={invalid ? errorId : undefined}
+        onChange={(e) => props.onChange(e.currentTarget.value)}
+      />
+      {props.hint !== undefined && <span className="muted small">{props.hint}</span>}
+      {invalid && <span id={errorId} className="error-text small" aria-live="polite" data-testid={props.errorTestId}>{props.error}</span>}
+    </div>
+  );
+}

@@ -106,7 +106,7 @@ async def tokenize(request: Request) -> TokenizeResponse:
         _check_prompt_size(server, sum(len(m.get("content") or "") for m in messages), "messages")
 
         def encode(tok: Any) -> list[int]:
-            return chat_prompt_ids(_tokenizer_of(tok, model), messages, tools,
+            return chat_prompt_ids(tok, messages, tools,
                                    add_generation_prompt=req.add_generation_prompt,
                                    continue_final_message=req.continue_final_message,
                                    template_kwargs=req.chat_template_kwargs, add_special_tokens=req.add_special_tokens)

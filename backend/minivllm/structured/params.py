@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 KINDS = ("json", "json_object", "regex", "choice", "grammar")
@@ -27,6 +28,8 @@ class StructuredOutputsParams:
     def __post_init__(self) -> None:
         if self.choice is not None and not isinstance(self.choice, tuple):
             object.__setattr__(self, "choice", tuple(self.choice))
+        if isinstance(self.json, str):  # parsed once, here: the cache key and the compiler read the object
+            object.__setattr__(self, "json", self._parsed(self.json))
         self.validate()
 
     def validate(self) -> None:
@@ -44,28 +47,25 @@ class StructuredOutputsParams:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value.strip()):
                 raise ValueError(f"{self.source}: {name} must be a non-empty string")
-        if self.json is not None:
-            schema = self.schema()
-            if not isinstance(schema, dict):
-                raise ValueError(f"{self.source}: a JSON schema must be a JSON object, got {type(schema).__name__}")
+        if self.json is not None and not isinstance(self.json, dict):
+            raise ValueError(f"{self.source}: a JSON schema must be a JSON object, got {type(self.json).__name__}")
 
     @property
     def kind(self) -> str:
         return next(k for k in KINDS if getattr(self, k) not in (None, False))
 
     def schema(self) -> Any:
-        """The JSON schema as an object (it may arrive as a string)."""
-        if isinstance(self.json, str):
-            try:
-                return json.loads(self.json)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{self.source}: the JSON schema is not valid JSON: {exc}") from None
+        """The JSON schema as an object (a string one was parsed on construction)."""
         return self.json
 
-    @property
+    def _parsed(self, text: str) -> Any:
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{self.source}: the JSON schema is not valid JSON: {exc}") from None
+
+    @cached_property
     def cache_key(self) -> str:
-        """Equal constraints share one compiled grammar."""
+        """Equal constraints share one compiled grammar (the server's compile and the engine's ask)."""
         value = getattr(self, self.kind)
-        if self.kind == "json":
-            value = self.schema()
         return json.dumps([self.kind, value, self.any_whitespace, self.whitespace_pattern], sort_keys=True)

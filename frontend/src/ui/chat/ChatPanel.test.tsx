@@ -40,14 +40,18 @@ describe("ChatPanel with the live engine's drafted tokens", () => {
     vi.unstubAllGlobals();
   });
 
-  it("marks the reply's accepted drafts and shows the draft on hover", async () => {
-    render(<ChatPanel model="tiny" params={defaultParams()} setParams={() => undefined} onShowRequest={() => true} engine={engineStore()} />);
+  async function sendHi(): Promise<void> {
     fireEvent.change(screen.getByTestId("chat-input"), { target: { value: "hi" } });
     await act(async () => {
       fireEvent.click(screen.getByTestId("chat-send"));
       await frame();
       await frame();
     });
+  }
+
+  it("marks the reply's accepted drafts and shows the draft on hover", async () => {
+    render(<ChatPanel model="tiny" params={defaultParams()} setParams={() => undefined} onShowRequest={() => true} engine={engineStore()} />);
+    await sendHi();
     const tokens = within(screen.getByTestId("message-assistant")).getAllByTestId("token");
     expect(tokens.map((t) => t.textContent)).toEqual([" Hi", " there", "!"]);
     expect(tokens.map((t) => t.dataset.drafted ?? "")).toEqual(["", "true", ""]);
@@ -60,12 +64,7 @@ describe("ChatPanel with the live engine's drafted tokens", () => {
 
   it("without the engine's state the same reply has no marks", async () => {
     render(<ChatPanel model="tiny" params={defaultParams()} setParams={() => undefined} onShowRequest={() => true} />);
-    fireEvent.change(screen.getByTestId("chat-input"), { target: { value: "hi" } });
-    await act(async () => {
-      fireEvent.click(screen.getByTestId("chat-send"));
-      await frame();
-      await frame();
-    });
+    await sendHi();
     const tokens = within(screen.getByTestId("message-assistant")).getAllByTestId("token");
     expect(tokens.length).toBe(3);
     expect(tokens.some((t) => t.dataset.drafted === "true")).toBe(false);

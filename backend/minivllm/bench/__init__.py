@@ -29,6 +29,10 @@ def run_bench(args) -> int:
         from minivllm.bench.spec import bench_spec
 
         return bench_spec(engine, args)
+    if args.kind == "compile":
+        from minivllm.bench.compiled import bench_compile
+
+        return bench_compile(engine, args)
     if args.kind == "structured":
         from minivllm.bench.structured import bench_structured
 

@@ -60,3 +60,29 @@ def plot_throughput(results: list[RunResult], path: Path, title: str) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def plot_paired_bars(levels: list[int], pairs: tuple[tuple[str, list[float]], tuple[str, list[float]]], path: Path,
+                     title: str, decorate=None) -> Path:
+    """Two bars per concurrency level (one setup against another, medians already taken); `decorate(ax, xs)`
+    may draw more before the legend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    xs = list(range(len(levels)))
+    for offset, (label, values) in zip((-0.2, 0.2), pairs):
+        ax.bar([x + offset for x in xs], values, width=0.4, label=label)
+    if decorate is not None:
+        decorate(ax, xs)
+    ax.set_xticks(xs, [f"{level} concurrent" for level in levels])
+    ax.set_ylabel("decode tokens/s (median)")
+    ax.legend()
+    ax.grid(axis="y", alpha=0.3)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

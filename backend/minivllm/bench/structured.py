@@ -15,6 +15,7 @@ from pathlib import Path
 from minivllm.bench.common import chat_prompt_ids, median, progress, run_engine
 from minivllm.bench.machine import machine_line
 from minivllm.bench.prompts import CHAT_PROMPTS
+from minivllm.bench.report import plot_paired_bars
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.sampling.params import SamplingParams
 from minivllm.structured.params import StructuredOutputsParams
@@ -83,21 +84,6 @@ def _print(runs: list[StructuredRun], title: str, compile_ms: float) -> None:
 
 
 def plot_structured(runs: list[StructuredRun], path: Path, title: str) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    xs = range(len(runs))
-    ax.bar([x - 0.2 for x in xs], [median(r.free_tok_s) or 0 for r in runs], width=0.4, label="unconstrained")
-    ax.bar([x + 0.2 for x in xs], [median(r.constrained_tok_s) or 0 for r in runs], width=0.4, label="JSON schema")
-    ax.set_xticks(list(xs), [f"{r.concurrency} concurrent" for r in runs])
-    ax.set_ylabel("decode tokens/s (median)")
-    ax.legend()
-    ax.grid(axis="y", alpha=0.3)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return plot_paired_bars([r.concurrency for r in runs], (
+        ("unconstrained", [median(r.free_tok_s) or 0 for r in runs]),
+        ("JSON schema", [median(r.constrained_tok_s) or 0 for r in runs])), path, title)

@@ -81,7 +81,7 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         sched_cfg = SchedulerConfig(config.max_num_batched_tokens, config.max_num_seqs, self.max_model_len)
         self.scheduler = Scheduler(sched_cfg, self.block_manager, self.telemetry.set_status)
-        self.runner = ModelRunner(self.loaded.model, self.kv_cache)
+        self.runner = ModelRunner(self.loaded.model, self.kv_cache).warmed_up(config.max_num_seqs, self.max_model_len)
         self.speculator = (build_speculator(self.speculative, self.runner, self.block_manager, self.draft,
                                             self.max_model_len) if self.speculative else None)
         self.telemetry.spec_method = self.speculator.method if self.speculator else None
@@ -123,7 +123,7 @@ class LLMEngine:
             enable_prefix_caching=self.config.enable_prefix_caching,
             dtype=str(self.loaded.dtype).removeprefix("torch."), device=str(self.loaded.device),
             quantization=quant.mode, weight_bytes=quant.weight_bytes, weight_fp32_bytes=quant.fp32_bytes,
-            kernels=quant.kernel_lines(),
+            kernels=quant.kernel_lines(), compilation=self.loaded.model.compilation(),
             speculative=self.speculative.describe() if self.speculative else None)
 
     # ---- requests -----------------------------------------------------------------------------

@@ -8,12 +8,14 @@ split is by token count, not by a request's phase: a prefill may end with a one-
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
 
 from minivllm.engine.prompt_logprobs import PromptLogprobsRows, target_logprobs
 from minivllm.model.attention import AttentionMetadata, KVCache, PrefillChunk
+from minivllm.model.compiled import cache_dir, progress, warm_up_shapes
 from minivllm.model.llama import LlamaModel
 
 
@@ -37,6 +39,25 @@ class ModelRunner:
         self.kv_cache = kv_cache
         self.block_size = kv_cache.block_size
         self.device = next(model.parameters()).device
+
+    def warmed_up(self, max_rows: int, max_model_len: int) -> "ModelRunner":
+        """Compile every decode graph a step of up to `max_rows` sequences can need, now (with
+        progress) rather than in the first requests' steps. Writes garbage K/V into block 0: only
+        for a fresh pool. A no-op when the model runs eagerly."""
+        compiled = self.model.compiled
+        if compiled is None or not compiled.active:
+            return self
+        for pool in (*self.kv_cache.k, *self.kv_cache.v):  # a rebuilt pool of another size: no new graph
+            torch._dynamo.maybe_mark_dynamic(pool, 0)
+            torch._dynamo.maybe_mark_dynamic(pool, 1)
+        shapes = warm_up_shapes(self.model, max_rows, (max_model_len - 1) // self.block_size + 1)
+        started = time.perf_counter()
+        for i, (rows, width) in enumerate(shapes, 1):
+            progress(f"compiling decode step {i}/{len(shapes)} ({rows} row{'s' if rows > 1 else ''}) ...")
+            work = [SeqWork([0], (width - 1) * self.block_size, [0] * width) for _ in range(rows)]
+            self.execute(work, [])
+        progress(f"{compiled.describe()}: ready in {time.perf_counter() - started:.1f}s (cache {cache_dir()})")
+        return self
 
     def execute(self, single: list[SeqWork], chunks: list[SeqWork],
                 copies: list[tuple[int, int]] | None = None,
@@ -78,6 +99,7 @@ class ModelRunner:
             decode_context_lens=(torch.tensor([w.num_computed + 1 for w in single], device=dev)
                                  if single else None),
             prefills=self._prefill_chunks(chunks, offset=len(single)),
+            block_size=self.block_size,
         )
         return (torch.tensor(ids, dtype=torch.long, device=dev),
                 torch.tensor(pos, dtype=torch.long, device=dev), meta,
@@ -89,8 +111,10 @@ class ModelRunner:
     def _padded_tables(self, works: list[SeqWork]) -> torch.Tensor | None:
         if not works:
             return None
-        width = max((w.num_computed + len(w.token_ids) + self.block_size - 1) // self.block_size
-                    for w in works)
+        # at least 2 wide (the extra column is masked): dynamo specializes a size of 1, so a width of
+        # 1 would need a compiled graph of its own per row range
+        width = max(2, *((w.num_computed + len(w.token_ids) + self.block_size - 1) // self.block_size
+                         for w in works))
         rows = [w.block_table[:width] + [0] * (width - min(width, len(w.block_table))) for w in works]
         return torch.tensor(rows, dtype=torch.long, device=self.device)
 

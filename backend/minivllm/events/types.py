@@ -227,6 +227,7 @@ class EngineInfo(msgspec.Struct):
     weight_fp32_bytes: int = 0  # the same parameters in fp32, for the ratio
     kernels: list[str] = []  # one line per layer group: which kernel serves which row counts
     speculative: str | None = None  # the speculative-decoding setup in words; None: off
+    compilation: str = "eager"  # how decode steps run: compiled (torch.compile) or eager, and why
 
 
 class SeqState(msgspec.Struct):

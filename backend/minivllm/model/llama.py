@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minivllm.model.attention import AttentionMetadata, KVCache, paged_attention
+from minivllm.model.compiled import CompiledLayers
 from minivllm.model.config import LlamaConfig
 from minivllm.model.packed_linear import PackedLinear
 from minivllm.model.rope import RotaryEmbedding
@@ -86,6 +87,8 @@ class LlamaModel(nn.Module):
         self.lm_head = PackedLinear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+        self.compiled: CompiledLayers | None = None  # set by the engine unless --enforce-eager
+        self.eager_reason = "--enforce-eager"  # shown when `compiled` is None
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache,
@@ -97,15 +100,24 @@ class LlamaModel(nn.Module):
         exit: the speculative self-draft; only those layers' KV is written)."""
         x = self.embed_tokens(input_ids)
         rope = self.rotary.tables(positions, x.dtype)
+        run = self.compiled if self.compiled is not None and not meta.prefills else _eager_layer
         for i, layer in enumerate(self.layers[:num_layers]):
             if hidden_states_out is not None:
                 hidden_states_out.append(x)
-            x = layer(x, rope, kv_cache.k[i], kv_cache.v[i], meta)
+            x = run(layer, x, rope, kv_cache.k[i], kv_cache.v[i], meta)
         x = self.norm(x)
         if hidden_states_out is not None:
             hidden_states_out.append(x)
         return x
 
+    def compilation(self) -> str:
+        """How decode steps run, in words (the Engine tab shows it)."""
+        return self.compiled.describe() if self.compiled is not None else f"eager ({self.eager_reason})"
+
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
+
+
+def _eager_layer(layer: DecoderLayer, x, rope, k_pool, v_pool, meta):
+    return layer(x, rope, k_pool, v_pool, meta)

@@ -51,7 +51,20 @@ class PackedLinear(nn.Linear):
             return F.linear(x, self.weight)
         bucket = min(b for b in packs if b >= rows)
         padded = F.pad(x, (0, 0, 0, bucket - rows)) if bucket != rows else x
-        return torch.ops.mkl._mkl_linear(padded, packs[bucket], self.weight, None, bucket)[:rows]
+        return mkl_packed_linear(padded, packs[bucket], self.weight, bucket)[:rows]
+
+
+@torch.library.custom_op("minivllm::mkl_packed_linear", mutates_args=())
+def mkl_packed_linear(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, rows: int) -> torch.Tensor:
+    """MKL's packed GEMM as an opaque operator: inductor's own lowering of `mkl::_mkl_linear` only
+    accepts a packed weight frozen into the graph as a constant, and the compiled decode step takes
+    every layer's weights as inputs (one graph for all layers)."""
+    return torch.ops.mkl._mkl_linear(x, packed, weight, None, rows)
+
+
+@mkl_packed_linear.register_fake
+def _(x, packed, weight, rows):
+    return x.new_empty(x.shape[0], weight.shape[0])
 
 
 def pack_model(model: nn.Module) -> tuple[int, ...]:

@@ -323,6 +323,7 @@ export interface ConfigChanged {
  */
 export interface EngineInfo {
   block_size: number;
+  compilation?: string;
   device: string;
   dtype: string;
   enable_prefix_caching: boolean;

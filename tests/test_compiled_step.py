@@ -153,21 +153,28 @@ def test_enforce_eager_and_the_default(monkeypatch, capfd):
     assert "compiling decode step 1/" in capfd.readouterr().err
 
 
+def _eager_and_compiled(loaded, prompts: list[list[int]], params: SamplingParams) -> tuple[dict, dict]:
+    """The prompts' final outputs with the model eager, then compiled (one request at a time)."""
+    runs = []
+    try:
+        for compiled in (None, CompiledLayers()):
+            loaded.model.compiled = compiled
+            engine = make_engine(loaded, max_num_seqs=1, num_blocks=32)
+            for i, ids in enumerate(prompts):
+                engine.add_request(f"r{i}", prompt_token_ids=ids, params=params)
+            runs.append(run(engine))
+    finally:
+        loaded.model.compiled = None
+    return runs[0], runs[1]
+
+
 def test_greedy_tokens_identical_on_the_embedded_model_in_fp32(embedded_model):
     """The embedded model dequantized to fp32: compiled and eager decode the same tokens."""
     loaded = embedded_model
     prompts = [chat_ids(loaded.tokenizer, q) for q in ("What is the capital of France?", "Name three colors.")]
-    texts = []
-    try:
-        for compiled in (True, False):
-            loaded.model.compiled = CompiledLayers() if compiled else None
-            engine = make_engine(loaded, max_num_seqs=1, num_blocks=32)
-            for i, ids in enumerate(prompts):
-                engine.add_request(f"r{i}", prompt_token_ids=ids, params=SamplingParams(temperature=0, max_tokens=32))
-            texts.append({rid: out.outputs[0].token_ids for rid, out in run(engine).items()})
-    finally:
-        loaded.model.compiled = None
-    assert texts[0] == texts[1]
+    eager, compiled = _eager_and_compiled(loaded, prompts, SamplingParams(temperature=0, max_tokens=32))
+    assert {rid: out.outputs[0].token_ids for rid, out in compiled.items()} == \
+        {rid: out.outputs[0].token_ids for rid, out in eager.items()}
 
 
 NEAR_TIE_NATS = 0.25  # the e2e suite's rule for batched vs alone runs (docs/ARCHITECTURE.md)
@@ -182,16 +189,7 @@ def test_default_precision_parts_from_eager_only_at_near_ties(embedded_model_q4)
     questions = ("What is the capital of France?", "Name three colors.", "Write a haiku about the sea.")
     prompts = [chat_ids(loaded.tokenizer, q) for q in questions]
     params = SamplingParams(temperature=0, max_tokens=32, logprobs=2, ignore_eos=True)
-    runs = []
-    try:
-        for compiled in (False, True):
-            loaded.model.compiled = CompiledLayers() if compiled else None
-            engine = make_engine(loaded, max_num_seqs=1, num_blocks=32)
-            for i, ids in enumerate(prompts):
-                engine.add_request(f"r{i}", prompt_token_ids=ids, params=params)
-            runs.append(run(engine))
-    finally:
-        loaded.model.compiled = None
+    runs = _eager_and_compiled(loaded, prompts, params)
     for rid in runs[0]:
         eager, compiled = runs[0][rid].outputs[0], runs[1][rid].outputs[0]
         j = next((i for i, (a, b) in enumerate(zip(eager.token_ids, compiled.token_ids)) if a != b), None)

@@ -15,7 +15,9 @@ import torch
 
 from minivllm.engine.prompt_logprobs import PromptLogprobsRows, target_logprobs
 from minivllm.model.attention import AttentionMetadata, KVCache, PrefillChunk
-from minivllm.model.compiled import cache_dir, progress, warm_up_shapes
+from minivllm.arith import ceil_div
+from minivllm.console import progress
+from minivllm.model.compiled import cache_dir, warm_up_shapes
 from minivllm.model.llama import LlamaModel
 
 
@@ -39,6 +41,7 @@ class ModelRunner:
         self.kv_cache = kv_cache
         self.block_size = kv_cache.block_size
         self.device = next(model.parameters()).device
+        self.dtype = model.norm.weight.dtype  # the activations' dtype (quantized layers keep floats around them)
 
     def warmed_up(self, max_rows: int, max_model_len: int) -> "ModelRunner":
         """Compile every decode graph a step of up to `max_rows` sequences can need, now (with
@@ -99,7 +102,7 @@ class ModelRunner:
             decode_context_lens=(torch.tensor([w.num_computed + 1 for w in single], device=dev)
                                  if single else None),
             prefills=self._prefill_chunks(chunks, offset=len(single)),
-            block_size=self.block_size,
+            block_size=self.block_size, dtype=self.dtype,
         )
         return (torch.tensor(ids, dtype=torch.long, device=dev),
                 torch.tensor(pos, dtype=torch.long, device=dev), meta,
@@ -113,8 +116,7 @@ class ModelRunner:
             return None
         # at least 2 wide (the extra column is masked): dynamo specializes a size of 1, so a width of
         # 1 would need a compiled graph of its own per row range
-        width = max(2, *((w.num_computed + len(w.token_ids) + self.block_size - 1) // self.block_size
-                         for w in works))
+        width = max(2, *(ceil_div(w.num_computed + len(w.token_ids), self.block_size) for w in works))
         rows = [w.block_table[:width] + [0] * (width - min(width, len(w.block_table))) for w in works]
         return torch.tensor(rows, dtype=torch.long, device=self.device)
 
@@ -122,7 +124,7 @@ class ModelRunner:
         chunks, start = [], offset
         for w in prefills:
             end = start + len(w.token_ids)
-            used_blocks = (w.num_computed + len(w.token_ids) + self.block_size - 1) // self.block_size
+            used_blocks = ceil_div(w.num_computed + len(w.token_ids), self.block_size)
             table = torch.tensor(w.block_table[:used_blocks], dtype=torch.long, device=self.device)
             chunks.append(PrefillChunk(start, end, w.num_computed, table))
             start = end

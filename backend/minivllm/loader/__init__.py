@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 
 import torch
 
+from minivllm.console import progress
 from minivllm.loader import gguf_loader, hf_loader, random_shapes
 from minivllm.loader.hf_loader import ModelNotFoundError
 from minivllm.loader.weights import CorruptCheckpointError, build_model
@@ -64,10 +64,6 @@ def resolve_device(device: str | None) -> torch.device:
     return torch.device(device)
 
 
-def _progress(msg: str) -> None:
-    print(f"[minivllm] {msg}", file=sys.stderr, flush=True)
-
-
 def load_model(spec: str | None = None, dtype: str | torch.dtype = "float32", device: str | None = None,
                seed: int = 0, max_model_len: int | None = None,
                quantization: str | QuantConfig = "auto") -> LoadedModel:
@@ -82,7 +78,7 @@ def load_model(spec: str | None = None, dtype: str | torch.dtype = "float32", de
         loaded = _load_random(spec.removeprefix("random:"), seed, options)
     else:
         loaded = _load_path_or_hub(spec, options)
-    _progress(f"loaded {loaded.name} ({loaded.config.num_parameters / 1e6:.0f}M parameters, "
+    progress(f"loaded {loaded.name} ({loaded.config.num_parameters / 1e6:.0f}M parameters, "
               f"{str(torch_dtype).removeprefix('torch.')}, {torch_device}) in {time.perf_counter() - started:.1f}s")
     _report_quantization(loaded.quant)
     return loaded
@@ -98,13 +94,13 @@ class _Options:
 
 def _report_quantization(report: QuantReport) -> None:
     if report.dequantized_note:
-        _progress(report.dequantized_note)
-    _progress(f"weights: {report.mode}, {report.weight_bytes / 2**20:.0f} MiB "
+        progress(report.dequantized_note)
+    progress(f"weights: {report.mode}, {report.weight_bytes / 2**20:.0f} MiB "
               f"({report.ratio:.0%} of the {report.fp32_bytes / 2**20:.0f} MiB fp32 model)")
     if report.kernel_choices:
-        _progress(f"kernels chosen by timing each candidate at load ({report.choose_seconds:.1f}s):")
+        progress(f"kernels chosen by timing each candidate at load ({report.choose_seconds:.1f}s):")
     for line in report.kernel_lines():
-        _progress(f"  {line}")
+        progress(f"  {line}")
 
 
 def _load_path_or_hub(spec: str, options: _Options) -> LoadedModel:
@@ -121,11 +117,11 @@ def _load_path_or_hub(spec: str, options: _Options) -> LoadedModel:
 
 
 def _load_gguf(path: Path, name: str, options: _Options) -> LoadedModel:
-    _progress(f"reading {path.name}")
+    progress(f"reading {path.name}")
     cfg = LlamaConfig.from_hf(gguf_loader.load_gguf_config(path), name=name)
-    _progress("reading tensors in their stored precision")
+    progress("reading tensors in their stored precision")
     gguf = _read_gguf(path, cfg)
-    _progress("loading tokenizer and chat template")
+    progress("loading tokenizer and chat template")
     tokenizer = gguf_loader.load_gguf_tokenizer(path)
     loaded = _finish(cfg, gguf.tensors, tokenizer, name, str(path), options)
     if gguf.dequantized:
@@ -144,7 +140,7 @@ def _read_gguf(path: Path, cfg: LlamaConfig):
 
 
 def _load_hf_dir(directory: Path, name: str, options: _Options) -> LoadedModel:
-    _progress(f"reading {directory}")
+    progress(f"reading {directory}")
     cfg = LlamaConfig.from_hf(hf_loader.load_hf_config(directory), name=name)
     tensors = hf_loader.load_safetensors(directory, options.dtype)
     tokenizer = hf_loader.load_hf_tokenizer(directory)
@@ -153,7 +149,7 @@ def _load_hf_dir(directory: Path, name: str, options: _Options) -> LoadedModel:
 
 def _load_random(shape: str, seed: int, options: _Options) -> LoadedModel:
     cfg = random_shapes.random_config(shape)
-    _progress(f"initialising random {shape} weights (seed {seed})")
+    progress(f"initialising random {shape} weights (seed {seed})")
     tensors = random_shapes.random_tensors(cfg, seed, options.dtype)
     tokenizer = None
     if cfg.vocab_size == random_shapes.SHAPES["tiny"]["vocab_size"]:
@@ -166,7 +162,7 @@ def _load_random(shape: str, seed: int, options: _Options) -> LoadedModel:
 
 def _finish(cfg, tensors, tokenizer, name, source, options: _Options) -> LoadedModel:
     if options.quant.mode not in ("none", "auto"):
-        _progress(f"quantizing to {options.quant.mode} and choosing kernels")
+        progress(f"quantizing to {options.quant.mode} and choosing kernels")
     model, report = build_model(cfg, tensors, options.dtype, options.device,
                                 max_positions=options.max_len or cfg.max_position_embeddings, quant=options.quant)
     return LoadedModel(model, cfg, tokenizer, name, source, options.dtype, options.device, report)

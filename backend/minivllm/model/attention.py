@@ -38,13 +38,14 @@ class AttentionMetadata:
     prefills: list[PrefillChunk]
     decode_mask: torch.Tensor | None = None  # [num_decode, 1, 1, max_len] additive: -inf past each context
     block_size: int = 16  # of the pool, for the decode mask's width
+    dtype: torch.dtype = torch.float32  # the model's activations: the decode mask's dtype
 
     def __post_init__(self) -> None:
         """Masks are built once per step here, not lazily in the first layer: the forward pass then
         only reads tensors (nothing for a compiled graph to branch on)."""
         if self.decode_block_tables is not None and self.decode_mask is None:
             width = self.decode_block_tables.shape[1] * self.block_size
-            self.decode_mask = decode_context_mask(self.decode_context_lens, width, torch.float32)
+            self.decode_mask = decode_context_mask(self.decode_context_lens, width, self.dtype)
         for chunk in self.prefills:
             if chunk.num_computed and chunk.mask is None:
                 chunk.mask = _prefix_causal_mask(chunk)
@@ -151,13 +152,12 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pool: t
     """q: [T, heads, D], k/v: [T, kv_heads, D] for all tokens of the step -> [T, heads * D]."""
     write_kv(k_pool, v_pool, k, v, meta.slot_mapping)
     if not meta.prefills:  # every row is one sequence's single token: no slicing by a row count
-        out = decode_attention(q, k_pool, v_pool, meta.decode_block_tables, meta.decode_mask.to(q.dtype), scale)
+        out = decode_attention(q, k_pool, v_pool, meta.decode_block_tables, meta.decode_mask, scale)
         return out.reshape(q.shape[0], -1)
     parts = []
     nd = meta.num_decode_tokens
     if nd:
-        mask = meta.decode_mask.to(q.dtype)
-        out = decode_attention(q[:nd], k_pool, v_pool, meta.decode_block_tables, mask, scale)
+        out = decode_attention(q[:nd], k_pool, v_pool, meta.decode_block_tables, meta.decode_mask, scale)
         parts.append(out.reshape(nd, -1))
     for chunk in meta.prefills:
         s, e = chunk.start, chunk.end

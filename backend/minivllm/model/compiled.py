@@ -11,7 +11,7 @@ state of a chat); steps with multi-token chunks (prefill, speculative verificati
 since their per-chunk shapes would need a graph each. Shapes: the first graph is for one row, the
 next for one row at any block-table width, then one for any larger row count (dynamo's automatic
 dynamic shapes), plus one per kernel row range where a layer's kernel depends on the row count.
-`ModelRunner.warm_up` drives those compiles at start-up, so a running server never compiles.
+`ModelRunner.warmed_up` drives those compiles at start-up, so a running server never compiles.
 
 A failure (no C++ compiler, an operator inductor cannot lower) disables compilation for the process
 with one warning naming the cause, and the step goes on eagerly: it never takes the server down.
@@ -20,11 +20,12 @@ with one warning naming the cause, and the step goes on eagerly: it never takes 
 from __future__ import annotations
 
 import os
-import sys
 import types
 from pathlib import Path
 
 import torch
+
+from minivllm.console import progress
 
 RECOMPILE_LIMIT = 64  # graphs per code object: row ranges x widths stay far below this
 
@@ -34,7 +35,8 @@ def cache_dir() -> Path:
     return Path(os.environ.get("MINIVLLM_CACHE_DIR") or Path.home() / ".cache" / "minivllm")
 
 
-def _layer_step(layer, x, rope, k_pool, v_pool, meta):
+def run_layer(layer, x, rope, k_pool, v_pool, meta):
+    """One decoder layer: the eager path, and the function the compiled step compiles."""
     return layer(x, rope, k_pool, v_pool, meta)
 
 
@@ -51,7 +53,7 @@ class CompiledLayers:
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "inductor"))
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         self.backend = backend
-        self.step = torch.compile(_own_copy(_layer_step), backend=backend, dynamic=None)
+        self.step = torch.compile(_own_copy(run_layer), backend=backend, dynamic=None)
         self.error: str | None = None
 
     @property
@@ -77,8 +79,7 @@ class CompiledLayers:
             exc = inner
         lines = str(exc).strip().splitlines()
         self.error = f"{type(exc).__name__}: {lines[0][:300] if lines else ''}".rstrip(": ")
-        print(f"[minivllm] WARNING: torch.compile failed, running eager from now on ({self.error})",
-              file=sys.stderr, flush=True)
+        progress(f"WARNING: torch.compile failed, running eager from now on ({self.error})")
 
 
 def eager_requested(enforce_eager: bool | None) -> bool:
@@ -100,10 +101,6 @@ def use_compilation(model: torch.nn.Module, device: torch.device | str, enforce_
         except Exception as exc:  # noqa: BLE001 - e.g. a Python torch.compile does not support
             model.eager_reason = f"torch.compile unavailable: {type(exc).__name__}: {exc}"
             progress(f"WARNING: {model.eager_reason}")
-
-
-def progress(msg: str) -> None:
-    print(f"[minivllm] {msg}", file=sys.stderr, flush=True)
 
 
 def decode_row_counts(model: torch.nn.Module, max_rows: int) -> list[int]:

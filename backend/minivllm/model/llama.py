@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minivllm.model.attention import AttentionMetadata, KVCache, paged_attention
-from minivllm.model.compiled import CompiledLayers
+from minivllm.model.compiled import CompiledLayers, run_layer
 from minivllm.model.config import LlamaConfig
 from minivllm.model.packed_linear import PackedLinear
 from minivllm.model.rope import RotaryEmbedding
@@ -100,7 +100,7 @@ class LlamaModel(nn.Module):
         exit: the speculative self-draft; only those layers' KV is written)."""
         x = self.embed_tokens(input_ids)
         rope = self.rotary.tables(positions, x.dtype)
-        run = self.compiled if self.compiled is not None and not meta.prefills else _eager_layer
+        run = self.compiled if self.compiled is not None and not meta.prefills else run_layer
         for i, layer in enumerate(self.layers[:num_layers]):
             if hidden_states_out is not None:
                 hidden_states_out.append(x)
@@ -117,7 +117,3 @@ class LlamaModel(nn.Module):
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
-
-
-def _eager_layer(layer: DecoderLayer, x, rope, k_pool, v_pool, meta):
-    return layer(x, rope, k_pool, v_pool, meta)

@@ -38,6 +38,14 @@ async function send(text: string) {
   });
 }
 
+/** Render the chat with `fetch` answering every request with these SSE chunks; returns the mock. */
+function renderReplying(chunks: unknown[]): ReturnType<typeof vi.fn> {
+  const fetchMock = vi.fn(async () => sse(chunks));
+  vi.stubGlobal("fetch", fetchMock);
+  render(<Harness />);
+  return fetchMock;
+}
+
 function lastBody(fetchMock: ReturnType<typeof vi.fn>): Record<string, unknown> {
   const init = fetchMock.mock.calls.at(-1)![1] as RequestInit;
   return JSON.parse(init.body as string) as Record<string, unknown>;
@@ -50,9 +58,7 @@ describe("structured output in the chat", () => {
   });
 
   it("checks the JSON schema as it is typed: the error shows and Send is disabled until it parses", async () => {
-    const fetchMock = vi.fn(async () => sse([content('{"city": "Paris"}', "stop")]));
-    vi.stubGlobal("fetch", fetchMock);
-    render(<Harness />);
+    const fetchMock = renderReplying([content('{"city": "Paris"}', "stop")]);
     fireEvent.change(screen.getByTestId("structured-mode"), { target: { value: "json_schema" } });
     fireEvent.change(screen.getByTestId("structured-schema"), { target: { value: '{"type": "object",' } });
     fireEvent.change(screen.getByTestId("chat-input"), { target: { value: "a city" } });
@@ -73,9 +79,7 @@ describe("structured output in the chat", () => {
   });
 
   it("choices need at least one line; they go out as structured_outputs.choice", async () => {
-    const fetchMock = vi.fn(async () => sse([content("yes", "stop")]));
-    vi.stubGlobal("fetch", fetchMock);
-    render(<Harness />);
+    const fetchMock = renderReplying([content("yes", "stop")]);
     fireEvent.change(screen.getByTestId("structured-mode"), { target: { value: "choice" } });
     fireEvent.change(screen.getByTestId("structured-choices"), { target: { value: "\n \n" } });
     expect(screen.getByTestId("structured-error").textContent).toMatch(/at least one choice/);
@@ -86,14 +90,12 @@ describe("structured output in the chat", () => {
   });
 
   it("the tools editor checks the array; tool_choice offers each tool; a streamed call shows pretty-printed", async () => {
-    const fetchMock = vi.fn(async () => sse([
+    const fetchMock = renderReplying([
       toolDelta({ id: "call_0", type: "function", function: { name: "get_weather", arguments: "" } }),
       toolDelta({ function: { arguments: '{"city":' } }),
       toolDelta({ function: { arguments: '"Paris"}' } }),
       { id: "chatcmpl-q1", choices: [{ index: 0, delta: {}, logprobs: null, finish_reason: "tool_calls" }] },
-    ]));
-    vi.stubGlobal("fetch", fetchMock);
-    render(<Harness />);
+    ]);
     fireEvent.change(screen.getByTestId("tools-editor"), { target: { value: '[{"type": "function"}]' } });
     expect(screen.getByTestId("tools-error").textContent).toBe("tools[0].function must be an object");
     fireEvent.change(screen.getByTestId("chat-input"), { target: { value: "weather?" } });

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from minivllm.quant import kernels
+from minivllm.quant import kernels, native
 from minivllm.quant.chooser import choose_kernels
 from minivllm.quant.formats import (Int4Weight, Int8Weight, QuantizationError, concat_rows, quantize_int4,
                                     quantize_int8, to_per_channel, weight_bytes)
@@ -51,7 +51,8 @@ def test_every_int8_kernel_matches_the_dequantized_weight(shape, rows):
     for kernel in kernels.candidates(weight, CPU, torch.float32):
         assert_close_to_reference(kernel(x), ref, kernel.exact)
         names.append(kernel.name)
-    assert names == ["int8pack/bf16", "int8pack/fp32"]
+    native_fits = shape[1] % 32 == 0 and native.available() is None
+    assert names == ["int8avx2/int8"] * native_fits + ["int8pack/bf16", "int8pack/fp32"]
 
 
 @pytest.mark.parametrize("rows", [1, 5, 64])
@@ -61,7 +62,7 @@ def test_the_lm_head_gets_exact_top_logits_over_its_bf16_kernel(rows):
     weight = quantize_int8("w", torch.randn(4096, 96) * 0.05)
     x = torch.randn(rows, 96) * 3
     head = {k.name: k for k in kernels.lm_head_candidates(weight, CPU, torch.float32)}
-    assert set(head) == {"int8pack+exact64/bf16", "int8pack/fp32"}
+    assert set(head) - {"int8avx2+exact64/int8"} == {"int8pack+exact64/bf16", "int8pack/fp32"}
     fast = kernels.Int8PackCPU(weight.q, weight.scale[:, 0], torch.bfloat16)
     refined, exact, rounded = head["int8pack+exact64/bf16"](x), head["int8pack/fp32"](x), fast(x)
     top = rounded.topk(64, dim=-1).indices  # the candidates: the bf16 kernel's 64 highest
@@ -191,7 +192,7 @@ def test_chooser_times_every_candidate_and_keeps_only_the_chosen():
     layers = [QuantLinear(f"l{i}", random_int4(96, 64, seed=i), CPU, torch.float32) for i in range(3)]
     (choice,) = choose_kernels(layers, buckets=(1, 8))
     assert choice.layers == 3 and set(choice.timings_ms) == {1, 8}
-    assert set(choice.timings_ms[1]) == {"int4pack/bf16", "int4pack/fp32"}
+    assert set(choice.timings_ms[1]) - {"int4avx2/int8"} == {"int4pack/bf16", "int4pack/fp32"}
     for layer in layers:
         used = {k.name for _, k in layer.plan}
         assert {k.name for k in layer.candidates} == used

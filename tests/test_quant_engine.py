@@ -19,6 +19,7 @@ import torch
 from engine_utils import assert_all_blocks_free, chat_ids, make_engine, run
 from minivllm.engine.scoring import forward_prefills
 from minivllm.loader import load_model
+from minivllm.quant import native
 from minivllm.quant.linear import QuantLinear
 from minivllm.quant.policy import QuantConfig
 from minivllm.sampling.params import SamplingParams
@@ -95,12 +96,14 @@ def test_4_bit_greedy_tracks_fp32_on_chat_prompts(embedded_model, capsys):
     assert all(f is None or f >= 4 for f in exact_firsts)
 
 
-def test_the_default_answers_as_fp32_where_bf16_logits_used_to_tie(embedded_model, embedded_model_q4):
-    """With a plain bf16 LM head the default answered this with "L'Étoile, la Marseillaise, ...": two
-    first tokens tied at bf16's logit resolution. The head's exact top logits (ExactTopLogits) give
-    fp32's answer."""
+def test_torchs_bf16_kernels_answer_as_fp32_where_bf16_logits_used_to_tie(embedded_model):
+    """With a plain bf16 LM head the 4-bit model answered this with "L'Étoile, la Marseillaise, ...":
+    two first tokens tied at bf16's logit resolution. The head's exact top logits (ExactTopLogits) give
+    fp32's answer. (The int8-activation kernels flip this near-tie inside the layers: README,
+    "quality"; this test pins torch's bf16 kernels, the path the exact head was built for.)"""
     answers = []
-    for loaded in (embedded_model, embedded_model_q4):
+    bf16 = load_model(None, quantization=QuantConfig("auto", kernel="bf16"))
+    for loaded in (embedded_model, bf16):
         engine = make_engine(loaded, num_blocks=64)
         engine.add_request("q", prompt_token_ids=chat_ids(loaded.tokenizer, QUESTIONS[0]),
                            params=SamplingParams(temperature=0.0, max_tokens=12))
@@ -108,10 +111,13 @@ def test_the_default_answers_as_fp32_where_bf16_logits_used_to_tie(embedded_mode
     assert answers[1] == answers[0] and "Paris" in answers[0], answers
 
 
-@pytest.mark.parametrize("forced", ["bf16", "fp32"])
+@pytest.mark.parametrize("forced", ["int8", "bf16", "fp32"])
 def test_one_kernel_for_every_row_count_makes_batch_and_alone_identical(forced):
     """Each kernel computes each row independently, so when one kernel serves 1 row and 5 rows the
-    greedy output of a request alone equals the same request in a batch, token for token."""
+    greedy output of a request alone equals the same request in a batch, token for token. ("int8":
+    our AVX2 kernels, whose activations are quantized per row and block.)"""
+    if forced == "int8" and native.available() is not None:
+        pytest.skip(f"the native kernels are not available here: {native.available()}")
     loaded = load_model(None, quantization=QuantConfig("auto", kernel=forced))
     assert {k.name.split("/")[1] for m in loaded.model.modules() if isinstance(m, QuantLinear)
             for _, k in m.plan} == {forced}

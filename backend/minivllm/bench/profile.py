@@ -15,7 +15,8 @@ from minivllm.bench.prompts import CHAT_PROMPTS
 CATEGORIES = {
     "GEMM (linear layers, LM head)": ("aten::mm", "aten::addmm", "mkl::_mkl_linear", "aten::linear",
                                       "aten::_weight_int4pack_mm_for_cpu", "aten::_weight_int8pack_mm",
-                                      "aten::_weight_int4pack_mm"),
+                                      "aten::_weight_int4pack_mm", "minivllm_native::q4_q8_linear",
+                                      "minivllm_native::i8_q8_linear"),
     "attention: K/V gather through block tables": ("aten::index", "aten::index_select"),
     "attention: scores, softmax, weighted sum": ("aten::bmm", "aten::_softmax", "aten::masked_fill_",
                                                  "aten::_scaled_dot_product_flash_attention_for_cpu"),

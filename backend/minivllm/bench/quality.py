@@ -46,6 +46,7 @@ class QualityRow:
 
 def precisions(group_sizes=(32, 64)) -> list[tuple[str, QuantConfig]]:
     rows = [("fp32 (none)", QuantConfig("none")), ("auto (default)", QuantConfig("auto")),
+            ("auto, torch's kernels (bf16 activations)", QuantConfig("auto", kernel="bf16")),
             ("auto, exact kernels (fp32 activations)", QuantConfig("auto", kernel="exact")),
             ("int8 per channel", QuantConfig("int8"))]
     rows += [(f"int4 g{g}", QuantConfig("int4", group_size=g)) for g in group_sizes]

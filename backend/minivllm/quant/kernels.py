@@ -10,8 +10,11 @@ product up to the activation precision they name:
   int4pack/bf16   the same packed weight, activations and scales rounded to bf16
   int8pack/fp32   torch's int8 weight-only kernel (per-channel scales), fp32 activations
   int8pack/bf16   the same, bf16 activations
-  int8pack+exact64/bf16
-                  an LM head only: int8pack/bf16, then each row's 64 highest logits recomputed in fp32
+  int4avx2/int8   our AVX2 kernel (native.py): activations quantized to int8 per block of 32, integer
+                  products (llama.cpp's Q4_1 x Q8_1 arithmetic); K % 64 == 0
+  int8avx2/int8   the same for per-channel int8 weights (K % 32 == 0)
+  int8pack+exact64/bf16, int8avx2+exact64/int8
+                  an LM head only: the kernel, then each row's 64 highest logits recomputed in fp32
   int4pack-cuda   torch's CUDA 4-bit kernel (bf16 only, tensor cores)
   dequant         dequantize, then a plain matmul in the compute dtype (CUDA int8; exact)
 """
@@ -22,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from minivllm.arith import ceil_div
+from minivllm.quant import native
 from minivllm.quant.formats import Int4Weight, Int8Weight, QuantizedWeight, to_per_channel
 
 CPU_INT4_ROW_MULTIPLE = 16  # torch's CPU int4 packing needs N % 16 == 0: pad with zero rows
@@ -87,6 +91,39 @@ class Int8PackCPU(Kernel):
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.q, self.scale]
+
+
+class Int4Native(Kernel):
+    name = "int4avx2/int8"
+    exact = False
+
+    def __init__(self, weight: Int4Weight):
+        self.packed, self.out_features = native.pack_q4(weight), weight.shape[0]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return native.q4_q8_linear(x.float().contiguous(), self.packed).to(x.dtype)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.packed]
+
+
+class Int8Native(Kernel):
+    name = "int8avx2/int8"
+    exact = False
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor):
+        self.q, self.scale = q, scale.float().contiguous()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return native.i8_q8_linear(x.float().contiguous(), self.q, self.scale).to(x.dtype)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.q, self.scale]
+
+
+def _native_fits(weight: QuantizedWeight) -> bool:
+    multiple = native.PAIR if isinstance(weight, Int4Weight) else native.BLOCK
+    return weight.shape[1] % multiple == 0 and native.available() is None
 
 
 class ExactTopLogits(Kernel):
@@ -173,18 +210,19 @@ def candidates(weight: QuantizedWeight, device: torch.device, dtype: torch.dtype
         if isinstance(weight, Int4Weight) and weight.shape[0] % 8 == 0 and weight.shape[1] % 32 == 0:
             return [Int4PackCUDA(weight, device), Dequant(weight, device, dtype)]
         return [Dequant(weight, device, dtype)]
+    acts = [torch.bfloat16, torch.float32] if dtype == torch.float32 else [dtype]
     if isinstance(weight, Int4Weight):
         packed = _Int4Pack(weight)
-        acts = [torch.bfloat16, torch.float32] if dtype == torch.float32 else [dtype]
-        return [Int4PackCPU(packed, a) for a in acts]
+        own = [Int4Native(weight)] if _native_fits(weight) else []
+        return own + [Int4PackCPU(packed, a) for a in acts]
     per_channel = to_per_channel(weight)
-    acts = [torch.bfloat16, torch.float32] if dtype == torch.float32 else [dtype]
-    return [Int8PackCPU(per_channel.q, per_channel.scale[:, 0], a) for a in acts]
+    own = [Int8Native(per_channel.q, per_channel.scale[:, 0])] if _native_fits(weight) else []
+    return own + [Int8PackCPU(per_channel.q, per_channel.scale[:, 0], a) for a in acts]
 
 
 def _short(dtype: torch.dtype) -> str:
     return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
 
 
-__all__ = ["Kernel", "Int4PackCPU", "Int8PackCPU", "Int4PackCUDA", "Dequant", "ExactTopLogits", "candidates",
+__all__ = ["Kernel", "Int4PackCPU", "Int8PackCPU", "Int4Native", "Int8Native", "Int4PackCUDA", "Dequant", "ExactTopLogits", "candidates",
            "lm_head_candidates"]

@@ -1,0 +1,115 @@
+"""Our AVX2 int8-activation kernels (quant/native.py): built here, not skipped on a capable CPU, each
+row computed alone, the GGUF Q4_1 block carried over exactly, inside torch.compile, and a build that
+fails leaves torch's kernels in charge."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+from minivllm.quant import kernels, native
+from minivllm.quant.formats import quantize_int4, quantize_int8
+from minivllm.quant.gguf_tensors import q4_1_blocks
+
+CPU = torch.device("cpu")
+HAS_AVX2 = torch.backends.cpu.get_cpu_capability().startswith(("AVX2", "AVX512"))
+needs_avx2 = pytest.mark.skipif(not HAS_AVX2, reason=f"CPU capability {torch.backends.cpu.get_cpu_capability()} "
+                                                     "has no AVX2: the native kernels are not offered here")
+
+
+def _int4(n: int, k: int, group: int = 32, seed: int = 0):
+    return quantize_int4("w", torch.randn(n, k, generator=torch.Generator().manual_seed(seed)) * 0.05, group)
+
+
+@needs_avx2
+def test_the_native_kernels_build_and_are_candidates_on_an_avx2_cpu():
+    assert native.available() is None  # a missing compiler or ninja on an AVX2 box fails here, loudly
+    names = [k.name for k in kernels.candidates(_int4(64, 128), CPU, torch.float32)]
+    assert names[0] == "int4avx2/int8"
+    head = kernels.lm_head_candidates(quantize_int8("h", torch.randn(256, 96)), CPU, torch.float32)
+    assert "int8avx2+exact64/int8" in [k.name for k in head]
+
+
+@needs_avx2
+@pytest.mark.parametrize("kernel_kind", ["int4", "int8"])
+def test_each_row_gets_the_same_bits_alone_and_in_any_batch(kernel_kind):
+    k = 576
+    kernel = (kernels.Int4Native(_int4(300, k)) if kernel_kind == "int4"
+              else kernels.Int8Native(*(lambda w: (w.q, w.scale[:, 0]))(quantize_int8("w", torch.randn(300, k)))))
+    x = torch.randn(9, k)
+    batch = kernel(x)
+    for rows in (1, 2, 3, 4, 5, 9):
+        assert torch.equal(kernel(x[:rows]), batch[:rows])
+    assert all(torch.equal(kernel(x[i:i + 1]), batch[i:i + 1]) for i in range(9))
+
+
+@needs_avx2
+def test_activation_quantization_error_is_that_of_int8_blocks():
+    """Per block of 32, |x - scale*q| <= scale/2 with scale = max|x|/127: the output error stays
+    below sum_b |w_b| * max|x_b| / 254, computed here for every output."""
+    weight = _int4(64, 256, group=64)
+    x = torch.randn(3, 256) * torch.linspace(0.1, 10, 256)  # blocks of very different magnitude
+    w = weight.dequantize()
+    y = kernels.Int4Native(weight)(x)
+    block_max = x.abs().reshape(3, 8, 32).amax(-1)  # [rows, blocks]
+    bound = torch.einsum("rb,nb->rn", block_max / 254, w.abs().reshape(64, 8, 32).sum(-1))
+    assert ((y - x @ w.t()).abs() <= bound * 1.001 + 1e-4).all()
+
+
+@needs_avx2
+def test_a_gguf_q4_1_block_is_packed_with_its_own_fp16_d_and_m():
+    rng = np.random.default_rng(3)
+    q = rng.integers(0, 16, (4, 64)).astype(np.uint8)
+    d = rng.random((4, 2)).astype(np.float16)
+    m = -rng.random((4, 2)).astype(np.float16)
+    raw = np.zeros((4, 2, 20), dtype=np.uint8)
+    raw[..., 0:2], raw[..., 2:4] = d[..., None].view(np.uint8), m[..., None].view(np.uint8)
+    qb = q.reshape(4, 2, 32)
+    raw[..., 4:] = qb[..., :16] | (qb[..., 16:] << 4)
+    packed = native.pack_q4(q4_1_blocks(raw.reshape(4, -1), 4, 64)).numpy()
+    assert np.array_equal(packed[:, :4].view(np.float16), d)  # d, then m: the file's own halves
+    assert np.array_equal(packed[:, 4:8].view(np.float16), m)
+    assert np.array_equal(packed[:, 8:].reshape(4, 2, 16), raw[..., 4:])  # the file's nibble bytes
+
+
+@needs_avx2
+def test_the_native_kernel_runs_inside_a_compiled_graph():
+    kernel = kernels.Int4Native(_int4(128, 128))
+    norm = torch.ones(128)
+
+    def layer(x):
+        return torch.nn.functional.silu(kernel(torch.rms_norm(x, (128,), norm)))
+
+    x = torch.randn(2, 128)
+    compiled = torch.compile(layer, fullgraph=True, dynamic=False)
+    assert torch.allclose(compiled(x), layer(x), atol=1e-5)
+
+
+def test_a_failed_build_leaves_torchs_kernels_and_says_why(monkeypatch, caplog):
+    def no_compiler():
+        raise RuntimeError("Error building extension 'minivllm_native'\ng++: command not found")
+
+    native.available.cache_clear()
+    monkeypatch.setattr(native, "_build", no_compiler)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    try:
+        with caplog.at_level(logging.WARNING):
+            assert "g++: command not found" in native.available()
+        assert "g++: command not found" in caplog.text
+        names = [k.name for k in kernels.candidates(_int4(64, 128), CPU, torch.float32)]
+        assert names == ["int4pack/bf16", "int4pack/fp32"]
+    finally:
+        native.available.cache_clear()
+
+
+def test_a_cpu_without_avx2_is_told_so_and_never_builds(monkeypatch):
+    native.available.cache_clear()
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "DEFAULT")
+    monkeypatch.setattr(native, "_build", lambda: pytest.fail("built without AVX2"))
+    try:
+        assert "no AVX2" in native.available()
+    finally:
+        native.available.cache_clear()

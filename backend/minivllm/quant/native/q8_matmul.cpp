@@ -100,12 +100,13 @@ inline float hsum(__m256 v) {
 
 inline __m256i load32(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
-// Eight fp16 values as floats; a short tail (n < 8) is zero-padded.
+// Eight fp16 values as floats; a short tail (n = 2, 4 or 6: blocks come in pairs) is zero-padded by a
+// masked load (copying it into a buffer first would stall on store-to-load forwarding every row).
 inline __m256 halves8(const uint16_t* h, int64_t n) {
   if (n == 8) return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)));
-  alignas(16) uint16_t tail[8] = {0};
-  std::memcpy(tail, h, n * sizeof(uint16_t));
-  return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(tail)));
+  const __m128i lanes = _mm_setr_epi32(0, 1, 2, 3);
+  const __m128i mask = _mm_cmplt_epi32(lanes, _mm_set1_epi32(static_cast<int>(n / 2)));
+  return _mm256_cvtph_ps(_mm_maskload_epi32(reinterpret_cast<const int*>(h), mask));
 }
 
 // Lanes [2i x4, 2i+1 x4] of eight per-block values: one pair's scales, lined up with its products.

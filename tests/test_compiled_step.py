@@ -12,7 +12,7 @@ from minivllm.engine.config import EngineConfig
 from minivllm.engine.factory import create_engine
 from minivllm.engine.model_runner import SeqWork
 from minivllm.loader import load_model
-from minivllm.model.compiled import CompiledLayers, decode_row_counts, graph_count
+from minivllm.model.compiled import CompiledLayers, decode_row_counts, graph_count, layers_per_graph
 from minivllm.sampling.params import SamplingParams
 
 from engine_utils import assert_all_blocks_free, chat_ids, make_engine, run
@@ -24,7 +24,7 @@ MAX_ROWS = 4  # row counts 1-4 reach every graph kind: one row, padded to a buck
 def tiny():
     """A tiny fp32 model (MKL-packed linears) and a compiled engine around it, warmed up."""
     loaded = load_model("random:tiny", quantization="none", max_model_len=256)
-    loaded.model.compiled = CompiledLayers()
+    loaded.model.compiled = CompiledLayers(layers_per_graph(len(loaded.model.layers)))
     engine = make_engine(loaded, max_num_seqs=MAX_ROWS, block_size=16, num_blocks=96)
     assert loaded.model.compiled.active, loaded.model.compiled.error
     return loaded, engine
@@ -117,6 +117,27 @@ def test_engine_outputs_equal_eager_with_beams_and_n(tiny):
     assert results[0] == results[1]
 
 
+def test_layers_run_in_equal_groups_and_an_early_exit_remainder_runs_eagerly(tiny):
+    """Groups share one graph; an early exit that ends inside a group (the speculative self-draft)
+    runs the whole groups compiled and the rest eagerly, with eager's logits and no new graph."""
+    assert [layers_per_graph(n) for n in (30, 22, 32, 7, 2)] == [6, 2, 4, 1, 2]
+    loaded, engine = tiny
+    group = loaded.model.compiled.group
+    assert group == layers_per_graph(len(loaded.model.layers)) and group > 1
+    works = _decode_works(random.Random(5), 2, engine.block_manager.num_blocks)
+    before = graph_count()
+    partial = group + 1 if group + 1 < len(loaded.model.layers) else group - 1
+    for num_layers in (partial, len(loaded.model.layers)):
+        eager = loaded.model.compiled
+        loaded.model.compiled = None
+        try:
+            expected = engine.runner.execute(works, [], num_layers=num_layers)
+        finally:
+            loaded.model.compiled = eager
+        torch.testing.assert_close(engine.runner.execute(works, [], num_layers=num_layers), expected, atol=1e-4, rtol=0)
+    assert graph_count() == before
+
+
 def test_compile_failure_falls_back_to_eager_with_one_warning(tiny, capfd):
     loaded, engine = tiny
 
@@ -124,7 +145,7 @@ def test_compile_failure_falls_back_to_eager_with_one_warning(tiny, capfd):
         raise RuntimeError("no C++ compiler here")
 
     keep = loaded.model.compiled
-    loaded.model.compiled = CompiledLayers(backend=broken_backend)
+    loaded.model.compiled = CompiledLayers(keep.group, backend=broken_backend)
     try:
         works = _decode_works(random.Random(3), 3, engine.block_manager.num_blocks)
         out = engine.runner.execute(works, [])
@@ -157,7 +178,7 @@ def _eager_and_compiled(loaded, prompts: list[list[int]], params: SamplingParams
     """The prompts' final outputs with the model eager, then compiled (one request at a time)."""
     runs = []
     try:
-        for compiled in (None, CompiledLayers()):
+        for compiled in (None, CompiledLayers(layers_per_graph(len(loaded.model.layers)))):
             loaded.model.compiled = compiled
             engine = make_engine(loaded, max_num_seqs=1, num_blocks=32)
             for i, ids in enumerate(prompts):

@@ -1,9 +1,10 @@
 """Decode steps through torch.compile (inductor): one compiled decoder-layer graph serves every layer.
 
-Why a layer and not the whole model: the layers share one graph (their weights are the graph's
-inputs, not constants), so a cold compile costs seconds on 2 cores where a 30-layer graph measured
-82 s per shape; early exit and hidden-state capture keep working, since the layer loop stays in
-Python. What the compiler wins: the ~25 small operators around each layer's GEMMs (norm, rotary,
+Why groups of layers and not the whole model: the groups share one graph (their weights are the
+graph's inputs, not constants), so a cold compile costs seconds on 2 cores where a 30-layer graph
+measured 82 s per shape; and each call's fixed cost (dynamo's guards, the wrapper) is paid once per
+group, not per layer. The group loop stays in Python, so early exit keeps working (a remainder
+smaller than a group runs eagerly) and hidden-state capture runs eagerly. What the compiler wins: the ~25 small operators around each layer's GEMMs (norm, rotary,
 residuals, SwiGLU, the bf16 conversions of the quantized kernels) become a few fused C++ loops.
 
 Only steps whose every row is one sequence's single token take this path (decode steps, the steady
@@ -35,9 +36,27 @@ def cache_dir() -> Path:
     return Path(os.environ.get("MINIVLLM_CACHE_DIR") or Path.home() / ".cache" / "minivllm")
 
 
+MAX_LAYERS_PER_GRAPH = 6
+
+
 def run_layer(layer, x, rope, k_pool, v_pool, meta):
-    """One decoder layer: the eager path, and the function the compiled step compiles."""
+    """One decoder layer: the eager path."""
     return layer(x, rope, k_pool, v_pool, meta)
+
+
+def run_layers(layers, x, rope, k_pools, v_pools, meta):
+    """A group of consecutive decoder layers: the function the compiled step compiles."""
+    for layer, k_pool, v_pool in zip(layers, k_pools, v_pools):
+        x = layer(x, rope, k_pool, v_pool, meta)
+    return x
+
+
+def layers_per_graph(num_layers: int) -> int:
+    """The largest divisor of the layer count up to MAX_LAYERS_PER_GRAPH: every group has one size,
+    so one graph family serves them all. Each compiled call costs ~0.1-0.2 ms of guards and Python
+    wrapper on 2 cores; 6 layers a call measured 16% faster a step than 1 (30 layers, one sequence),
+    for ~11 s instead of ~4 s of compiling per shape."""
+    return max(g for g in range(1, MAX_LAYERS_PER_GRAPH + 1) if num_layers % g == 0)
 
 
 def _own_copy(fn):
@@ -47,13 +66,14 @@ def _own_copy(fn):
 
 
 class CompiledLayers:
-    """Runs a decoder layer through the compiled graph, or eagerly once compiling has failed."""
+    """Runs groups of `group` decoder layers through the compiled graph, or eagerly once compiling
+    has failed."""
 
-    def __init__(self, backend: str = "inductor"):
+    def __init__(self, group: int = 1, backend: str = "inductor"):
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "inductor"))
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-        self.backend = backend
-        self.step = torch.compile(_own_copy(run_layer), backend=backend, dynamic=None)
+        self.backend, self.group = backend, group
+        self.step = torch.compile(_own_copy(run_layers), backend=backend, dynamic=None)
         self.error: str | None = None
 
     @property
@@ -63,15 +83,24 @@ class CompiledLayers:
     def describe(self) -> str:
         if self.error is not None:
             return f"eager (compiling failed: {self.error})"
-        return f"compiled ({self.backend}, decode steps; prefill chunks eager)"
+        return f"compiled ({self.backend}, decode steps, {self.group} layers a graph; prefill chunks eager)"
 
-    def __call__(self, layer, x, rope, k_pool, v_pool, meta):
+    def run(self, layers, x, rope, kv_cache, meta, num_layers: int) -> tuple[torch.Tensor, int]:
+        """Runs the whole groups among the first `num_layers` layers; returns x and how many layers
+        ran (an early exit's remainder runs eagerly: a smaller group would be another graph)."""
+        done = num_layers - num_layers % self.group
+        for i in range(0, done, self.group):
+            x = self(tuple(layers[i:i + self.group]), x, rope, tuple(kv_cache.k[i:i + self.group]),
+                     tuple(kv_cache.v[i:i + self.group]), meta)
+        return x, done
+
+    def __call__(self, layers, x, rope, k_pools, v_pools, meta):
         if self.error is None:
             try:
-                return self.step(layer, x, rope, k_pool, v_pool, meta)
+                return self.step(layers, x, rope, k_pools, v_pools, meta)
             except torch._dynamo.exc.TorchDynamoException as exc:  # the compiler's failure, not the step's
                 self.disable(exc)
-        return layer(x, rope, k_pool, v_pool, meta)
+        return run_layers(layers, x, rope, k_pools, v_pools, meta)
 
     def disable(self, exc: BaseException) -> None:
         # the compiler wraps the exception that names the problem (a missing g++, an unlowerable op)
@@ -97,7 +126,7 @@ def use_compilation(model: torch.nn.Module, device: torch.device | str, enforce_
         model.eager_reason = "compilation is implemented for CPUs only; CUDA graphs are not captured yet"
     else:
         try:
-            model.compiled = CompiledLayers()
+            model.compiled = CompiledLayers(layers_per_graph(len(model.layers)))
         except Exception as exc:  # noqa: BLE001 - e.g. a Python torch.compile does not support
             model.eager_reason = f"torch.compile unavailable: {type(exc).__name__}: {exc}"
             progress(f"WARNING: {model.eager_reason}")

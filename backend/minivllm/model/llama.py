@@ -100,11 +100,14 @@ class LlamaModel(nn.Module):
         exit: the speculative self-draft; only those layers' KV is written)."""
         x = self.embed_tokens(input_ids)
         rope = self.rotary.tables(positions, x.dtype)
-        run = self.compiled if self.compiled is not None and not meta.prefills else run_layer
-        for i, layer in enumerate(self.layers[:num_layers]):
+        num_layers = len(self.layers) if num_layers is None else num_layers
+        done = 0
+        if self.compiled is not None and not meta.prefills and hidden_states_out is None:
+            x, done = self.compiled.run(self.layers, x, rope, kv_cache, meta, num_layers)
+        for i in range(done, num_layers):
             if hidden_states_out is not None:
                 hidden_states_out.append(x)
-            x = run(layer, x, rope, kv_cache.k[i], kv_cache.v[i], meta)
+            x = run_layer(self.layers[i], x, rope, kv_cache.k[i], kv_cache.v[i], meta)
         x = self.norm(x)
         if hidden_states_out is not None:
             hidden_states_out.append(x)

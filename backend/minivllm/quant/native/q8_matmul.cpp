@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 namespace {
 
@@ -37,16 +38,11 @@ constexpr int64_t kRowTile = 4;         // activation rows sharing one unpacked 
 // in which one load of 32 nibble bytes unpacks; a dot product only needs both sides in one order). The
 // int8 kernel reads them in input order, like its weights (shared with the embedding table).
 struct QuantizedActivations {
-  at::Tensor q;            // int8 [M, K]
-  at::Tensor block_scale;  // fp32 [M, K/32]: x ~= scale * q
-  at::Tensor pair_scale;   // pair layout only: fp32 [M, K/64, 8], block0's scale x4, block1's scale x4
-  at::Tensor sum;         // fp32 [M, blocks rounded up to 8, zeros after]: scale * sum(q), a Q4_1 minimum's partner
-  // raw pointers, read once: data_ptr() checks cost as much as a block's arithmetic in the hot loop
-  const int8_t* q_ptr = nullptr;
-  const float* block_scale_ptr = nullptr;
-  const float* pair_scale_ptr = nullptr;
-  const float* sum_ptr = nullptr;
-  int64_t sum_stride = 0;
+  const int8_t* q_ptr = nullptr;            // int8 [M, K]
+  const float* block_scale_ptr = nullptr;   // fp32 [M, K/32]: x ~= scale * q
+  const float* pair_scale_ptr = nullptr;    // pair layout only: fp32 [M, K/64, 8], block0's scale x4, block1's x4
+  const float* sum_ptr = nullptr;           // fp32 [M, sum_stride]: scale * sum(q), a Q4_1 minimum's partner
+  int64_t sum_stride = 0;                   // blocks rounded up to 8, zeros after
 };
 
 inline int64_t round_up8(int64_t n) { return (n + 7) / 8 * 8; }
@@ -57,17 +53,21 @@ inline int64_t pair_position(int64_t j) {
   return (i < 16 ? 0 : kBlock) + block * 16 + i % 16;
 }
 
+// The quantized rows live in a per-thread scratch buffer, reused across calls: five small tensor
+// allocations cost about as much as a small layer's whole product at one row.
 QuantizedActivations quantize_rows(const at::Tensor& x, bool pair_layout) {
-  const int64_t rows = x.size(0), k = x.size(1), blocks = k / kBlock;
-  QuantizedActivations a{at::empty({rows, k}, x.options().dtype(at::kChar)),
-                         at::empty({rows, blocks}, x.options().dtype(at::kFloat)),
-                         at::empty({pair_layout ? rows : 0, blocks / 2, 8}, x.options().dtype(at::kFloat)),
-                         at::zeros({rows, round_up8(blocks)}, x.options().dtype(at::kFloat))};
+  const int64_t rows = x.size(0), k = x.size(1), blocks = k / kBlock, sum_stride = round_up8(blocks);
+  const int64_t q_floats = (rows * k + 31) / 32 * 8;  // int8 values, in 32-byte units of floats
+  const int64_t pair_floats = pair_layout ? rows * (blocks / 2) * 8 : 0;
+  static thread_local std::vector<float> scratch;
+  scratch.resize(std::max<size_t>(scratch.size(), q_floats + rows * blocks + pair_floats + rows * sum_stride));
+  int8_t* q = reinterpret_cast<int8_t*>(scratch.data());
+  float* block_scale = scratch.data() + q_floats;
+  float* pair_scale = block_scale + rows * blocks;
+  float* sum = pair_scale + pair_floats;
+  for (int64_t r = 0; r < rows; ++r) std::fill(sum + r * sum_stride + blocks, sum + (r + 1) * sum_stride, 0.f);
+  QuantizedActivations a{q, block_scale, pair_scale, sum, sum_stride};
   const float* src = x.data_ptr<float>();
-  int8_t* q = a.q.data_ptr<int8_t>();
-  float* block_scale = a.block_scale.data_ptr<float>();
-  float* pair_scale = a.pair_scale.data_ptr<float>();
-  float* sum = a.sum.data_ptr<float>();
   at::parallel_for(0, rows * blocks, 64, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {  // i: a block of one row (blocks never straddle rows)
       const float* v = src + i * kBlock;
@@ -84,10 +84,9 @@ QuantizedActivations quantize_rows(const at::Tensor& x, bool pair_layout) {
       block_scale[i] = d;
       if (pair_layout)
         for (int64_t lane = 0; lane < 4; ++lane) pair_scale[(i / 2) * 8 + (i % 2) * 4 + lane] = d;
-      sum[(i / blocks) * round_up8(blocks) + i % blocks] = d * static_cast<float>(total);
+      sum[(i / blocks) * sum_stride + i % blocks] = d * static_cast<float>(total);
     }
   });
-  a.q_ptr = q, a.block_scale_ptr = block_scale, a.pair_scale_ptr = pair_scale, a.sum_ptr = sum, a.sum_stride = round_up8(blocks);
   return a;
 }
 

@@ -14,8 +14,9 @@ ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ENV PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /app
-# g++: torch.compile (inductor) builds the compiled decode step's kernels with it at start-up;
-# without it the server warns and runs eagerly.
+# g++: torch.compile (inductor) builds the compiled decode step's kernels with it at start-up, and
+# torch.utils.cpp_extension our AVX2 int8-activation kernels; without it the server warns, runs
+# eagerly and uses torch's quantized kernels.
 RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends g++ \
  && rm -rf /var/lib/apt/lists/*
 # A torch wheel placed in docker/wheels (`make docker` does it when one is on local disk) is used
@@ -35,6 +36,6 @@ ENV MINIVLLM_HOST=0.0.0.0 MINIVLLM_PORT=8000 MINIVLLM_FRONTEND_DIST=/app/fronten
     MINIVLLM_RECORDINGS_DIR=/data/recordings MINIVLLM_CACHE_DIR=/data/cache
 VOLUME ["/models", "/data"]
 EXPOSE 8000
-HEALTHCHECK --interval=10s --timeout=5s --start-period=120s --retries=3 \
+HEALTHCHECK --interval=10s --timeout=5s --start-period=180s --retries=3 \
   CMD python -c "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=4).status == 200 else 1)"
 CMD ["minivllm", "serve"]

@@ -86,10 +86,32 @@ def tiny_server(tmp_path_factory):
                              "--num-blocks", "80000", "--ws-queue-limit", "256")
 
 
-def _chat_stream(client, prompt: str, max_tokens: int = 10) -> str:
+def _chat_stream(client, prompt: str, max_tokens: int = 10) -> list[tuple[str, dict[str, float]]]:
+    """The streamed answer as (token, {top-5 token: logprob}) pairs."""
     stream = client.chat.completions.create(model=client.models.list().data[0].id, stream=True, temperature=0,
-                                            max_tokens=max_tokens, messages=[{"role": "user", "content": prompt}])
-    return "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+                                            max_tokens=max_tokens, messages=[{"role": "user", "content": prompt}],
+                                            logprobs=True, top_logprobs=5)
+    return [(t.token, {alt.token: alt.logprob for alt in t.top_logprobs})
+            for chunk in stream if chunk.choices and chunk.choices[0].logprobs
+            for t in chunk.choices[0].logprobs.content]
+
+
+NEAR_TIE_NATS = 0.25  # the e2e suite's rule for batched vs alone runs (docs/ARCHITECTURE.md)
+
+
+def _assert_parts_only_at_a_near_tie(alone, batched) -> None:
+    """Batched and alone greedy runs sum attention in different orders, and the default's int8
+    activations turn a last-bit difference into a rounding step; where the batched run parts from
+    the alone one, it must take a token the alone run rated within NEAR_TIE_NATS of its pick (a flat
+    distribution can hold three such; then the texts may differ)."""
+    j = next((i for i, (a, b) in enumerate(zip(alone, batched)) if a[0] != b[0]), None)
+    if j is None:
+        assert len(alone) == len(batched)
+        return
+    chosen, top = alone[j]
+    taken = batched[j][0]
+    assert taken in top, f"parted at token {j}: {taken!r} is not among the alone run's top 5 ({top})"
+    assert top[chosen] - top[taken] <= NEAR_TIE_NATS, f"parted at token {j} by {top[chosen] - top[taken]:.3f} nats"
 
 
 def test_health_was_503_while_loading_then_200(server):
@@ -97,12 +119,13 @@ def test_health_was_503_while_loading_then_200(server):
     assert 503 in server["health_statuses"], "the server answered before the model had loaded"
 
 
-def test_eight_concurrent_streaming_chats_equal_sequential_greedy(client):
+def test_eight_concurrent_streaming_chats_match_sequential_greedy_up_to_near_ties(client):
     sequential = [_chat_stream(client, p) for p in PROMPTS]
     with ThreadPoolExecutor(len(PROMPTS)) as pool:
         concurrent = list(pool.map(lambda p: _chat_stream(client, p), PROMPTS))
     assert all(sequential)
-    assert concurrent == sequential
+    for alone, batched in zip(sequential, concurrent):
+        _assert_parts_only_at_a_near_tie(alone, batched)
 
 
 def test_client_sees_usage_logprobs_and_errors(client):

@@ -34,13 +34,13 @@ def greedy_alone_and_batched(loaded, prompts, params):
     for ids in prompts:
         engine = make_engine(loaded, num_blocks=64)
         engine.add_request("a", prompt_token_ids=ids, params=params)
-        alone.append(run(engine)["a"].outputs[0].token_ids)
+        alone.append(run(engine)["a"].outputs[0])
     engine = make_engine(loaded, num_blocks=256)
     for i, ids in enumerate(prompts):
         engine.add_request(f"r{i}", prompt_token_ids=ids, params=params)
     outs = run(engine)
     assert_all_blocks_free(engine)
-    return alone, [outs[f"r{i}"].outputs[0].token_ids for i in range(len(prompts))]
+    return alone, [outs[f"r{i}"].outputs[0] for i in range(len(prompts))]
 
 
 def test_default_runs_the_gguf_in_4_bits_within_30_percent_of_fp32_memory(embedded_model_q4):
@@ -111,20 +111,48 @@ def test_torchs_bf16_kernels_answer_as_fp32_where_bf16_logits_used_to_tie(embedd
     assert answers[1] == answers[0] and "Paris" in answers[0], answers
 
 
-@pytest.mark.parametrize("forced", ["int8", "bf16", "fp32"])
+@pytest.mark.parametrize("forced", ["bf16", "fp32"])
 def test_one_kernel_for_every_row_count_makes_batch_and_alone_identical(forced):
     """Each kernel computes each row independently, so when one kernel serves 1 row and 5 rows the
-    greedy output of a request alone equals the same request in a batch, token for token. ("int8":
-    our AVX2 kernels, whose activations are quantized per row and block.)"""
-    if forced == "int8" and native.available() is not None:
-        pytest.skip(f"the native kernels are not available here: {native.available()}")
+    greedy output of a request alone equals the same request in a batch, token for token."""
     loaded = load_model(None, quantization=QuantConfig("auto", kernel=forced))
     assert {k.name.split("/")[1] for m in loaded.model.modules() if isinstance(m, QuantLinear)
             for _, k in m.plan} == {forced}
     prompts = [chat_ids(loaded.tokenizer, q) for q in QUESTIONS[:3]]
     alone, batched = greedy_alone_and_batched(loaded, prompts, SamplingParams(temperature=0.0, max_tokens=16,
                                                                               ignore_eos=True))
-    assert alone == batched
+    assert [o.token_ids for o in alone] == [o.token_ids for o in batched]
+
+
+NEAR_TIE_NATS = 0.25  # the e2e suite's rule for batched vs alone runs (docs/ARCHITECTURE.md)
+
+
+def test_int8_activation_kernels_part_batch_from_alone_only_at_near_ties(capsys):
+    """Our kernels also compute each row alone (bit for bit: test_native_kernels.py), but a batch's
+    attention sums in another order than a request's alone, and int8 activation rounding turns that
+    last-bit difference into a whole rounding step more often than bf16 does. So where a batched run
+    parts from the alone run, it must take the alone run's runner-up within NEAR_TIE_NATS; how many
+    part is printed."""
+    if native.available() is not None:
+        pytest.skip(f"the native kernels are not available here: {native.available()}")
+    loaded = load_model(None, quantization=QuantConfig("auto", kernel="int8"))
+    assert {k.name.split("/")[1] for m in loaded.model.modules() if isinstance(m, QuantLinear)
+            for _, k in m.plan} == {"int8"}
+    prompts = [chat_ids(loaded.tokenizer, q) for q in QUESTIONS]
+    alone, batched = greedy_alone_and_batched(loaded, prompts, SamplingParams(temperature=0.0, max_tokens=32,
+                                                                              ignore_eos=True, logprobs=2))
+    parted = []
+    for a, b in zip(alone, batched):
+        j = next((i for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids)) if x != y), None)
+        if j is None:
+            continue
+        chosen, taken = a.token_ids[j], b.token_ids[j]
+        assert taken in a.logprobs[j], f"token {j} is not the alone run's runner-up"
+        assert a.logprobs[j][chosen] - a.logprobs[j][taken] <= NEAR_TIE_NATS
+        parted.append(j)
+    with capsys.disabled():
+        print(f"\n[quant] int8 activations: {len(parted)}/{len(prompts)} batched runs part from alone "
+              f"(at tokens {parted}) over 32 tokens")
 
 
 @pytest.fixture(scope="module", params=["int8", "int4"])

@@ -17,7 +17,8 @@ from minivllm.engine.prompt_logprobs import PromptLogprobsRows, target_logprobs
 from minivllm.model.attention import AttentionMetadata, KVCache, PrefillChunk
 from minivllm.arith import ceil_div
 from minivllm.console import progress
-from minivllm.model.compiled import cache_dir, warm_up_shapes
+from minivllm.cache import cache_dir
+from minivllm.model.compiled import warm_up_shapes
 from minivllm.model.llama import LlamaModel
 
 

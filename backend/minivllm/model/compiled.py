@@ -22,18 +22,13 @@ from __future__ import annotations
 
 import os
 import types
-from pathlib import Path
 
 import torch
 
+from minivllm.cache import cache_dir
 from minivllm.console import progress
 
 RECOMPILE_LIMIT = 64  # graphs per code object: row ranges x widths stay far below this
-
-
-def cache_dir() -> Path:
-    """Where compiled kernels persist between runs: $MINIVLLM_CACHE_DIR, else ~/.cache/minivllm."""
-    return Path(os.environ.get("MINIVLLM_CACHE_DIR") or Path.home() / ".cache" / "minivllm")
 
 
 MAX_LAYERS_PER_GRAPH = 6

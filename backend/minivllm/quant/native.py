@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from minivllm.cache import cache_dir
 from minivllm.console import progress
 from minivllm.quant.formats import Int4Weight
 
@@ -46,8 +47,6 @@ def available() -> str | None:
 
 def _build() -> None:
     from torch.utils import cpp_extension
-
-    from minivllm.model.compiled import cache_dir
 
     build_dir = cache_dir() / "extensions" / f"torch-{torch.__version__}"
     build_dir.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,42 @@
+"""Benchmarks that print their comparisons side by side in one run (ratios and medians: these
+machines are noisy) and write a plot plus the raw numbers as JSON."""
+
+from __future__ import annotations
+
+
+def run_bench(args) -> int:
+    from minivllm.engine_args import build_engine
+
+    if args.kind == "quality":  # loads the model once per precision itself
+        from minivllm.bench.quality import bench_quality
+
+        return bench_quality(args)
+    if args.kind == "llamacpp":
+        from minivllm.bench.llamacpp import bench_llamacpp, find_llamacpp_bench
+
+        find_llamacpp_bench()  # fail before loading the model when llama.cpp is not built
+        return bench_llamacpp(build_engine(args), args)
+    engine = build_engine(args)
+    if args.kind == "single":
+        from minivllm.bench.single import bench_single
+
+        return bench_single(engine, args)
+    if args.kind == "profile":
+        from minivllm.bench.profile import bench_profile
+
+        return bench_profile(engine, args)
+    if args.kind == "spec":
+        from minivllm.bench.spec import bench_spec
+
+        return bench_spec(engine, args)
+    if args.kind == "compile":
+        from minivllm.bench.compiled import bench_compile
+
+        return bench_compile(engine, args)
+    if args.kind == "structured":
+        from minivllm.bench.structured import bench_structured
+
+        return bench_structured(engine, args)
+    from minivllm.bench.throughput import bench_throughput
+
+    return bench_throughput(engine, args)

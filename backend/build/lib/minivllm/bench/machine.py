@@ -1,0 +1,36 @@
+"""What a benchmark number should be read against: the CPU's vector capability as torch sees it,
+the thread count, and the streaming bandwidth measured on the spot (a single decode stream is
+bound by reading the weights, so this bandwidth sets its ceiling)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+BANDWIDTH_BUFFER_BYTES = 256 * 2**20  # well past any L3 cache
+
+
+def cpu_capability() -> str:
+    try:
+        return str(torch.backends.cpu.get_cpu_capability())
+    except Exception:  # very old torch
+        return "unknown"
+
+
+def streaming_bandwidth_gbs(repeats: int = 5) -> float:
+    """GB/s of a full read of a large buffer (a sum over 256 MiB), median of `repeats`."""
+    buffer = torch.ones(BANDWIDTH_BUFFER_BYTES // 4)
+    buffer.sum()  # fault the pages in
+    runs = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        buffer.sum()
+        runs.append(time.perf_counter() - start)
+    return BANDWIDTH_BUFFER_BYTES / statistics.median(runs) / 1e9
+
+
+def machine_line() -> str:
+    return (f"machine: CPU capability {cpu_capability()}, {torch.get_num_threads()} threads, "
+            f"streaming bandwidth {streaming_bandwidth_gbs():.1f} GB/s (measured now)")

@@ -1,0 +1,103 @@
+"""`minivllm bench profile`: where one engine step's time goes at a given concurrency.
+
+Engine phases come from the StepFinished events (schedule, forward, sample, post-process); the
+forward pass is split by operator category with torch.profiler, and what the operators do not
+account for is Python / dispatch overhead."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from minivllm.bench.common import chat_prompt_ids, greedy, median, progress
+from minivllm.bench.machine import machine_line
+from minivllm.bench.prompts import CHAT_PROMPTS
+
+CATEGORIES = {
+    "GEMM (linear layers, LM head)": ("aten::mm", "aten::addmm", "mkl::_mkl_linear", "aten::linear",
+                                      "aten::_weight_int4pack_mm_for_cpu", "aten::_weight_int8pack_mm",
+                                      "aten::_weight_int4pack_mm", "minivllm_native::q4_q8_linear",
+                                      "minivllm_native::i8_q8_linear"),
+    "attention: K/V gather through block tables": ("aten::index", "aten::index_select"),
+    "attention: scores, softmax, weighted sum": ("aten::bmm", "aten::_softmax", "aten::masked_fill_",
+                                                 "aten::_scaled_dot_product_flash_attention_for_cpu"),
+    "KV cache write (slot mapping)": ("aten::index_copy_",),
+    "norms, rotary, SwiGLU, residuals": ("aten::_fused_rms_norm", "aten::silu", "aten::mul", "aten::add",
+                                         "aten::cat", "aten::neg", "aten::pow", "aten::mean", "aten::rsqrt",
+                                         "aten::flip"),
+}
+
+
+def bench_profile(engine, args) -> int:
+    from torch.profiler import ProfilerActivity, profile
+
+    level = args.concurrency[-1]
+    prompts = chat_prompt_ids(engine.tokenizer, (CHAT_PROMPTS * 4)[:level])
+    for i, p in enumerate(prompts):
+        engine.add_request(f"profile-{i}", prompt_token_ids=p, params=greedy(args.max_tokens))
+    progress(f"prefilling {level} requests")
+    while any(r.status.value in ("WAITING", "PREFILL") for r in engine.requests.values()):
+        engine.step()
+    steps: list = []
+    unsubscribe = engine.bus.subscribe(lambda e: steps.append(e) if type(e).__name__ == "StepFinished" else None)
+    progress(f"timing decode steps at {level} concurrent")
+    for _ in range(max(4, min(16, args.max_tokens // 2))):
+        engine.step()
+    unsubscribe()
+    progress("profiling operators")
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(PROFILED_STEPS):
+            engine.step()
+    while engine.has_work():
+        engine.step()
+    _report(steps, prof, level)
+    _print_floor(engine, level, median([st.duration_ms for st in steps]))
+    return 0
+
+
+def _print_floor(engine, rows: int, step_ms: float) -> None:
+    """The weight-read floor: a decode step cannot be faster than streaming its weights once."""
+    from minivllm.bench.machine import cpu_capability, streaming_bandwidth_gbs
+    from minivllm.quant.install import streamed_bytes
+
+    read = streamed_bytes(engine.loaded.model, rows)
+    bandwidth = streaming_bandwidth_gbs()
+    floor_ms = read / bandwidth / 1e6
+    print(f"\nweight-read floor at {rows} rows: {read / 2**20:.0f} MiB of weights per step / {bandwidth:.1f} GB/s "
+          f"(CPU {cpu_capability()}) = {floor_ms:.1f} ms; this step is {step_ms / floor_ms:.2f}x the floor")
+
+
+PROFILED_STEPS = 4
+# profiler entries of a torch.compile'd region (their names carry a per-graph hash)
+COMPILED_PREFIXES = ("## Call CompiledFxGraph", "Torch-Compiled Region", "TorchDynamo Cache Lookup",
+                     "Pregraph bytecode", "AOTDispatcher")
+
+
+def _report(steps, prof, level: int) -> None:
+    n = len(steps)
+    phases = {k: median([getattr(s, k) for s in steps]) for k in ("schedule_ms", "forward_ms", "sample_ms", "postprocess_ms")}
+    total = median([s.duration_ms for s in steps])
+    print(f"\n== one decode step at {level} concurrent (median of {n} steps) ==")
+    print(machine_line())
+    print(f"total step {total:.1f} ms  ({level / total * 1e3:.0f} tokens/s)")
+    for key, value in phases.items():
+        print(f"  {key.removesuffix('_ms'):<12} {value:7.2f} ms  {value / total:6.1%}")
+    self_us: dict[str, float] = defaultdict(float)
+    for item in prof.key_averages():
+        self_us[item.key] += item.self_cpu_time_total
+    forward_ms = phases["forward_ms"]
+    n = PROFILED_STEPS
+    compiled_keys = [k for k in self_us if k.startswith(COMPILED_PREFIXES)]
+    print("\nforward pass by operator category (profiled self time per step, vs the unprofiled forward):")
+    accounted = 0.0
+    for category, names in CATEGORIES.items():
+        ms = sum(self_us.get(name, 0.0) for name in names) / n / 1e3
+        accounted += ms
+        print(f"  {category:<45} {ms:7.2f} ms  {ms / forward_ms:6.1%} of forward")
+    if compiled_keys:  # the compiled layer step's own kernels, its wrapper and dynamo's guard checks
+        ms = sum(self_us[k] for k in compiled_keys) / n / 1e3
+        accounted += ms
+        print(f"  {'compiled layer step: fused kernels, guards':<45} {ms:7.2f} ms  {ms / forward_ms:6.1%} of forward")
+    other_ops = sum(self_us.values()) / n / 1e3 - accounted
+    print(f"  {'other operators (views, copies, sampling ops)':<45} {other_ops:7.2f} ms")
+    print(f"  {'Python and dispatch overhead (forward - operators)':<45} {forward_ms - accounted - other_ops:7.2f} ms")
+    print("  (the profiler inflates small operators, so the overhead line is a lower bound)")

@@ -1,0 +1,161 @@
+"""`minivllm bench quality`: what each weight precision costs in quality, against fp32.
+
+For each precision: perplexity on a fixed English text (the US Declaration of Independence, public
+domain, shipped in bench/data/), the KL divergence KL(fp32 || quantized) of the next-token
+distributions at every position of that text and the top-1 agreement (as llama.cpp's
+`--kl-divergence` reports them), and greedy agreement over 64 tokens on the chat prompts. The fp32
+reference is the checkpoint dequantized (`--quantization none`): for the embedded GGUF that is
+exactly what HF's reader gives the parity tests.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from minivllm.bench.common import chat_prompt_ids, greedy, progress
+from minivllm.bench.machine import machine_line
+from minivllm.bench.prompts import CHAT_PROMPTS
+from minivllm.engine.outputs import OutputAccumulator
+from minivllm.engine.scoring import forward_prefills
+from minivllm.quant.policy import QuantConfig
+
+TEXT_FILE = "declaration_of_independence.txt"
+WINDOW = 256  # tokens per scored window (each window is an independent sequence)
+GREEDY_TOKENS = 64
+
+
+@dataclass
+class QualityRow:
+    precision: str
+    weights_mib: float
+    weight_ratio: float
+    perplexity: float
+    kl_mean: float
+    kl_p99: float
+    top1_agreement: float
+    greedy_identical: int  # prompts whose 64 greedy tokens equal fp32's
+    greedy_prompts: int
+    greedy_matching_prefix: float  # mean tokens before the first difference
+
+
+def precisions(group_sizes=(32, 64)) -> list[tuple[str, QuantConfig]]:
+    rows = [("fp32 (none)", QuantConfig("none")), ("auto (default)", QuantConfig("auto")),
+            ("auto, torch's kernels (bf16 activations)", QuantConfig("auto", kernel="bf16")),
+            ("auto, exact kernels (fp32 activations)", QuantConfig("auto", kernel="exact")),
+            ("int8 per channel", QuantConfig("int8"))]
+    rows += [(f"int4 g{g}", QuantConfig("int4", group_size=g)) for g in group_sizes]
+    return rows
+
+
+def bench_quality(args) -> int:
+    from minivllm.loader import load_model
+
+    out_dir = Path(args.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    text = resources.files("minivllm.bench").joinpath("data", TEXT_FILE).read_text()
+    reference = None
+    rows = []
+    for label, quant in precisions():
+        progress(f"loading {label}")
+        loaded = load_model(args.model, dtype=args.dtype, device=args.device, seed=args.seed, quantization=quant)
+        windows = _windows(loaded.tokenizer.encode(text), 2 if args.quick else 8)
+        prompts = chat_prompt_ids(loaded.tokenizer, CHAT_PROMPTS[: 2 if args.quick else 5])
+        progress(f"scoring {label}: {len(windows)} windows of {WINDOW} tokens, {len(prompts)} greedy prompts")
+        result = _score(loaded, windows, prompts, GREEDY_TOKENS // (4 if args.quick else 1))
+        reference = reference or result
+        rows.append(_row(label, loaded.quant, result, reference))
+        del loaded
+    _print(rows, args)
+    (out_dir / "quality.json").write_text(json.dumps([asdict(r) for r in rows], indent=2))
+    print(f"plot: {_plot(rows, out_dir / 'quality.png')}")
+    return 0
+
+
+def _windows(ids: list[int], count: int) -> list[list[int]]:
+    return [ids[i:i + WINDOW] for i in range(0, len(ids) - WINDOW + 1, WINDOW)][:count]
+
+
+@dataclass
+class _Scored:
+    log_probs: torch.Tensor  # [positions, vocab] next-token log-distributions over all windows
+    nll: float
+    greedy: list[list[int]]
+
+
+def _score(loaded, windows, prompts, max_tokens) -> _Scored:
+    logits = forward_prefills(loaded, windows)
+    log_probs = torch.cat([lg[:-1] for lg in logits]).log_softmax(-1)
+    targets = torch.tensor([t for w in windows for t in w[1:]])
+    nll = -log_probs.gather(1, targets[:, None]).mean().item()
+    return _Scored(log_probs, nll, _greedy(loaded, prompts, max_tokens))
+
+
+def _greedy(loaded, prompts, max_tokens) -> list[list[int]]:
+    from minivllm.engine.config import EngineConfig
+    from minivllm.engine.llm_engine import LLMEngine
+
+    engine = LLMEngine(loaded, EngineConfig(num_blocks=256))
+    outs, whole = {}, OutputAccumulator()
+    params = greedy(max_tokens)  # ignore_eos: every prompt compares the same 64 tokens
+    for i, p in enumerate(prompts):
+        engine.add_request(f"q{i}", prompt_token_ids=p, params=params)
+    while engine.has_work():
+        for out in map(whole.add, engine.step()):
+            if out.finished:
+                outs[out.request_id] = out.outputs[0].token_ids
+    return [outs[f"q{i}"] for i in range(len(prompts))]
+
+
+def _row(label: str, report, result: _Scored, ref: _Scored) -> QualityRow:
+    kl = (ref.log_probs.exp() * (ref.log_probs - result.log_probs)).sum(-1)
+    top1 = (ref.log_probs.argmax(-1) == result.log_probs.argmax(-1)).float().mean().item()
+    prefixes = [_common_prefix(a, b) for a, b in zip(result.greedy, ref.greedy)]
+    identical = sum(a == b for a, b in zip(result.greedy, ref.greedy))
+    return QualityRow(label, report.weight_bytes / 2**20, report.ratio, math.exp(result.nll), kl.mean().item(),
+                      kl.quantile(0.99).item(), top1, identical, len(ref.greedy), sum(prefixes) / len(prefixes))
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def _print(rows: list[QualityRow], args) -> None:
+    print(f"\n== quality by weight precision: {args.model or 'embedded SmolLM2-135M-Instruct'} "
+          f"(reference: fp32; text: US Declaration of Independence, {WINDOW}-token windows) ==")
+    head = (f"{'precision':<42} {'weights':>9} {'of fp32':>7} {'PPL':>7} {'KL mean':>8} {'KL p99':>8} "
+            f"{'top-1':>6} {'greedy =':>8} {'prefix':>6}")
+    print(machine_line())
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        print(f"{r.precision:<42} {r.weights_mib:>6.0f}MiB {r.weight_ratio:>7.0%} {r.perplexity:>7.3f} "
+              f"{r.kl_mean:>8.5f} {r.kl_p99:>8.4f} {r.top1_agreement:>6.1%} "
+              f"{r.greedy_identical:>4}/{r.greedy_prompts:<3} {r.greedy_matching_prefix:>6.1f}")
+
+
+def _plot(rows: list[QualityRow], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
+    labels = [r.precision.replace(" (", "\n(") for r in rows]
+    for ax, values, title in ((axes[0], [r.weights_mib for r in rows], "weights (MiB)"),
+                              (axes[1], [r.kl_mean for r in rows], "KL(fp32 || precision), mean"),
+                              (axes[2], [r.top1_agreement * 100 for r in rows], "top-1 agreement with fp32 (%)")):
+        ax.barh(labels, values, color="#4c78a8")
+        ax.set_title(title, fontsize=10)
+        ax.invert_yaxis()
+        ax.tick_params(axis="y", labelsize=7)
+        ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,18 @@
+"""The engine's surface for the server: everything server/ may import from the engine.
+
+The server drives the engine only through `AsyncEngine` (requests, snapshots, stats, event
+subscriptions, reconfiguration); it never reads the engine's internals. A test checks that no
+module under server/ imports another engine module or anything from core/.
+"""
+
+from minivllm.engine.async_engine import AsyncEngine
+from minivllm.engine.config import EngineConfig, parse_memory
+from minivllm.engine.errors import EngineBusyError, EngineDeadError, RequestFailedError, RequestRejectedError
+from minivllm.engine.llm_engine import LLMEngine
+from minivllm.engine.outputs import CompletionOutput, OutputAccumulator, RequestOutput
+from minivllm.engine.telemetry import EngineStats
+from minivllm.structured.params import StructuredOutputsParams
+
+__all__ = ["AsyncEngine", "CompletionOutput", "EngineBusyError", "EngineConfig", "EngineDeadError", "EngineStats",
+           "LLMEngine", "OutputAccumulator", "RequestFailedError", "RequestOutput", "RequestRejectedError",
+           "StructuredOutputsParams", "parse_memory"]

@@ -1,0 +1,23 @@
+"""The engine's errors, in one place for the engine and the server that maps them to HTTP."""
+
+from __future__ import annotations
+
+
+class EngineBusyError(RuntimeError):
+    """The configuration cannot change while requests run."""
+
+
+class RequestFailedError(RuntimeError):
+    """One request failed inside the engine (its sampling or post-processing); the others went on."""
+
+
+class EngineDeadError(RuntimeError):
+    """The engine thread stopped; nothing more will run."""
+
+
+class RequestRejectedError(ValueError):
+    """The request can never run on this engine (too long, too big for the KV pool, bad ids)."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param

@@ -1,0 +1,34 @@
+"""The one way an engine is built: load the model, then the engine around it. The CLI (through
+`engine_args.build_engine`), the offline `LLM` class and the server all come here."""
+
+from __future__ import annotations
+
+import torch
+
+from minivllm.engine.config import EngineConfig
+from minivllm.engine.llm_engine import LLMEngine
+from minivllm.loader import load_model
+from minivllm.model.compiled import eager_requested, use_compilation
+from minivllm.quant.policy import QuantConfig
+from minivllm.spec.config import SpeculativeConfig
+from minivllm.spec.factory import load_draft
+
+
+def create_engine(model: str | None = None, config: EngineConfig | None = None, *, dtype: str = "float32",
+                  device: str | None = None, seed: int = 0, quantization: str | QuantConfig = "auto",
+                  threads: int | None = None,
+                  speculative_config: str | dict | SpeculativeConfig | None = None,
+                  enforce_eager: bool | None = None) -> LLMEngine:
+    """`model`: an HF directory, a .gguf file, a cached hub id, random:<shape>, or None for the
+    embedded SmolLM2. `threads`: torch's CPU threads (None: torch's choice). `speculative_config`:
+    vLLM's JSON object (a string or a dict), None for no speculative decoding. `enforce_eager`: no
+    torch.compile (vLLM's name; None: $MINIVLLM_ENFORCE_EAGER); otherwise CPU decode steps run compiled."""
+    config = config or EngineConfig()
+    speculative = SpeculativeConfig.parse(speculative_config)  # a bad config fails before any load
+    if threads:
+        torch.set_num_threads(threads)
+    loaded = load_model(model, dtype=dtype, device=device, seed=seed, max_model_len=config.max_model_len,
+                        quantization=quantization)
+    draft = load_draft(speculative, loaded, config.max_model_len) if speculative else None
+    use_compilation(loaded.model, loaded.device, eager_requested(enforce_eager))
+    return LLMEngine(loaded, config, speculative=speculative, draft=draft)

@@ -1,0 +1,250 @@
+"""The engine: `step()` is schedule -> execute -> sample -> update, each one call.
+
+Who owns what:
+- the scheduler (core/scheduler.py) plans each step; only its `update_from_output` moves progress;
+- the model runner (model_runner.py) turns the plan into tensors and logits;
+- the step sampler (step_sampling.py) draws the next tokens without touching a sequence;
+- the output processor (output_processor.py) appends them, forks, finishes, reports outputs;
+- the request tracker (request_tracker.py) owns the live requests and their sequences;
+- telemetry (telemetry.py) emits every event, keeps the counters, samples metrics, snapshots.
+
+Single-threaded: the async front end (async_engine.py) owns the thread that calls `step()` and
+hands requests in through a queue, so no engine state needs a lock (grammars compile thread-safely).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from minivllm.events import types as ev
+from minivllm.core.block_manager import BlockManager
+from minivllm.core.request import Request
+from minivllm.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from minivllm.engine import wire
+from minivllm.engine.config import EngineConfig
+from minivllm.engine.errors import EngineBusyError
+from minivllm.engine.malloc_tuning import keep_freed_memory_for_reuse
+from minivllm.engine.memory_budget import check_pool_fits
+from minivllm.engine.model_runner import ModelRunner
+from minivllm.engine.step_inputs import runner_inputs
+from minivllm.engine.output_processor import OutputProcessor
+from minivllm.engine.outputs import RequestOutput
+from minivllm.engine.request_tracker import RequestTracker
+from minivllm.engine.request_validation import RequestLimits, validate_request
+from minivllm.engine.step_sampling import StepSampler
+from minivllm.engine.telemetry import EngineStats, StepTimer, Telemetry
+from minivllm.events.bus import EventBus
+from minivllm.loader import LoadedModel
+from minivllm.model.attention import KVCache
+from minivllm.sampling.params import SamplingParams
+from minivllm.sampling.sampler import Sampler
+from minivllm.spec.config import SpeculativeConfig
+from minivllm.spec.factory import build_speculator
+from minivllm.structured.grammar import GrammarCompiler
+
+Subscription = tuple[ev.Snapshot | None, list[ev.AnyEvent] | None, str | None]
+
+
+class LLMEngine:
+    def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None, bus: EventBus | None = None,
+                 speculative: SpeculativeConfig | None = None, draft: LoadedModel | None = None):
+        """`speculative`: speculative decoding's setup (None: off); `draft`: its draft model, loaded
+        by `spec.factory.load_draft`."""
+        config = config or EngineConfig()
+        self.loaded = loaded
+        self.speculative, self.draft, self.tokenizer = speculative, draft, loaded.tokenizer
+        self.bus = bus or EventBus()
+        self.telemetry = Telemetry(self.bus, config.metrics_interval_s)
+        self.tracker = RequestTracker(self.telemetry, loaded.tokenizer, loaded.device)
+        eos_ids = frozenset(loaded.config.eos_token_ids)
+        eos_id = next(iter(eos_ids), None)  # the one that min_tokens masks and beams end on
+        self.step_sampler = StepSampler(Sampler(), self.tracker, eos_id)
+        self.output_processor = OutputProcessor(self.tracker, self.telemetry, eos_ids, loaded.tokenizer)
+        self.grammars = GrammarCompiler(loaded.tokenizer, loaded.config.vocab_size)
+        if torch.device(loaded.device).type == "cpu":
+            keep_freed_memory_for_reuse()  # process-wide, so once per engine, not per rebuild
+        self._build(config)
+
+    # ---- configuration ------------------------------------------------------------------------
+
+    def _build(self, config: EngineConfig) -> None:
+        config.validate()
+        cfg, dtype = self.loaded.config, self.loaded.dtype
+        self.config = config
+        self.max_model_len = config.resolved_max_model_len(cfg)
+        num_blocks = config.resolved_num_blocks(cfg, dtype)
+        self.kv_cache = KVCache(cfg.num_hidden_layers, num_blocks, config.block_size,
+                                cfg.num_key_value_heads, cfg.head_dim, dtype, self.loaded.device)
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        sched_cfg = SchedulerConfig(config.max_num_batched_tokens, config.max_num_seqs, self.max_model_len)
+        self.scheduler = Scheduler(sched_cfg, self.block_manager, self.telemetry.set_status)
+        self.runner = ModelRunner(self.loaded.model, self.kv_cache).warmed_up(config.max_num_seqs, self.max_model_len)
+        self.speculator = (build_speculator(self.speculative, self.runner, self.block_manager, self.draft,
+                                            self.max_model_len) if self.speculative else None)
+        self.telemetry.spec_method = self.speculator.method if self.speculator else None
+        self.telemetry.bind(self.block_manager, self.scheduler, config.metrics_interval_s)
+        self.tracker.scheduler = self.scheduler
+        self.output_processor.max_model_len = self.max_model_len
+        self.limits = RequestLimits(self.max_model_len, cfg.vocab_size, num_blocks, config.block_size,
+                                    config.max_num_seqs, config.max_num_batched_tokens, config.max_stop_strings,
+                                    config.max_stop_chars)
+
+    def reconfigure(self, **changes) -> None:
+        """Rebuild the KV pool / scheduler with new settings; only while idle. Transactional: a size
+        that cannot fit is refused before anything changes, and a rebuild that still fails puts the
+        old configuration back."""
+        old, new = self.config, self.config.with_changes(**changes)
+        new.validate()  # a setting that can never apply is a 400 even while requests run
+        num_blocks = new.resolved_num_blocks(self.loaded.config, self.loaded.dtype)
+        new.resolved_max_model_len(self.loaded.config)
+        new_bytes = num_blocks * new.bytes_per_block(self.loaded.config, self.loaded.dtype)
+        check_pool_fits(new_bytes, self.kv_cache.num_bytes, torch.device(self.loaded.device), num_blocks,
+                        new.max_kv_cache_memory)
+        if self.has_unfinished_requests():
+            raise EngineBusyError("the engine configuration can only change while no request runs")
+        del self.kv_cache  # free the old pool before allocating the new one
+        try:
+            self._build(new)
+        except Exception:
+            self._build(old)
+            raise
+        self.tracker.finished.clear()
+        self.telemetry.emit(ev.ConfigChanged(config=self.info()))
+
+    def info(self) -> ev.EngineInfo:
+        quant = self.loaded.quant
+        return ev.EngineInfo(
+            model=self.loaded.name, max_model_len=self.max_model_len,
+            num_blocks=self.block_manager.num_blocks, block_size=self.config.block_size,
+            max_num_batched_tokens=self.config.max_num_batched_tokens, max_num_seqs=self.config.max_num_seqs,
+            enable_prefix_caching=self.config.enable_prefix_caching,
+            dtype=str(self.loaded.dtype).removeprefix("torch."), device=str(self.loaded.device),
+            quantization=quant.mode, weight_bytes=quant.weight_bytes, weight_fp32_bytes=quant.fp32_bytes,
+            kernels=quant.kernel_lines(), compilation=self.loaded.model.compilation(),
+            speculative=self.speculative.describe() if self.speculative else None)
+
+    # ---- requests -----------------------------------------------------------------------------
+
+    @property
+    def requests(self) -> dict[str, Request]:
+        return self.tracker.requests
+
+    def encode(self, prompt: str) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError(f"model {self.loaded.name} has no tokenizer: pass prompt token ids")
+        return self.tokenizer.encode(prompt)
+
+    def add_request(self, request_id: str, prompt: str | None = None, params: SamplingParams | None = None,
+                    prompt_token_ids: list[int] | None = None, priority: int = 0) -> Request:
+        params = params or SamplingParams()
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        ids = list(prompt_token_ids) if prompt_token_ids is not None else self.encode(prompt or "")
+        max_tokens = validate_request(ids, params, self.limits)
+        request = Request(request_id, prompt, ids, params, self.bus.now(), max_tokens=max_tokens,
+                          priority=priority, preview=(prompt or "")[:120], grammar=self.grammars.for_params(params))
+        request.seqs.append(self.tracker.new_seq(request, list(ids), 0))
+        arrived = self.telemetry.emit(ev.RequestArrived(
+            request_id=request_id, prompt_tokens=len(ids), max_tokens=max_tokens, n=params.n, priority=priority,
+            sampling=wire.sampling_summary(request), prompt_preview=request.preview))
+        request.arrival_time = arrived.ts  # one clock for the engine and the event log
+        self.tracker.add(request)
+        return request
+
+    def abort_request(self, request_id: str) -> bool:
+        request = self.requests.get(request_id)
+        if request is None or request.is_finished:
+            return False
+        self.tracker.abort(request, "aborted by the client")
+        return True
+
+    def abort_running(self) -> list[str]:
+        """Abort the requests of the running batch (after a step failed as a whole); returns their ids.
+        Waiting ones hold no blocks and never saw the failed step."""
+        ids = [r.request_id for r in self.scheduler.running]
+        for request_id in ids:
+            self.abort_request(request_id)
+        return ids
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def has_work(self) -> bool:
+        """Requests to run or outputs (of aborts) still to hand out."""
+        return bool(self.requests or self.tracker.failed)
+
+    # ---- one step -----------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        outputs = self.tracker.take_failed()
+        timer = StepTimer(start=time.perf_counter())
+        sched = self.scheduler.schedule()
+        self.telemetry.step_scheduled(sched, self.config.max_num_batched_tokens)
+        if sched.is_empty:
+            self.telemetry.flush_block_events()
+            self.telemetry.metrics_if_due()
+            return outputs
+        timer.mark("scheduled")
+        logits = self.execute(sched)
+        timer.mark("executed")
+        samples = self.step_sampler.sample(sched, logits)
+        timer.mark("sampled")
+        accepted = {s.tokens[0].seq.seq_id: s.verified.num_accepted for s in samples if s.verified}
+        self.scheduler.update_from_output(sched, accepted)
+        outputs += self.output_processor.apply(samples) + self.tracker.take_failed()
+        if self.speculator is not None:  # learn what drafts cost and earn; draft the next step's tokens
+            self.speculator.observe(sched, accepted, timer.executed - timer.scheduled)
+            self.speculator.propose(self.scheduler.running)
+        self.telemetry.step_finished(sched, timer, sum(s.num_tokens for s in samples))
+        return outputs
+
+    def execute(self, sched: SchedulerOutput) -> torch.Tensor:
+        """Run the plan's tokens through the model: logits rows in `sched.sampled()` order."""
+        logits = self.runner.execute(*runner_inputs(sched, self.block_manager), sched.copies)
+        self.telemetry.step_ran(sched)
+        return logits
+
+    # ---- the narrow surface the server reads ----------------------------------------------------
+
+    def stats(self) -> EngineStats:
+        return self.telemetry.stats()
+
+    def emit_metrics_if_due(self, force: bool = False) -> None:
+        self.telemetry.metrics_if_due(force)
+
+    def snapshot(self) -> ev.Snapshot:
+        live = sorted(self.requests.values(), key=lambda r: r.arrival_time)
+        return self.telemetry.snapshot(self.info(), list(self.tracker.finished) + live)
+
+    def subscribe(self, feed: Callable[[ev.AnyEvent], None], since: int | None = None,
+                  on_snapshot: Callable[[ev.Snapshot], None] | None = None) -> Subscription:
+        """Start feeding events to `feed`. Returns (snapshot, replay, resync): from scratch (`since`
+        None) a snapshot; resuming after `since`, the events to replay, or, when that is no longer
+        possible, a snapshot and the reason. Atomic on the engine thread: no gap, no overlap."""
+        self.telemetry.flush_block_events()
+        replay, resync = self._replay_after(since)
+        snapshot = self.snapshot() if replay is None else None  # a resume that can replay needs none
+        if on_snapshot is not None and snapshot is not None:
+            on_snapshot(snapshot)
+        self.bus.subscribe(feed)
+        return snapshot, replay, resync
+
+    def _replay_after(self, since: int | None) -> tuple[list[ev.AnyEvent] | None, str | None]:
+        """(events after `since`, None), or (None, why not) when a resume is impossible."""
+        if since is None:
+            return None, None
+        last = self.bus.last_seq
+        if since > last:
+            return None, f"seq {since} is ahead of this server (last seq {last})"
+        replay = self.bus.since(since)
+        return (replay, None) if replay is not None else (None, f"events after seq {since} are no longer buffered")
+
+    def unsubscribe(self, feed: Callable[[ev.AnyEvent], None]) -> ev.Snapshot:
+        """Stop feeding `feed`; returns the state it saw last."""
+        snapshot = self.snapshot()
+        self.bus.unsubscribe(feed)
+        return snapshot
+

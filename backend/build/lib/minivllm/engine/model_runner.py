@@ -1,0 +1,132 @@
+"""Turns one step's scheduled work into tensors, runs the model, returns logits.
+
+The runner knows nothing about requests or scheduling: it sees sequences as (new tokens, how many
+tokens are already cached, block table) and lays single-token rows first (they take the paged
+decode-attention path), then multi-token chunks (prefill attention over the cached prefix). The
+split is by token count, not by a request's phase: a prefill may end with a one-token chunk.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from minivllm.engine.prompt_logprobs import PromptLogprobsRows, target_logprobs
+from minivllm.model.attention import AttentionMetadata, KVCache, PrefillChunk
+from minivllm.arith import ceil_div
+from minivllm.console import progress
+from minivllm.cache import cache_dir
+from minivllm.model.compiled import warm_up_shapes
+from minivllm.model.llama import LlamaModel
+
+
+@dataclass
+class SeqWork:
+    """One sequence's share of a step."""
+
+    token_ids: list[int]  # the new tokens to run (1 for a decode)
+    num_computed: int  # tokens of the sequence already in the KV cache
+    block_table: list[int]
+    # logits rows wanted, for the last this many tokens: 1 for a decode or the end of a prompt, 0
+    # for a prefill chunk that does not reach it, 1 + k to verify k drafted tokens
+    num_logits: int = 1
+    # vLLM's prompt_logprobs: rows whose log-probs of the next prompt token are wanted (None: none)
+    prompt_logprobs: PromptLogprobsRows | None = None
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaModel, kv_cache: KVCache):
+        self.model = model
+        self.kv_cache = kv_cache
+        self.block_size = kv_cache.block_size
+        self.device = next(model.parameters()).device
+        self.dtype = model.norm.weight.dtype  # the activations' dtype (quantized layers keep floats around them)
+
+    def warmed_up(self, max_rows: int, max_model_len: int) -> "ModelRunner":
+        """Compile every decode graph a step of up to `max_rows` sequences can need, now (with
+        progress) rather than in the first requests' steps. Writes garbage K/V into block 0: only
+        for a fresh pool. A no-op when the model runs eagerly."""
+        compiled = self.model.compiled
+        if compiled is None or not compiled.active:
+            return self
+        for pool in (*self.kv_cache.k, *self.kv_cache.v):  # a rebuilt pool of another size: no new graph
+            torch._dynamo.maybe_mark_dynamic(pool, 0)
+            torch._dynamo.maybe_mark_dynamic(pool, 1)
+        shapes = warm_up_shapes(self.model, max_rows, (max_model_len - 1) // self.block_size + 1)
+        started = time.perf_counter()
+        for i, (rows, width) in enumerate(shapes, 1):
+            progress(f"compiling decode step {i}/{len(shapes)} ({rows} row{'s' if rows > 1 else ''}) ...")
+            work = [SeqWork([0], (width - 1) * self.block_size, [0] * width) for _ in range(rows)]
+            self.execute(work, [])
+        progress(f"{compiled.describe()}: ready in {time.perf_counter() - started:.1f}s (cache {cache_dir()})")
+        return self
+
+    def execute(self, single: list[SeqWork], chunks: list[SeqWork],
+                copies: list[tuple[int, int]] | None = None,
+                hidden_states_out: list[torch.Tensor] | None = None, num_layers: int | None = None) -> torch.Tensor:
+        """Returns fp32 logits [rows, vocab]: each sequence's `num_logits` rows, in the order
+        single-token rows, then chunks. `num_layers`: the early-exit draft (see LlamaModel). A work
+        with `prompt_logprobs` also gets its rows' log-probs, handed to its sink."""
+        self.kv_cache.copy_blocks(copies or [])
+        input_ids, positions, meta, logit_rows, wanted = self._prepare(single, chunks)
+        hidden = self.model(input_ids, positions, self.kv_cache, meta, hidden_states_out, num_layers)
+        logits = self.model.compute_logits(hidden[logit_rows])
+        for start, rows in wanted:  # only requests that asked: nothing to do for the others
+            first = start + rows.first_row
+            rows.sink(*target_logprobs(self.model.compute_logits, hidden[first:first + len(rows.targets)],
+                                       rows.targets, rows.top_n, self.model.config.vocab_size))
+        return logits
+
+    def _prepare(self, single: list[SeqWork], chunks: list[SeqWork]):
+        ids: list[int] = []
+        pos: list[int] = []
+        slots: list[int] = []
+        rows: list[int] = []
+        wanted: list[tuple[int, PromptLogprobsRows]] = []
+        for work in single + chunks:
+            n = len(work.token_ids)
+            start = len(ids)
+            if work.prompt_logprobs is not None:
+                wanted.append((start, work.prompt_logprobs))
+            ids.extend(work.token_ids)
+            positions = range(work.num_computed, work.num_computed + n)
+            pos.extend(positions)
+            slots.extend(self._slot(work.block_table, p) for p in positions)
+            rows.extend(range(start + n - work.num_logits, start + n))
+        dev = self.device
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
+            num_decode_tokens=len(single),
+            decode_block_tables=self._padded_tables(single),
+            decode_context_lens=(torch.tensor([w.num_computed + 1 for w in single], device=dev)
+                                 if single else None),
+            prefills=self._prefill_chunks(chunks, offset=len(single)),
+            block_size=self.block_size, dtype=self.dtype,
+        )
+        return (torch.tensor(ids, dtype=torch.long, device=dev),
+                torch.tensor(pos, dtype=torch.long, device=dev), meta,
+                torch.tensor(rows, dtype=torch.long, device=dev), wanted)
+
+    def _slot(self, table: list[int], position: int) -> int:
+        return table[position // self.block_size] * self.block_size + position % self.block_size
+
+    def _padded_tables(self, works: list[SeqWork]) -> torch.Tensor | None:
+        if not works:
+            return None
+        # at least 2 wide (the extra column is masked): dynamo specializes a size of 1, so a width of
+        # 1 would need a compiled graph of its own per row range
+        width = max(2, *(ceil_div(w.num_computed + len(w.token_ids), self.block_size) for w in works))
+        rows = [w.block_table[:width] + [0] * (width - min(width, len(w.block_table))) for w in works]
+        return torch.tensor(rows, dtype=torch.long, device=self.device)
+
+    def _prefill_chunks(self, prefills: list[SeqWork], offset: int) -> list[PrefillChunk]:
+        chunks, start = [], offset
+        for w in prefills:
+            end = start + len(w.token_ids)
+            used_blocks = ceil_div(w.num_computed + len(w.token_ids), self.block_size)
+            table = torch.tensor(w.block_table[:used_blocks], dtype=torch.long, device=self.device)
+            chunks.append(PrefillChunk(start, end, w.num_computed, table))
+            start = end
+        return chunks

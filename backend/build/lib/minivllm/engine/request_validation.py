@@ -1,0 +1,82 @@
+"""Checks a request must pass before it is queued, so that nothing can wait forever."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from minivllm.arith import ceil_div
+from minivllm.engine.errors import RequestRejectedError
+from minivllm.sampling.params import SamplingParams
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """What a request is checked against: the model's and the engine's configured sizes."""
+
+    max_model_len: int
+    vocab_size: int
+    num_blocks: int
+    block_size: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_stop_strings: int
+    max_stop_chars: int
+
+
+def validate_request(ids: list[int], params: SamplingParams, limits: RequestLimits) -> int:
+    """Returns the effective max_tokens; raises RequestRejectedError with both numbers on failure."""
+    params.validate()
+    limit, vocab = limits.max_model_len, limits.vocab_size
+    _check_stop_list(params, limits)
+    if params.top_k > vocab:
+        raise RequestRejectedError(f"top_k must be -1 or 0 (disabled) or at most the vocabulary size {vocab}, "
+                                   f"got {params.top_k}", "top_k")
+    bad_bias = [t for t in params.logit_bias or {} if t >= vocab]
+    if bad_bias:
+        raise RequestRejectedError(f"logit_bias token id {bad_bias[0]} is out of range for vocabulary size {vocab}",
+                                   "logit_bias")
+    if not ids:
+        raise RequestRejectedError("the prompt is empty", "prompt")
+    bad = [t for t in ids if not 0 <= t < vocab]
+    if bad:
+        raise RequestRejectedError(f"prompt token id {bad[0]} is out of range for vocabulary size {vocab}", "prompt")
+    if len(ids) >= limit:
+        raise RequestRejectedError(
+            f"the prompt is {len(ids)} tokens long, which does not fit this model's maximum context length "
+            f"(max_model_len) of {limit} tokens", "prompt")
+    max_tokens = params.max_tokens if params.max_tokens is not None else limit - len(ids)
+    if len(ids) + max_tokens > limit:
+        raise RequestRejectedError(
+            f"this model's maximum context length is {limit} tokens, but {len(ids) + max_tokens} were requested "
+            f"({len(ids)} in the prompt and {max_tokens} for the completion); reduce the prompt or max_tokens",
+            "max_tokens")
+    _check_fits_pool(len(ids), max_tokens, params, limits)
+    return max_tokens
+
+
+def _check_stop_list(params: SamplingParams, config: RequestLimits) -> None:
+    stop = params.stop or []
+    if len(stop) > config.max_stop_strings:
+        raise RequestRejectedError(f"stop must hold at most {config.max_stop_strings} strings, got {len(stop)}", "stop")
+    total = sum(map(len, stop))
+    if total > config.max_stop_chars:
+        raise RequestRejectedError(f"stop strings must total at most {config.max_stop_chars} characters, "
+                                   f"got {total}", "stop")
+
+
+def _check_fits_pool(prompt_len: int, max_tokens: int, params: SamplingParams, cfg: RequestLimits) -> None:
+    width = (params.beam_width or params.n) if params.use_beam_search else params.n
+    if width > cfg.max_num_seqs:
+        raise RequestRejectedError(
+            f"the request runs {width} sequences at once but max_num_seqs is {cfg.max_num_seqs}", "n")
+    if width > cfg.max_num_batched_tokens:  # its sequences decode together: one token each per step
+        raise RequestRejectedError(
+            f"the request runs {width} sequences at once but max_num_batched_tokens is "
+            f"{cfg.max_num_batched_tokens}", "n")
+    # the prompt is shared; each sequence needs its own copy of the last partial block onwards
+    needed = ceil_div(prompt_len + max_tokens, cfg.block_size) + (width - 1) * (ceil_div(max_tokens, cfg.block_size) + 1)
+    if needed > cfg.num_blocks:
+        raise RequestRejectedError(
+            f"the request needs up to {needed} KV blocks ({prompt_len} prompt tokens + {max_tokens} new tokens "
+            f"x {width} sequence(s), block size {cfg.block_size}) but the whole KV pool has {cfg.num_blocks} blocks",
+            "max_tokens")

@@ -1,0 +1,312 @@
+"""Every wire type of mini-vllm's event stream: a tagged union of msgspec Structs on `type`.
+
+The dashboard, recordings and tests are all built from these. Block events carry the affected
+sequence's whole new block table and the affected blocks' new ref counts, so folding the stream
+onto a snapshot needs no engine knowledge (see `minivllm.events.fold`). JSON Schema is generated
+from this module (`minivllm schema`) and TypeScript types from that schema.
+Block hashes travel as hex strings: 64-bit integers do not survive JavaScript numbers.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+import msgspec
+
+RequestStateName = Literal["WAITING", "PREFILL", "DECODE", "PREEMPTED", "FINISHED"]
+FinishReason = Literal["stop", "length", "abort", "error"]
+
+
+class Event(msgspec.Struct, tag_field="type", kw_only=True):
+    seq: int = 0  # monotonic sequence number, assigned by the event bus
+    ts: float = 0.0  # engine time in seconds since the engine started
+
+
+# ---- requests --------------------------------------------------------------------------------
+
+
+class RequestArrived(Event, tag="request_arrived"):
+    request_id: str
+    prompt_tokens: int
+    max_tokens: int
+    n: int
+    priority: int
+    sampling: dict[str, Any]  # the request's non-default SamplingParams, for display
+    prompt_preview: str  # first characters of the prompt
+
+
+class RequestStateChanged(Event, tag="request_state"):
+    request_id: str
+    state: RequestStateName
+    previous: RequestStateName | None
+    reason: str  # why, in words: "admitted", "prompt fully computed", "preempted: out of KV blocks", ...
+    finish_reason: FinishReason | None = None
+
+
+class SeqAdded(Event, tag="seq_added"):
+    """A sequence joined a request: the first one at arrival, forks for n > 1 and beams."""
+
+    request_id: str
+    seq_id: int
+    parent_seq_id: int | None
+    num_tokens: int
+    num_prompt_tokens: int
+
+
+class SeqRemoved(Event, tag="seq_removed"):
+    request_id: str
+    seq_id: int
+    reason: str
+
+
+class TokenGenerated(Event, tag="token"):
+    request_id: str
+    seq_id: int
+    token_id: int
+    text: str  # the detokenized text delta (may be "" while a multi-byte character is incomplete)
+    logprob: float | None
+    drafted: bool = False  # proposed by speculative decoding and accepted by the target model
+    # structured outputs: the share of the vocabulary the grammar allowed at this token (None: unconstrained)
+    allowed_fraction: float | None = None
+
+
+class SpecVerified(Event, tag="spec_verified"):
+    """Speculative decoding: the target model checked a sequence's drafted tokens in one pass.
+    The first `accepted` drafts were kept; then `token_id` came from the target itself (the
+    correction at the first rejected draft, or a bonus token when all were accepted)."""
+
+    request_id: str
+    seq_id: int
+    step: int
+    method: str  # ngram | draft_model | early_exit
+    proposed: list[int]
+    accepted: int
+    token_id: int
+
+
+# ---- scheduling ------------------------------------------------------------------------------
+
+
+class ScheduledChunk(msgspec.Struct):
+    request_id: str
+    seq_id: int
+    start: int  # tokens already computed before this chunk
+    num_tokens: int
+    num_draft: int = 0  # of num_tokens, drafted tokens to verify (speculative decoding)
+
+
+class StepScheduled(Event, tag="step_scheduled"):
+    step: int
+    prefill: list[ScheduledChunk]
+    decode: list[ScheduledChunk]
+    budget_used: int
+    budget: int
+    num_running: int
+    num_waiting: int
+    preempted: list[str]
+    queue_head: str | None  # request id at the head of the waiting queue, if it could not start
+    queue_head_reason: str | None  # why it waits: "token budget exhausted", "out of KV blocks", ...
+
+
+class StepFinished(Event, tag="step_finished"):
+    step: int
+    duration_ms: float
+    num_tokens: int  # tokens run through the model
+    num_generated: int  # tokens sampled
+    schedule_ms: float
+    forward_ms: float
+    sample_ms: float
+    postprocess_ms: float
+
+
+class MetricsSample(Event, tag="metrics"):
+    num_running: int
+    num_waiting: int
+    kv_usage: float  # fraction of blocks referenced
+    num_cached_free_blocks: int
+    prefix_cache_queries: int  # prompt tokens looked up (cumulative)
+    prefix_cache_hits: int  # prompt tokens found (cumulative)
+    num_preemptions: int  # cumulative
+    prompt_tokens: int  # cumulative
+    generation_tokens: int  # cumulative
+    generation_throughput: float  # tokens/s over the last sample window
+    prompt_throughput: float
+    rss_bytes: int = 0  # the serving process's resident memory, as `ps` shows it (0: unknown)
+    # speculative decoding, cumulative (vLLM's spec_decode_* counters)
+    spec_num_drafts: int = 0  # verify steps with at least one drafted token
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_position: list[int] = []  # [i]: drafts accepted at draft position i
+
+
+# ---- KV blocks -------------------------------------------------------------------------------
+
+
+class BlocksAllocated(Event, tag="blocks_allocated"):
+    request_id: str
+    seq_id: int
+    block_ids: list[int]
+    table: list[int]  # the sequence's whole block table after the change
+
+
+class BlocksShared(Event, tag="blocks_shared"):
+    request_id: str
+    seq_id: int
+    block_ids: list[int]
+    ref_counts: list[int]
+    prefix_hit: bool  # True: reused from the prefix cache; False: a fork (n > 1, beams)
+    table: list[int]
+
+
+class BlocksFreed(Event, tag="blocks_freed"):
+    """A sequence dropped references: its whole table (`whole_table`, when it finished, was
+    preempted or pruned), one block it just copied (copy-on-write), or the tail blocks that held
+    only rejected drafts (speculative decoding's rollback). Blocks whose ref count reached 0 are
+    free, and stay reusable from the prefix cache while they keep their hash."""
+
+    request_id: str
+    seq_id: int
+    block_ids: list[int]
+    ref_counts: list[int]
+    whole_table: bool
+    table: list[int] | None = None  # the sequence's table after the change, unless whole_table
+
+
+class BlocksCached(Event, tag="blocks_cached"):
+    request_id: str
+    seq_id: int
+    block_ids: list[int]
+    hashes: list[str]
+
+
+class BlocksEvicted(Event, tag="blocks_evicted"):
+    block_ids: list[int]
+    hashes: list[str]
+
+
+class BlocksCopied(Event, tag="blocks_copied"):
+    """Copy-on-write: a shared partial block was duplicated before one branch wrote to it."""
+
+    request_id: str
+    seq_id: int
+    src_block_ids: list[int]
+    block_ids: list[int]
+    ref_counts: list[int]  # of the sources, after the change
+    table: list[int]
+
+
+class ConfigChanged(Event, tag="config_changed"):
+    """The engine was rebuilt with a new configuration; a fresh snapshot follows."""
+
+    config: "EngineInfo"
+
+
+AnyEvent = Union[
+    RequestArrived, RequestStateChanged, SeqAdded, SeqRemoved, TokenGenerated, StepScheduled,
+    StepFinished, MetricsSample, BlocksAllocated, BlocksShared, BlocksFreed, BlocksCached,
+    BlocksEvicted, BlocksCopied, ConfigChanged, SpecVerified,
+]
+
+
+# ---- snapshot --------------------------------------------------------------------------------
+
+
+class EngineInfo(msgspec.Struct):
+    model: str
+    max_model_len: int
+    num_blocks: int
+    block_size: int
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    enable_prefix_caching: bool
+    dtype: str
+    device: str
+    # read-only, fixed at load; defaults keep recordings made before quantization readable
+    quantization: str = "none"  # what the weights run in, e.g. "int4 g32 (embedding and LM head: int8 g32)"
+    weight_bytes: int = 0  # bytes the weights occupy as stored (packed copies included)
+    weight_fp32_bytes: int = 0  # the same parameters in fp32, for the ratio
+    kernels: list[str] = []  # one line per layer group: which kernel serves which row counts
+    speculative: str | None = None  # the speculative-decoding setup in words; None: off
+    compilation: str = "eager"  # how decode steps run: compiled (torch.compile) or eager, and why
+
+
+class SeqState(msgspec.Struct):
+    seq_id: int
+    parent_seq_id: int | None
+    num_tokens: int
+    num_prompt_tokens: int
+    num_computed: int
+    block_table: list[int]
+    finished: bool = False
+
+
+class RequestState(msgspec.Struct):
+    request_id: str
+    state: RequestStateName
+    prompt_tokens: int
+    max_tokens: int
+    n: int
+    priority: int
+    arrival_ts: float
+    sampling: dict[str, Any]
+    prompt_preview: str
+    output_tokens: int = 0
+    first_token_ts: float | None = None
+    finish_ts: float | None = None
+    finish_reason: FinishReason | None = None
+    num_preemptions: int = 0
+    seqs: list[SeqState] = []
+
+
+class BlockState(msgspec.Struct):
+    block_id: int
+    ref_count: int
+    block_hash: str | None  # hex; set while the block is registered in the prefix cache
+
+
+class Snapshot(msgspec.Struct, tag_field="type", tag="snapshot"):
+    seq: int  # sequence number of the last event folded into this snapshot
+    ts: float
+    step: int
+    config: EngineInfo
+    requests: list[RequestState]
+    blocks: list[BlockState]
+
+
+# ---- WebSocket messages ----------------------------------------------------------------------
+
+
+class EventBatch(msgspec.Struct, tag_field="type", tag="events"):
+    events: list[AnyEvent]
+
+
+class Resync(msgspec.Struct, tag_field="type", tag="resync"):
+    """The client fell behind (its queue overflowed, or `since` is gone): a snapshot follows."""
+
+    reason: str
+
+
+WsMessage = Union[Snapshot, EventBatch, Resync]
+
+
+# ---- recordings ------------------------------------------------------------------------------
+
+
+class RecordingHeader(msgspec.Struct, tag_field="type", tag="header"):
+    version: int
+    created: str  # ISO 8601
+    snapshot: Snapshot
+
+
+class RecordingFooter(msgspec.Struct, tag_field="type", tag="footer"):
+    """Last line of a finished recording: the engine's own snapshot when recording stopped.
+    Folding every event onto the header's snapshot must give this state."""
+
+    snapshot: Snapshot
+
+
+RECORDING_VERSION = 1
+
+
+def hash_hex(block_hash: int | None) -> str | None:
+    return None if block_hash is None else format(block_hash & 0xFFFFFFFFFFFFFFFF, "016x")

@@ -1,0 +1,58 @@
+"""Randomly initialised models of named shapes: `tiny` for tests, real shapes for speed benchmarks."""
+
+from __future__ import annotations
+
+import torch
+
+from minivllm.loader.weights import hf_tensor_names
+from minivllm.model.config import LlamaConfig
+
+SHAPES: dict[str, dict] = {
+    # vocab of the embedded tokenizer, so a tiny model can serve real text in tests
+    "tiny": dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                 max_position_embeddings=2048, tie_word_embeddings=True, eos_token_ids=(2,), bos_token_id=1),
+    "smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, head_dim=64,
+                         max_position_embeddings=8192, tie_word_embeddings=True, eos_token_ids=(2,),
+                         bos_token_id=1, rope_theta=100000.0),
+    "tinyllama-1.1b": dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+                           num_attention_heads=32, num_key_value_heads=4, head_dim=64,
+                           max_position_embeddings=2048, eos_token_ids=(2,), bos_token_id=1),
+    "llama-3-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                       num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                       max_position_embeddings=8192, rope_theta=500000.0, eos_token_ids=(128001,),
+                       bos_token_id=128000),
+}
+
+
+def random_config(shape: str) -> LlamaConfig:
+    if shape not in SHAPES:
+        raise ValueError(f"unknown random shape {shape!r}; known: {', '.join(SHAPES)}")
+    return LlamaConfig(name=f"random:{shape}", **SHAPES[shape])
+
+
+def random_tensors(cfg: LlamaConfig, seed: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """HF-named tensors, N(0, 0.02) like HF's initializer, norms at 1; seeded."""
+    gen = torch.Generator().manual_seed(seed)
+    shapes = _hf_shapes(cfg)
+    out = {}
+    for name in hf_tensor_names(cfg):
+        shape = shapes(name)
+        if name.endswith("norm.weight"):
+            out[name] = torch.ones(shape, dtype=dtype)
+        else:
+            out[name] = (torch.randn(shape, generator=gen) * 0.02).to(dtype)
+    return out
+
+
+def _hf_shapes(cfg: LlamaConfig):
+    h, i, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    table = {
+        "embed_tokens": (cfg.vocab_size, h), "lm_head": (cfg.vocab_size, h), "norm": (h,),
+        "q_proj": (cfg.num_attention_heads * d, h), "k_proj": (cfg.num_key_value_heads * d, h),
+        "v_proj": (cfg.num_key_value_heads * d, h), "o_proj": (h, cfg.num_attention_heads * d),
+        "gate_proj": (i, h), "up_proj": (i, h), "down_proj": (h, i),
+        "input_layernorm": (h,), "post_attention_layernorm": (h,),
+    }
+    return lambda name: table[name.split(".")[-2]]

@@ -1,0 +1,103 @@
+"""Map Hugging Face Llama tensor names onto the fused from-scratch model."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+
+import torch
+
+from minivllm.model.config import LlamaConfig
+from minivllm.model.llama import LlamaModel
+from minivllm.model.packed_linear import pack_model
+from minivllm.quant.formats import QuantizedWeight
+from minivllm.quant.install import (QuantReport, choose_model_kernels, fp32_bytes, install_quantized,
+                                   stored_bytes)
+from minivllm.quant.policy import QuantConfig, apply_policy, describe_mode, fuse
+
+
+class CorruptCheckpointError(ValueError):
+    """A checkpoint is missing tensors or has tensors of the wrong shape."""
+
+
+def hf_tensor_names(cfg: LlamaConfig) -> list[str]:
+    """The parameter names a `transformers.LlamaForCausalLM` with this config has."""
+    names = ["model.embed_tokens.weight", "model.norm.weight"]
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+        names += [p + n for n in (
+            "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+            "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
+            "mlp.down_proj.weight", "input_layernorm.weight", "post_attention_layernorm.weight")]
+    if not cfg.tie_word_embeddings:
+        names.append("lm_head.weight")
+    return names
+
+
+def fused_state_dict(cfg: LlamaConfig, hf: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """HF names -> this model's names, concatenating q|k|v and gate|up."""
+    missing = [n for n in hf_tensor_names(cfg) if n not in hf]
+    if missing:
+        raise CorruptCheckpointError(
+            f"checkpoint is missing {len(missing)} tensor(s), e.g. {missing[:3]}")
+    out = {"embed_tokens.weight": hf["model.embed_tokens.weight"], "norm.weight": hf["model.norm.weight"]}
+    for i in range(cfg.num_hidden_layers):
+        src, dst = f"model.layers.{i}.", f"layers.{i}."
+        attn, mlp = src + "self_attn.", src + "mlp."
+        out[dst + "self_attn.qkv_proj.weight"] = fuse(
+            [hf[attn + "q_proj.weight"], hf[attn + "k_proj.weight"], hf[attn + "v_proj.weight"]])
+        out[dst + "self_attn.o_proj.weight"] = hf[attn + "o_proj.weight"]
+        out[dst + "mlp.gate_up_proj.weight"] = fuse([hf[mlp + "gate_proj.weight"], hf[mlp + "up_proj.weight"]])
+        out[dst + "mlp.down_proj.weight"] = hf[mlp + "down_proj.weight"]
+        for norm in ("input_layernorm.weight", "post_attention_layernorm.weight"):
+            out[dst + norm] = hf[src + norm]
+    out["lm_head.weight"] = hf["model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"]
+    return out
+
+
+def build_model(cfg: LlamaConfig, hf_tensors: Mapping[str, torch.Tensor | QuantizedWeight], dtype: torch.dtype,
+                device: str | torch.device, max_positions: int | None = None,
+                quant: QuantConfig = QuantConfig("none")) -> tuple[LlamaModel, QuantReport]:
+    """The model, with each weight in the precision `quant` decides, and a report of that."""
+    device = torch.device(device)
+    with torch.device("meta"):
+        model = LlamaModel(cfg, max_positions)
+    state = fused_state_dict(cfg, hf_tensors)
+    if cfg.tie_word_embeddings:
+        del state["lm_head.weight"]  # the embedding serves as the head
+    state = apply_policy(state, quant, dtype)
+    _check_shapes(model, state)
+    floats = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+    quantized = {k: v for k, v in state.items() if not isinstance(v, torch.Tensor)}
+    model.load_state_dict(floats, strict=False, assign=True)
+    if cfg.tie_word_embeddings and "embed_tokens.weight" not in quantized:
+        model.lm_head.weight = model.embed_tokens.weight
+    _materialize_rope(model, cfg, max_positions)
+    install_quantized(model, quantized, device, dtype, cfg.tie_word_embeddings)
+    model = model.to(device).eval()
+    choices, seconds = choose_model_kernels(model, quant.kernel)
+    if os.environ.get("MINIVLLM_NO_PACK") != "1":  # escape hatch for A/B benchmarks
+        pack_model(model)
+    return model, QuantReport(describe_mode(state), stored_bytes(model), fp32_bytes(cfg), choices, seconds)
+
+
+def _check_shapes(model: LlamaModel, state: Mapping[str, torch.Tensor | QuantizedWeight]) -> None:
+    expected = {k: v.shape for k, v in model.state_dict().items()}
+    for name, tensor in state.items():
+        if tuple(tensor.shape) != tuple(expected[name]):
+            raise CorruptCheckpointError(
+                f"tensor {name} has shape {tuple(tensor.shape)}, expected {tuple(expected[name])}")
+
+
+def _materialize_rope(model: LlamaModel, cfg: LlamaConfig, max_positions: int | None) -> None:
+    """Non-persistent buffers stay on the meta device after load_state_dict: rebuild them."""
+    from minivllm.model.rope import RotaryEmbedding
+
+    model.rotary = RotaryEmbedding(cfg.head_dim, max_positions or cfg.max_position_embeddings,
+                                   cfg.rope_theta, cfg.rope_scaling)
+
+
+def iter_progress(items: Iterable, total: int, desc: str):
+    from tqdm.auto import tqdm
+
+    return tqdm(items, total=total, desc=desc, unit="tensor", leave=False)

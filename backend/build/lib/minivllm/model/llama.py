@@ -1,0 +1,122 @@
+"""A Llama-architecture decoder in plain PyTorch, reading its KV cache through block tables.
+
+Embedding -> N x (RMSNorm, GQA attention with rotary positions, residual, RMSNorm, SwiGLU MLP,
+residual) -> RMSNorm -> LM head (tied to the embedding or not). Q/K/V and gate/up projections are
+fused into one matrix each at load time: one GEMM instead of three (two) per layer.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minivllm.model.attention import AttentionMetadata, KVCache, paged_attention
+from minivllm.model.compiled import CompiledLayers, run_layer
+from minivllm.model.config import LlamaConfig
+from minivllm.model.packed_linear import PackedLinear
+from minivllm.model.rope import RotaryEmbedding
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.qkv_proj = PackedLinear(cfg.hidden_size, q_size + 2 * kv_size, bias=False)
+        self.o_proj = PackedLinear(q_size, cfg.hidden_size, bias=False)
+        self.scale = self.head_dim**-0.5
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], k_pool: torch.Tensor,
+                v_pool: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        tokens = x.shape[0]
+        qkv = self.qkv_proj(x).view(tokens, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
+        # Q and K heads are contiguous, so one rotary call covers both.
+        qk = RotaryEmbedding.rotate(qkv[:, : self.num_heads + self.num_kv_heads], *rope)
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads:]
+        v = qkv[:, self.num_heads + self.num_kv_heads:]
+        out = paged_attention(q, k, v, k_pool, v_pool, meta, self.scale)
+        return self.o_proj(out)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.intermediate = cfg.intermediate_size
+        self.gate_up_proj = PackedLinear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = PackedLinear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, rope, k_pool, v_pool, meta):
+        x = x + self.self_attn(self.input_layernorm(x), rope, k_pool, v_pool, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg: LlamaConfig, max_positions: int | None = None):
+        super().__init__()
+        self.config = cfg
+        self.rotary = RotaryEmbedding(cfg.head_dim, max_positions or cfg.max_position_embeddings,
+                                      cfg.rope_theta, cfg.rope_scaling)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = PackedLinear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.compiled: CompiledLayers | None = None  # set by the engine unless --enforce-eager
+        self.eager_reason = "--enforce-eager"  # shown when `compiled` is None
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache,
+                meta: AttentionMetadata, hidden_states_out: list[torch.Tensor] | None = None,
+                num_layers: int | None = None) -> torch.Tensor:
+        """Returns the final-normed hidden state of every token [T, hidden]. When `hidden_states_out`
+        is given, it receives every layer's input and then the final normed output (HF's convention
+        for `output_hidden_states`). `num_layers`: stop after that many layers and norm there (early
+        exit: the speculative self-draft; only those layers' KV is written)."""
+        x = self.embed_tokens(input_ids)
+        rope = self.rotary.tables(positions, x.dtype)
+        num_layers = len(self.layers) if num_layers is None else num_layers
+        done = 0
+        if self.compiled is not None and not meta.prefills and hidden_states_out is None:
+            x, done = self.compiled.run(self.layers, x, rope, kv_cache, meta, num_layers)
+        for i in range(done, num_layers):
+            if hidden_states_out is not None:
+                hidden_states_out.append(x)
+            x = run_layer(self.layers[i], x, rope, kv_cache.k[i], kv_cache.v[i], meta)
+        x = self.norm(x)
+        if hidden_states_out is not None:
+            hidden_states_out.append(x)
+        return x
+
+    def compilation(self) -> str:
+        """How decode steps run, in words (the Engine tab shows it)."""
+        return self.compiled.describe() if self.compiled is not None else f"eager ({self.eager_reason})"
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()

@@ -1,0 +1,132 @@
+"""Pick each quantized layer's kernel per row bucket by timing the candidates at load.
+
+A wrong pick can cost 10x (torch's CPU int4 kernel with fp32 activations on an AVX2-only CPU), and
+which pick is right differs between CPUs, so nothing is assumed: layers are grouped by (format,
+shape), each group's candidates are timed on its own weights at every row bucket, and the fastest
+wins. A candidate more than SLOW_CUTOFF times slower than the best is not timed at larger buckets
+(they only get worse). Ties within PREFER_MARGIN go to the exact path (fp32 activations), then to
+the kernel already used for the smaller bucket, so a request's rows change kernels only when that
+pays. The result is logged and stays off the hot path.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+
+from minivllm.quant.linear import QuantLinear
+
+ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 256)  # decode batches up to 64 sequences; 256: prefill chunks
+SLOW_CUTOFF = 4.0
+PREFER_MARGIN = 1.10
+REPEATS = 3
+WEIGHTS_PER_TIMING = 2  # rotate through two layers' weights so timings include some memory traffic
+HEAD_MAX_ROWS = 64  # the LM head only sees rows that need logits: one per sequence
+
+
+@dataclass
+class GroupChoice:
+    key: str  # "int4 g32 [960x576]"
+    layers: int
+    plan: list[tuple[int, str]]  # (max rows, kernel name)
+    timings_ms: dict[int, dict[str, float]]  # bucket -> kernel -> ms per call
+
+
+def choose_kernels(layers: list[QuantLinear], forced: str | None = None,
+                   buckets: tuple[int, ...] = ROW_BUCKETS) -> list[GroupChoice]:
+    """Time and set every layer's plan; `forced` (a kernel name, or "exact") skips the timing."""
+    groups: dict[str, list[QuantLinear]] = defaultdict(list)
+    for layer in layers:
+        groups[f"{layer.format} [{layer.out_features}x{layer.in_features}]"].append(layer)
+    choices = []
+    for key, members in groups.items():
+        if forced is not None:
+            plan, timings = [(buckets[-1], _forced_name(forced, members[0]))], {}
+        else:
+            rows = [b for b in buckets if b <= HEAD_MAX_ROWS] if members[0].name == "lm_head" else buckets
+            timings = _time_group(members, tuple(rows))
+            plan = _plan_from(timings, members[0])
+        plan = _merge(plan)  # fewer entries for QuantLinear.kernel_for to scan on every call
+        for layer in members:
+            layer.set_plan(plan)
+            layer.drop_unused()
+        choices.append(GroupChoice(key, len(members), plan, timings))
+    return choices
+
+
+def _forced_name(forced: str, layer: QuantLinear) -> str:
+    """`forced` is a kernel name ("int4pack/bf16"), an activation precision that every format
+    offers ("bf16", "fp32"), or "exact": each format's exact path."""
+    names = [k.name for k in layer.candidates]
+    if forced == "exact":
+        return next((k.name for k in layer.candidates if k.exact), names[-1])
+    by_precision = [n for n in names if n.endswith("/" + forced)]
+    return forced if forced in names or not by_precision else by_precision[0]
+
+
+def _time_group(members: list[QuantLinear], buckets) -> dict[int, dict[str, float]]:
+    sample = members[:WEIGHTS_PER_TIMING]
+    names = [k.name for k in members[0].candidates]
+    alive = set(names)
+    timings: dict[int, dict[str, float]] = {}
+    device = next(iter(sample[0].candidates[0].tensors())).device
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    for rows in buckets:
+        x = torch.randn(rows, members[0].in_features, device=device, dtype=dtype)
+        timings[rows] = {n: _time(sample, n, x) for n in names if n in alive}
+        best = min(timings[rows].values())
+        alive = {n for n, ms in timings[rows].items() if ms <= SLOW_CUTOFF * best}
+    return timings
+
+
+def _time(sample: list[QuantLinear], name: str, x: torch.Tensor) -> float:
+    kernels = [next(k for k in layer.candidates if k.name == name) for layer in sample]
+    kernels[0](x)  # warm-up: a first call allocates and may select a oneDNN primitive
+    runs = []
+    for _ in range(REPEATS):
+        if x.device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        for k in kernels:
+            k(x)
+        if x.device.type == "cuda":
+            torch.cuda.synchronize()
+        runs.append((time.perf_counter() - start) / len(kernels))
+    return statistics.median(runs) * 1e3
+
+
+def _plan_from(timings: dict[int, dict[str, float]], layer: QuantLinear) -> list[tuple[int, str]]:
+    exact = {k.name for k in layer.candidates if k.exact}
+    plan: list[tuple[int, str]] = []
+    for rows, by_kernel in timings.items():
+        best = min(by_kernel.values())
+        good = [n for n, ms in by_kernel.items() if ms <= best * PREFER_MARGIN]
+        previous = plan[-1][1] if plan else None
+        pick = (next((n for n in good if n in exact), None)
+                or (previous if previous in good else None)
+                or min(good, key=by_kernel.get))
+        plan.append((rows, pick))
+    return plan
+
+
+def _merge(plan: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    merged: list[tuple[int, str]] = []
+    for rows, name in plan:
+        if merged and merged[-1][1] == name:
+            merged[-1] = (rows, name)
+        else:
+            merged.append((rows, name))
+    return merged
+
+
+def describe(choices: list[GroupChoice]) -> list[str]:
+    lines = []
+    for c in choices:
+        steps = ", ".join(f"{'rows <= ' + str(rows) if i < len(c.plan) - 1 else 'more rows' if i else 'all rows'}: {name}"
+                          for i, (rows, name) in enumerate(c.plan))
+        lines.append(f"{c.key} x{c.layers}: {steps}")
+    return lines

@@ -1,0 +1,135 @@
+"""Quantized weight formats, independent of any kernel.
+
+Both formats describe a linear weight W [out, in] ("N rows of K inputs") in groups along the input
+dimension, the layout GGUF and torch's CPU/CUDA 4-bit kernels share:
+
+  Int4Weight   W[n, k] = (q[n, k] - 8) * scale[n, g] + zero[n, g],  q in 0..15,   g = k // group
+  Int8Weight   W[n, k] = q[n, k] * scale[n, g],                      q in -127..127
+
+A GGUF Q4_1 block (w = d*q + m) is an Int4Weight with scale = d and zero = m + 8d, exactly; a Q8_0
+block is an Int8Weight with group 32. `group_size == in_features` means one group per row
+(per-channel). Formats are row-concatenable, which is how q|k|v and gate|up are fused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+class QuantizationError(ValueError):
+    """A weight cannot be quantized as asked (e.g. its input size is not a multiple of the group)."""
+
+
+@dataclass
+class Int4Weight:
+    q: torch.Tensor  # uint8 [N, K], values 0..15 (unpacked: kernels pack it their own way)
+    scale: torch.Tensor  # float32 [N, K // group]
+    zero: torch.Tensor  # float32 [N, K // group]
+    group_size: int
+    bits = 4
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.q.shape)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        scale = self.scale.repeat_interleave(self.group_size, dim=1)
+        zero = self.zero.repeat_interleave(self.group_size, dim=1)
+        return ((self.q.float() - 8) * scale + zero).to(dtype)
+
+    def rows(self, index: torch.Tensor) -> "Int4Weight":
+        return Int4Weight(_take_rows(self.q, index), self.scale[index], self.zero[index], self.group_size)
+
+
+@dataclass
+class Int8Weight:
+    q: torch.Tensor  # int8 [N, K]
+    scale: torch.Tensor  # float32 [N, K // group]
+    group_size: int
+    bits = 8
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.q.shape)
+
+    @property
+    def per_channel(self) -> bool:
+        return self.group_size == self.q.shape[1]
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return (self.q.float() * self.scale.repeat_interleave(self.group_size, dim=1)).to(dtype)
+
+    def rows(self, index: torch.Tensor) -> "Int8Weight":
+        return Int8Weight(_take_rows(self.q, index), self.scale[index], self.group_size)
+
+
+QuantizedWeight = Int4Weight | Int8Weight
+
+
+def _take_rows(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    # numpy's take on 1-byte rows is ~10x faster than torch's integer indexing of uint8/int8
+    return torch.from_numpy(values.numpy().take(index.numpy(), axis=0))
+
+
+def concat_rows(parts: list[QuantizedWeight]) -> QuantizedWeight:
+    """Fuse weights that share an input (q|k|v, gate|up) into one."""
+    first = parts[0]
+    if any(type(p) is not type(first) or p.group_size != first.group_size for p in parts):
+        raise QuantizationError("cannot fuse weights of different quantized formats: "
+                                + ", ".join(f"{type(p).__name__}(group {p.group_size})" for p in parts))
+    q = torch.cat([p.q for p in parts])
+    scale = torch.cat([p.scale for p in parts])
+    if isinstance(first, Int4Weight):
+        return Int4Weight(q, scale, torch.cat([p.zero for p in parts]), first.group_size)
+    return Int8Weight(q, scale, first.group_size)
+
+
+def _check_groups(name: str, weight: torch.Tensor, group_size: int) -> None:
+    if weight.dim() != 2 or weight.shape[1] % group_size:
+        raise QuantizationError(
+            f"cannot quantize {name} of shape {tuple(weight.shape)} with group size {group_size}: "
+            f"its input dimension ({weight.shape[-1]}) is not a multiple of the group size; "
+            f"choose a group size that divides it or --quantization none")
+
+
+def quantize_int4(name: str, weight: torch.Tensor, group_size: int) -> Int4Weight:
+    """Asymmetric round-to-nearest in groups along the input dimension (min/max per group)."""
+    _check_groups(name, weight, group_size)
+    n, k = weight.shape
+    groups = weight.detach().float().reshape(n, k // group_size, group_size)
+    low, high = groups.amin(-1), groups.amax(-1)
+    scale = ((high - low) / 15).clamp(min=torch.finfo(torch.float32).tiny)
+    q = ((groups - low[..., None]) / scale[..., None]).round_().clamp_(0, 15).to(torch.uint8)
+    return Int4Weight(q.reshape(n, k), scale, low + 8 * scale, group_size)
+
+
+def quantize_int8(name: str, weight: torch.Tensor, group_size: int | None = None) -> Int8Weight:
+    """Symmetric round-to-nearest; per output channel unless a group size is given."""
+    group_size = group_size or weight.shape[-1]
+    _check_groups(name, weight, group_size)
+    n, k = weight.shape
+    groups = weight.detach().float().reshape(n, k // group_size, group_size)
+    scale = (groups.abs().amax(-1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
+    q = (groups / scale[..., None]).round_().clamp_(-127, 127).to(torch.int8)
+    return Int8Weight(q.reshape(n, k), scale, group_size)
+
+
+def to_per_channel(weight: Int8Weight) -> Int8Weight:
+    """Requantize a grouped int8 weight (GGUF Q8_0) with one scale per row: the form torch's int8
+    kernels take. The error is at most half a row-scale step; `bench quality` measures its effect."""
+    if weight.per_channel:
+        return weight
+    return quantize_int8("(per-channel)", weight.dequantize(), None)
+
+
+def weight_bytes(weight: QuantizedWeight | torch.Tensor) -> int:
+    """Bytes of the stored format (int4 counted packed two to a byte)."""
+    if isinstance(weight, torch.Tensor):
+        return weight.numel() * weight.element_size()
+    values = weight.q.numel() * weight.bits // 8
+    params = weight.scale.numel() * weight.scale.element_size()
+    if isinstance(weight, Int4Weight):
+        params += weight.zero.numel() * weight.zero.element_size()
+    return values + params

@@ -1,0 +1,104 @@
+"""Read a Llama GGUF's tensors in the precision they are stored in.
+
+Q4_1 and Q8_0 blocks become Int4Weight / Int8Weight without a detour through floats; F32/F16/BF16
+tensors become torch tensors; any other GGML type is dequantized by the `gguf` package (the caller
+says so to the user). Names are mapped to Hugging Face's, and Q/K rows are un-permuted: llama.cpp
+stores them interleaved for its rotary layout, and a row permutation commutes with row-wise
+quantization, so the blocks can be moved as they are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from minivllm.quant.formats import Int4Weight, Int8Weight, QuantizedWeight
+
+GROUP = 32  # elements per Q4_1 / Q8_0 block
+Q4_1_BYTES = 20  # f16 d, f16 m, 16 bytes of nibbles
+Q8_0_BYTES = 34  # f16 d, 32 int8
+
+_LAYER_NAMES = {
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+}
+_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+
+
+@dataclass
+class GGUFTensors:
+    tensors: dict[str, torch.Tensor | QuantizedWeight]  # HF names
+    types: dict[str, str] = field(default_factory=dict)  # HF name -> GGML type name
+    dequantized: list[str] = field(default_factory=list)  # names whose GGML type has no native path
+
+
+def hf_name(gguf_name: str) -> str | None:
+    parts = gguf_name.split(".")
+    if parts[0] == "blk" and len(parts) == 4 and parts[2] in _LAYER_NAMES:
+        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
+    if len(parts) == 2 and parts[0] in _GLOBAL_NAMES:
+        return f"{_GLOBAL_NAMES[parts[0]]}.{parts[1]}"
+    return None
+
+
+def rotary_unpermute_index(rows: int, heads: int) -> torch.Tensor:
+    """Row index that undoes llama.cpp's Q/K interleaving (HF row r = GGUF row index[r])."""
+    half = rows // heads // 2
+    return torch.arange(rows).reshape(heads, half, 2).transpose(1, 2).reshape(rows)
+
+
+def read_gguf_tensors(path: Path, num_heads: int, num_kv_heads: int) -> GGUFTensors:
+    from gguf import GGUFReader
+
+    out = GGUFTensors({})
+    for tensor in GGUFReader(str(path)).tensors:
+        name = hf_name(tensor.name)
+        if name is None:
+            continue
+        kind = tensor.tensor_type.name
+        out.types[name] = kind
+        value = _convert(tensor, kind)
+        if kind not in ("Q4_1", "Q8_0", "F32", "F16", "BF16"):
+            out.dequantized.append(name)
+        heads = num_heads if name.endswith("q_proj.weight") else num_kv_heads if name.endswith("k_proj.weight") else 0
+        if heads:
+            index = rotary_unpermute_index(value.shape[0], heads)
+            value = value.rows(index) if not isinstance(value, torch.Tensor) else value[index]
+        out.tensors[name] = value
+    return out
+
+
+def _convert(tensor, kind: str) -> torch.Tensor | QuantizedWeight:
+    rows = int(np.prod(tensor.shape[1:]))  # ggml lists dimensions innermost first
+    cols = int(tensor.shape[0])
+    if kind == "Q4_1":
+        return q4_1_blocks(np.asarray(tensor.data), rows, cols)
+    if kind == "Q8_0":
+        return q8_0_blocks(np.asarray(tensor.data), rows, cols)
+    if kind in ("F32", "F16"):
+        return torch.from_numpy(np.array(tensor.data, dtype=np.float32)).reshape(rows, cols).squeeze(0)
+    from gguf import quants
+
+    values = quants.dequantize(np.asarray(tensor.data), tensor.tensor_type)
+    return torch.from_numpy(np.array(values, dtype=np.float32)).reshape(rows, cols).squeeze(0)
+
+
+def q4_1_blocks(raw: np.ndarray, rows: int, cols: int) -> Int4Weight:
+    blocks = raw.reshape(rows, cols // GROUP, Q4_1_BYTES)
+    d = torch.from_numpy(blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32))
+    m = torch.from_numpy(blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32))
+    nibbles = blocks[..., 4:]
+    # element j of a block is byte j's low nibble, element j + 16 its high nibble
+    q = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1).reshape(rows, cols)
+    return Int4Weight(torch.from_numpy(q), d, m + 8 * d, GROUP)
+
+
+def q8_0_blocks(raw: np.ndarray, rows: int, cols: int) -> Int8Weight:
+    blocks = raw.reshape(rows, cols // GROUP, Q8_0_BYTES)
+    d = torch.from_numpy(blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32))
+    q = torch.from_numpy(blocks[..., 2:].copy().view(np.int8)).reshape(rows, cols)
+    return Int8Weight(q, d, GROUP)

@@ -1,0 +1,106 @@
+"""Put quantized weights into a built model: swap modules, choose kernels, count the memory."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from minivllm.quant.chooser import GroupChoice, choose_kernels, describe
+from minivllm.quant.formats import Int8Weight, QuantizedWeight
+from minivllm.quant.kernels import lm_head_candidates
+from minivllm.quant.linear import QuantEmbedding, QuantLinear
+
+
+@dataclass
+class QuantReport:
+    """What the loader tells the user and `/api/state` shows."""
+
+    mode: str  # "none", "int4 g32 (embedding and LM head: int8)", ...
+    weight_bytes: int  # everything the model keeps for its parameters, as stored
+    fp32_bytes: int  # the same parameters in fp32, for the ratio
+    kernel_choices: list[GroupChoice] = field(default_factory=list)
+    choose_seconds: float = 0.0  # time spent timing kernels at load
+    dequantized_note: str | None = None  # GGUF types that had no native path
+
+    @property
+    def ratio(self) -> float:
+        return self.weight_bytes / self.fp32_bytes if self.fp32_bytes else 1.0
+
+    def kernel_lines(self) -> list[str]:
+        return describe(self.kernel_choices)
+
+
+def install_quantized(model: nn.Module, quantized: dict[str, QuantizedWeight], device: torch.device,
+                      dtype: torch.dtype, tied: bool) -> None:
+    """Replace the (meta) modules whose weights are quantized."""
+    if "embed_tokens.weight" in quantized:
+        model.embed_tokens = QuantEmbedding(quantized["embed_tokens.weight"], device, dtype)
+        if tied:  # one int8 table serves the lookup and the head
+            model.lm_head = _lm_head(model.embed_tokens.as_weight(), device, dtype)
+    for name, weight in quantized.items():
+        if name == "embed_tokens.weight" or (tied and name == "lm_head.weight"):
+            continue
+        if name == "lm_head.weight":
+            model.lm_head = _lm_head(weight, device, dtype)
+            continue
+        parent, attr = _parent(model, name.removesuffix(".weight"))
+        setattr(parent, attr, QuantLinear(name.removesuffix(".weight"), weight, device, dtype))
+
+
+def _lm_head(weight: QuantizedWeight, device: torch.device, dtype: torch.dtype) -> QuantLinear:
+    if not isinstance(weight, Int8Weight):  # the policy keeps heads at 8 bits; anything else as it is
+        return QuantLinear("lm_head", weight, device, dtype)
+    return QuantLinear("lm_head", weight, device, dtype, kernels=lm_head_candidates(weight, device, dtype))
+
+
+def choose_model_kernels(model: nn.Module, forced_kernel: str | None) -> tuple[list[GroupChoice], float]:
+    """The chosen plans and the seconds the timing took."""
+    layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    started = time.perf_counter()
+    choices = choose_kernels(layers, forced_kernel) if layers else []
+    return choices, time.perf_counter() - started
+
+
+def _parent(model: nn.Module, dotted: str) -> tuple[nn.Module, str]:
+    *path, attr = dotted.split(".")
+    parent = model
+    for part in path:
+        parent = getattr(parent, part)
+    return parent, attr
+
+
+def stored_bytes(model: nn.Module) -> int:
+    """Bytes of every distinct tensor the model keeps for weights (shared storage counted once)."""
+    seen: dict[int, int] = {}
+    tensors = [p for p in model.parameters()]
+    for module in model.modules():
+        if isinstance(module, (QuantLinear, QuantEmbedding)):
+            tensors += module.stored_tensors()
+        tensors += list(getattr(module, "packs", {}).values())  # MKL-packed fp32 copies
+    for t in tensors:
+        try:
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        except NotImplementedError:  # an opaque MKL-packed weight has no storage to share
+            seen[id(t)] = t.numel() * t.element_size()
+    return sum(seen.values())
+
+
+def fp32_bytes(cfg) -> int:
+    return cfg.num_parameters * 4
+
+
+def streamed_bytes(model: nn.Module, rows: int) -> int:
+    """Bytes of weights one forward pass over `rows` tokens reads: each linear's weight in the form
+    its kernel for that row count uses (an embedding lookup reads only its rows: not counted)."""
+    from minivllm.model.packed_linear import PackedLinear
+
+    total = 0
+    for module in model.modules():
+        if isinstance(module, QuantLinear):
+            total += sum(t.numel() * t.element_size() for t in module.kernel_for(rows).tensors())
+        elif isinstance(module, PackedLinear):
+            total += module.weight.numel() * module.weight.element_size()
+    return total

@@ -1,0 +1,228 @@
+"""The matmul paths a quantized weight can run through, each a small callable holding what it needs.
+
+Which path is fastest depends on the CPU and on the number of rows (tokens) in the product: on an
+AVX2-only CPU torch's 4-bit kernel is ~12x slower with fp32 activations than with bf16 ones, on an
+AVX-512 CPU the gap is small, and at 32+ rows the picture changes again. So a weight offers several
+candidates and `chooser.py` times them at load. All candidates of one weight compute the same
+product up to the activation precision they name:
+
+  int4pack/fp32   torch's CPU 4-bit kernel, fp32 activations and scales: exact w.r.t. the format
+  int4pack/bf16   the same packed weight, activations and scales rounded to bf16
+  int8pack/fp32   torch's int8 weight-only kernel (per-channel scales), fp32 activations
+  int8pack/bf16   the same, bf16 activations
+  int4avx2/int8   our AVX2 kernel (native.py): activations quantized to int8 per block of 32, integer
+                  products (llama.cpp's Q4_1 x Q8_1 arithmetic); K % 64 == 0
+  int8avx2/int8   the same for per-channel int8 weights (K % 32 == 0)
+  int8pack+exact64/bf16, int8avx2+exact64/int8
+                  an LM head only: the kernel, then each row's 64 highest logits recomputed in fp32
+  int4pack-cuda   torch's CUDA 4-bit kernel (bf16 only, tensor cores)
+  dequant         dequantize, then a plain matmul in the compute dtype (CUDA int8; exact)
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from minivllm.arith import ceil_div
+from minivllm.quant import native
+from minivllm.quant.formats import Int4Weight, Int8Weight, QuantizedWeight, to_per_channel
+
+CPU_INT4_ROW_MULTIPLE = 16  # torch's CPU int4 packing needs N % 16 == 0: pad with zero rows
+
+
+class Kernel:
+    """y = x @ W^T for one quantized weight through one path."""
+
+    name = "?"
+    exact = True  # False when activations are rounded to a lower precision
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def tensors(self) -> list[torch.Tensor]:
+        """What this path keeps alive (for memory accounting)."""
+        raise NotImplementedError
+
+
+class Int4PackCPU(Kernel):
+    def __init__(self, packed: "_Int4Pack", act_dtype: torch.dtype):
+        self.packed, self.act_dtype = packed, act_dtype
+        self.scales_zeros = packed.scales_zeros.to(act_dtype)
+        self.name = f"int4pack/{_short(act_dtype)}"
+        self.exact = act_dtype == torch.float32
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch._weight_int4pack_mm_for_cpu(x.to(self.act_dtype), self.packed.weight, self.packed.group_size,
+                                              self.scales_zeros)
+        if self.packed.padded:
+            y = y[:, : self.packed.out_features]
+        return y.to(x.dtype)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.packed.weight, self.scales_zeros]
+
+
+class _Int4Pack:
+    """One packed copy of an Int4Weight, shared by the activation-dtype variants."""
+
+    def __init__(self, weight: Int4Weight):
+        n, _ = weight.shape
+        padded = ceil_div(n, CPU_INT4_ROW_MULTIPLE) * CPU_INT4_ROW_MULTIPLE
+        q, scale, zero = weight.q, weight.scale, weight.zero
+        if padded != n:
+            pad = padded - n
+            q = F.pad(q, (0, 0, 0, pad), value=8)
+            scale, zero = F.pad(scale, (0, 0, 0, pad)), F.pad(zero, (0, 0, 0, pad))
+        self.weight = torch._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
+        self.scales_zeros = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous()  # [K/G, N, 2]
+        self.group_size, self.out_features, self.padded = weight.group_size, n, padded != n
+
+
+class Int8PackCPU(Kernel):
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, act_dtype: torch.dtype):
+        self.q, self.act_dtype = q, act_dtype
+        self.scale = scale.to(act_dtype)
+        self.name = f"int8pack/{_short(act_dtype)}"
+        self.exact = act_dtype == torch.float32
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch._weight_int8pack_mm(x.to(self.act_dtype), self.q, self.scale).to(x.dtype)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.q, self.scale]
+
+
+class Int4Native(Kernel):
+    name = "int4avx2/int8"
+    exact = False
+
+    def __init__(self, weight: Int4Weight):
+        self.packed, self.out_features = native.pack_q4(weight), weight.shape[0]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return native.q4_q8_linear(x.float().contiguous(), self.packed).to(x.dtype)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.packed]
+
+
+class Int8Native(Kernel):
+    name = "int8avx2/int8"
+    exact = False
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor):
+        self.q, self.scale = q, scale.float().contiguous()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return native.i8_q8_linear(x.float().contiguous(), self.q, self.scale).to(x.dtype)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.q, self.scale]
+
+
+def _native_fits(weight: QuantizedWeight) -> bool:
+    multiple = native.PAIR if isinstance(weight, Int4Weight) else native.BLOCK
+    return weight.shape[1] % multiple == 0 and native.available() is None
+
+
+class ExactTopLogits(Kernel):
+    """An LM head through a fast bf16 kernel, then each row's TOP highest logits recomputed in fp32
+    from the int8 rows. bf16 logits step by 0.06-0.125 at the usual logit sizes, so two candidate
+    tokens often tie exactly and the pick turns on rounding (measured: the default answered "What is
+    the capital of France?" with nonsense, and with this, "Paris", as fp32 does). The tokens that can
+    win (greedy, top-k, top-p) get exact logits; the bf16 rest only feeds the softmax's denominator.
+    Costs a top-k and TOP dot products per row; rows stay independent of each other."""
+
+    TOP = 64
+
+    def __init__(self, fast: Kernel, q: torch.Tensor, scale: torch.Tensor):
+        self.fast, self.q, self.scale = fast, q, scale.float()
+        self.name = fast.name.replace("/", f"+exact{self.TOP}/")
+        self.exact = False  # exact where it matters, not everywhere: "exact" still means fp32 throughout
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.fast(x)
+        top = logits.topk(min(self.TOP, logits.shape[-1]), dim=-1).indices  # [rows, TOP]
+        rows = self.q[top].to(x.dtype)  # [rows, TOP, K]
+        # multiply-and-sum, not bmm: a batched GEMM picks its kernel by batch size, a row-wise sum
+        # gives every row the same bits alone and in any batch
+        exact = (rows * x.unsqueeze(1)).sum(-1) * self.scale[top]
+        return logits.scatter_(1, top, exact.to(logits.dtype))
+
+    def tensors(self) -> list[torch.Tensor]:
+        return self.fast.tensors() + [self.q, self.scale]
+
+
+def lm_head_candidates(weight: Int8Weight, device: torch.device, dtype: torch.dtype) -> list[Kernel]:
+    """The LM head's candidates: every rounding kernel gets its top logits made exact."""
+    per_channel = to_per_channel(weight)  # once: the kernels below share its int8 values
+    return [k if k.exact else ExactTopLogits(k, per_channel.q, per_channel.scale[:, 0])
+            for k in candidates(per_channel, device, dtype)]
+
+
+class Int4PackCUDA(Kernel):
+    name = "int4pack-cuda"
+    exact = False
+
+    def __init__(self, weight: Int4Weight, device: torch.device):
+        _, k = weight.shape
+        inner_k_tiles = next(t for t in (8, 4, 2) if k % (t * 16) == 0)
+        q = weight.q.to(device)
+        nibbles = (q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8)
+        self.weight = torch._convert_weight_to_int4pack(nibbles.contiguous(), inner_k_tiles)
+        self.scales_zeros = torch.stack([weight.scale, weight.zero], -1).transpose(0, 1).contiguous().to(
+            device, torch.bfloat16)
+        self.group_size = weight.group_size
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch._weight_int4pack_mm(x.to(torch.bfloat16), self.weight, self.group_size, self.scales_zeros)
+        return y.to(x.dtype)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.weight, self.scales_zeros]
+
+
+class Dequant(Kernel):
+    """Dequantize on every call, then matmul: the universal, exact path (and CUDA's int8 path)."""
+
+    name = "dequant"
+
+    def __init__(self, weight: QuantizedWeight, device: torch.device, dtype: torch.dtype):
+        n, k = weight.shape
+        self.groups = (n, k // weight.group_size, weight.group_size)
+        self.q = weight.q.to(device)
+        self.scale = weight.scale.to(device, dtype)[..., None]
+        self.zero = weight.zero.to(device, dtype)[..., None] if isinstance(weight, Int4Weight) else None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        q = self.q.view(self.groups).to(x.dtype)
+        w = q * self.scale if self.zero is None else (q - 8) * self.scale + self.zero
+        return F.linear(x, w.view(self.groups[0], -1))
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for t in (self.q, self.scale, self.zero) if t is not None]
+
+
+def candidates(weight: QuantizedWeight, device: torch.device, dtype: torch.dtype) -> list[Kernel]:
+    """Every path that can run this weight on this device, fastest-to-try first."""
+    if device.type == "cuda":
+        if isinstance(weight, Int4Weight) and weight.shape[0] % 8 == 0 and weight.shape[1] % 32 == 0:
+            return [Int4PackCUDA(weight, device), Dequant(weight, device, dtype)]
+        return [Dequant(weight, device, dtype)]
+    acts = [torch.bfloat16, torch.float32] if dtype == torch.float32 else [dtype]
+    if isinstance(weight, Int4Weight):
+        packed = _Int4Pack(weight)
+        own = [Int4Native(weight)] if _native_fits(weight) else []
+        return own + [Int4PackCPU(packed, a) for a in acts]
+    per_channel = to_per_channel(weight)
+    own = [Int8Native(per_channel.q, per_channel.scale[:, 0])] if _native_fits(weight) else []
+    return own + [Int8PackCPU(per_channel.q, per_channel.scale[:, 0], a) for a in acts]
+
+
+def _short(dtype: torch.dtype) -> str:
+    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+
+
+__all__ = ["Kernel", "Int4PackCPU", "Int8PackCPU", "Int4Native", "Int8Native", "Int4PackCUDA", "Dequant", "ExactTopLogits", "candidates",
+           "lm_head_candidates"]

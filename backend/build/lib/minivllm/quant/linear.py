@@ -1,0 +1,90 @@
+"""A linear layer and an embedding over quantized weights.
+
+A QuantLinear holds its candidate kernels until the chooser has timed them, then keeps only the
+ones its plan uses. The plan is a short list of (max rows, kernel): the forward pass looks the row
+count up in it, so the choice costs one comparison or two per call and nothing is measured on the
+hot path.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from minivllm.quant.formats import Int4Weight, Int8Weight, QuantizedWeight, quantize_int8, to_per_channel
+from minivllm.quant.kernels import Kernel, candidates
+
+
+class QuantLinear(nn.Module):
+    def __init__(self, name: str, weight: QuantizedWeight, device: torch.device, dtype: torch.dtype,
+                 kernels: list[Kernel] | None = None):
+        super().__init__()
+        self.name = name
+        self.out_features, self.in_features = weight.shape
+        self.format = _format_name(weight)
+        self.candidates = kernels if kernels is not None else candidates(weight, device, dtype)
+        self.plan: list[tuple[int, Kernel]] = [(2**62, self.candidates[0])]
+
+    def set_plan(self, plan: list[tuple[int, str]]) -> None:
+        """Choose kernels by name per row bucket (ascending max rows); unused candidates are dropped."""
+        by_name = {k.name: k for k in self.candidates}
+        missing = [n for _, n in plan if n not in by_name]
+        if missing:
+            raise ValueError(f"{self.name}: no kernel {missing[0]!r}; available: {sorted(by_name)}")
+        self.plan = [(rows, by_name[n]) for rows, n in plan]
+        self.plan[-1] = (2**62, self.plan[-1][1])
+
+    def force(self, kernel_name: str) -> None:
+        self.set_plan([(2**62, kernel_name)])
+
+    def drop_unused(self) -> None:
+        self.candidates = [k for k in self.candidates if any(k is used for _, used in self.plan)]
+
+    def kernel_for(self, rows: int) -> Kernel:
+        for max_rows, kernel in self.plan:
+            if rows <= max_rows:
+                return kernel
+        return self.plan[-1][1]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.kernel_for(x.shape[0])(x)
+
+    def stored_tensors(self) -> list[torch.Tensor]:
+        return [t for k in self.candidates for t in k.tensors()]
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features} -> {self.out_features}, {self.format}, plan={self.plan_summary()}"
+
+    def plan_summary(self) -> str:
+        return ", ".join(f"<={rows if rows < 2**62 else 'any'}: {k.name}" for rows, k in self.plan)
+
+
+class QuantEmbedding(nn.Module):
+    """Looks rows up in int8 form and scales them: the table never exists in floats. For a tied
+    LM head the int8 values are shared with the head's int8 kernels (one copy)."""
+
+    def __init__(self, weight: QuantizedWeight, device: torch.device, dtype: torch.dtype):
+        super().__init__()
+        if isinstance(weight, Int4Weight):  # an int8 table is exact enough and lookups stay simple
+            weight = quantize_int8("embedding", weight.dequantize(), None)
+        per_channel = to_per_channel(weight)
+        self.q = per_channel.q.to(device)
+        self.scale = per_channel.scale[:, 0].to(device)
+        self.dtype = dtype
+        self.num_embeddings, self.embedding_dim = self.q.shape
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return (self.q[ids].to(self.dtype) * self.scale[ids, None].to(self.dtype))
+
+    def as_weight(self) -> Int8Weight:
+        """The table as a weight whose kernels share its storage (a tied LM head)."""
+        return Int8Weight(self.q, self.scale[:, None], self.embedding_dim)
+
+    def stored_tensors(self) -> list[torch.Tensor]:
+        return [self.q, self.scale]
+
+
+def _format_name(weight: QuantizedWeight) -> str:
+    if isinstance(weight, Int4Weight):
+        return f"int4 g{weight.group_size}"
+    return "int8 per-channel" if weight.per_channel else f"int8 g{weight.group_size}"

@@ -1,0 +1,92 @@
+"""Our own AVX2 kernels (`native/q8_matmul.cpp`): built once with the system C++ compiler, loaded as
+torch operators.
+
+torch's CPU 4-bit kernel multiplies in floating point, which on an AVX2-only CPU runs at a third of
+the memory bandwidth (docs/ARCHITECTURE.md, "Weights in 4 and 8 bits"). These kernels quantize the
+activations to int8 per block of 32, as llama.cpp does, and multiply in integers. The extension is
+built on first use into the cache folder (~20 s; `torch.utils.cpp_extension` rebuilds only when the
+source or the compiler flags change); where it cannot be built or the CPU lacks AVX2, its kernels are
+simply not candidates, and the chooser never sees them."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from pathlib import Path
+
+import torch
+
+from minivllm.cache import cache_dir
+from minivllm.console import progress
+from minivllm.quant.formats import Int4Weight
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("native") / "q8_matmul.cpp"
+FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
+BLOCK = 32  # the activation quantization block
+PAIR = 2 * BLOCK  # the 4-bit kernel steps two blocks at a time: it needs K % 64 == 0
+Q4_BLOCK_BYTES = 20  # fp16 d, fp16 m, 16 bytes of nibbles
+CAPABLE_CPUS = {"AVX2", "AVX512", "AVX512_VNNI", "AVX512_BF16", "AMX"}
+
+
+@functools.cache
+def available() -> str | None:
+    """None when the kernels are loaded, else why not (for the load log)."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    if not any(capability.startswith(c) for c in ("AVX2", "AVX512")):
+        return f"CPU capability {capability} has no AVX2"
+    try:
+        _build()
+    except Exception as e:  # a missing compiler or ninja must not stop the engine: torch's kernels remain
+        reason = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
+        log.warning("native int8-activation kernels unavailable (%s); using torch's kernels only", reason)
+        return reason
+    return None
+
+
+def _build() -> None:
+    from torch.utils import cpp_extension
+
+    build_dir = cache_dir() / "extensions" / f"torch-{torch.__version__}"
+    build_dir.mkdir(parents=True, exist_ok=True)
+    if not list(build_dir.glob("*.so")):
+        progress("building the native int8-activation kernels (once; cached) ...")
+    cpp_extension.load(name="minivllm_native", sources=[str(SOURCE)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"], is_python_module=False,
+                       build_directory=str(build_dir), verbose=False)
+    _register_fakes()
+
+
+@functools.cache  # once per process: a second registration is an error
+def _register_fakes() -> None:
+    """Shapes for torch.compile: the compiled decode step calls these as opaque operators."""
+
+    @torch.library.register_fake("minivllm_native::q4_q8_linear")
+    def _(x, w):
+        return x.new_empty(x.shape[0], w.shape[0])
+
+    @torch.library.register_fake("minivllm_native::i8_q8_linear")
+    def _(x, w, w_scale):
+        return x.new_empty(x.shape[0], w.shape[0])
+
+
+def pack_q4(weight: Int4Weight) -> torch.Tensor:
+    """An Int4Weight as the kernel's rows: fp16 d[K/32], fp16 m[K/32], 16 bytes of nibbles per block,
+    w = d*q + m with d = scale, m = zero - 8*scale (a Q4_1 block's own d and m, exactly, for a GGUF
+    Q4_1 weight). Groups wider than 32 repeat their d and m in each block."""
+    n, k = weight.shape
+    repeat = weight.group_size // BLOCK
+    d = weight.scale.repeat_interleave(repeat, dim=1)
+    m = (weight.zero - 8 * weight.scale).repeat_interleave(repeat, dim=1)
+    q = weight.q.reshape(n, k // BLOCK, BLOCK)
+    nibbles = (q[..., :16] | (q[..., 16:] << 4)).to(torch.uint8).reshape(n, -1)
+    halves = torch.cat([d, m], dim=1).to(torch.float16).view(torch.uint8)
+    return torch.cat([halves, nibbles], dim=1).contiguous()
+
+
+def q4_q8_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    return torch.ops.minivllm_native.q4_q8_linear(x, packed)
+
+
+def i8_q8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return torch.ops.minivllm_native.i8_q8_linear(x, q, scale)

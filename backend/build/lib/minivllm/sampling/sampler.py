@@ -1,0 +1,338 @@
+"""Batched token selection for one engine step.
+
+Pure tensor code: the engine hands in one row of logits per running sequence plus a
+:class:`SamplingRow` describing that sequence, and gets one token per row back.
+
+Processing order (as vLLM):
+
+1. ``min_tokens``: while a sequence has fewer than ``min_tokens`` outputs, its EOS (unless
+   ``ignore_eos``) and its ``stop_token_ids`` are masked to ``-inf``.
+2. repetition penalty over prompt + output tokens (positive logits divided, negative multiplied).
+3. frequency / presence penalties over output tokens:
+   ``logits -= frequency * count + presence * (count > 0)``.
+   Then ``logit_bias`` is added, and a structured-output grammar masks what it does not allow.
+4. greedy rows: argmax. Sampled rows: temperature, top-k, top-p, min-p, softmax, then a draw
+   by the exponential race ``argmax(probs / E)``, ``E ~ Exponential(1)``; a seeded row draws
+   ``E`` from its own ``torch.Generator`` so its tokens do not depend on the rest of the batch.
+
+Reported log-probs are always those of the raw model distribution (``log_softmax`` of the
+unprocessed logits).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from minivllm.structured.grammar import GrammarMatcher, allocate_bitmask, apply_bitmask
+
+from .params import SamplingParams
+
+_NEG_INF = float("-inf")
+
+
+@dataclass
+class SamplingRow:
+    """One row of the logits batch = one sequence."""
+
+    params: SamplingParams
+    prompt_token_ids: Sequence[int]
+    output_token_ids: Sequence[int]
+    # Per-sequence generator when params.seed is set (created once per sequence by the engine),
+    # else None (the row then shares torch's default generator with the other unseeded rows).
+    generator: torch.Generator | None = None
+    eos_token_id: int | None = None
+    grammar: GrammarMatcher | None = None  # structured outputs: what the sequence may emit next
+
+
+@dataclass
+class SampleOutput:
+    token_ids: list[int]
+    # log-prob of the chosen token under the raw model distribution
+    logprobs: list[float]
+    # Per row: top-N (token_id, logprob) of the raw distribution when that row asked for
+    # logprobs > 0, else []. None when no row in the batch asked for top logprobs.
+    top_logprobs: list[list[tuple[int, float]]] | None
+    # Per row: the share of the vocabulary its grammar allowed (None: no grammar). None when no row has one.
+    allowed_fractions: list[float | None] | None = None
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def pad_token_lists(seqs: Sequence[Sequence[int]], pad: int, device: torch.device | None = None) -> torch.Tensor:
+    """Right-pad lists of token ids with ``pad`` into a ``[len(seqs), max_len]`` int64 tensor."""
+    max_len = max((len(s) for s in seqs), default=0)
+    max_len = max(max_len, 1)
+    data = [list(s) + [pad] * (max_len - len(s)) for s in seqs]
+    return torch.tensor(data, dtype=torch.long, device=device)
+
+
+def token_counts(padded_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Per-row occurrence counts ``[R, vocab_size]`` of a padded id tensor (pad id = vocab_size)."""
+    counts = torch.zeros(padded_ids.shape[0], vocab_size + 1, dtype=torch.float32, device=padded_ids.device)
+    counts.scatter_add_(1, padded_ids, torch.ones_like(padded_ids, dtype=torch.float32))
+    return counts[:, :vocab_size]
+
+
+def apply_penalties(
+    logits: torch.Tensor,
+    prompt_ids: torch.Tensor,
+    output_ids: torch.Tensor,
+    repetition_penalties: torch.Tensor,
+    frequency_penalties: torch.Tensor,
+    presence_penalties: torch.Tensor,
+) -> torch.Tensor:
+    """Apply repetition / frequency / presence penalties (out of place).
+
+    ``logits``: ``[R, V]``; ``prompt_ids`` / ``output_ids``: ``[R, Lp]`` / ``[R, Lo]`` padded with
+    ``V``; penalty tensors: ``[R]``. Repetition penalty looks at prompt + output tokens,
+    frequency / presence at output tokens only.
+    """
+    vocab = logits.shape[1]
+    out_counts = token_counts(output_ids, vocab)
+    seen = (token_counts(prompt_ids, vocab) > 0) | (out_counts > 0)
+    rep = repetition_penalties.to(logits.dtype).unsqueeze(1)
+    penalised = torch.where(logits > 0, logits / rep, logits * rep)
+    logits = torch.where(seen, penalised, logits)
+    logits = logits - frequency_penalties.to(logits.dtype).unsqueeze(1) * out_counts
+    logits = logits - presence_penalties.to(logits.dtype).unsqueeze(1) * (out_counts > 0).to(logits.dtype)
+    return logits
+
+
+def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None) -> torch.Tensor:
+    """Mask logits outside the top-k / the top-p nucleus to ``-inf`` (out of place).
+
+    ``k``: ``[R]`` int tensor (use the vocab size for "off"); ``p``: ``[R]`` float tensor (1.0 =
+    off); either may be None. Top-p keeps the smallest set of highest-probability tokens whose
+    mass reaches ``p`` (computed after top-k), always at least one token. Ties at the k-th
+    value are all kept.
+    """
+    if k is None and p is None:
+        return logits
+    vocab = logits.shape[1]
+    logits_sort, logits_idx = logits.sort(dim=-1, descending=False)
+    if k is not None:
+        kth = (vocab - k.to(torch.long).clamp(1, vocab)).unsqueeze(1)
+        threshold = logits_sort.gather(1, kth)
+        logits_sort.masked_fill_(logits_sort < threshold, _NEG_INF)
+    if p is not None:
+        probs_sort = logits_sort.softmax(dim=-1)
+        cum = probs_sort.cumsum(dim=-1)  # ascending: mass of this token and everything below
+        drop = cum <= (1.0 - p.to(cum.dtype)).unsqueeze(1)
+        drop[:, -1] = False
+        logits_sort.masked_fill_(drop, _NEG_INF)
+    return torch.empty_like(logits).scatter_(1, logits_idx, logits_sort)
+
+
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Mask tokens whose probability is below ``min_p * max_prob`` (out of place)."""
+    probs = logits.softmax(dim=-1)
+    top = probs.amax(dim=-1, keepdim=True)
+    drop = probs < min_p.to(probs.dtype).unsqueeze(1) * top
+    return logits.masked_fill(drop, _NEG_INF)
+
+
+def apply_top_k_top_p_min_p(
+    logits: torch.Tensor,
+    k: torch.Tensor | None,
+    p: torch.Tensor | None,
+    min_p: torch.Tensor | None,
+) -> torch.Tensor:
+    """top-k, then top-p, then min-p; any of them may be None (= off for every row)."""
+    logits = apply_top_k_top_p(logits, k, p)
+    if min_p is not None:
+        logits = apply_min_p(logits, min_p)
+    return logits
+
+
+def exponential_race(probs: torch.Tensor, generators: Sequence[torch.Generator | None]) -> torch.Tensor:
+    """Sample one token per row: ``argmax(probs / E)``, ``E ~ Exponential(1)``.
+
+    Row ``i`` draws its noise from ``generators[i]`` when given (its result then depends only on
+    that generator and the row), the other rows share one draw from torch's default generator.
+    """
+    noise = torch.empty_like(probs)
+    shared = [i for i, g in enumerate(generators) if g is None]
+    if len(shared) == len(generators):
+        noise.exponential_()
+    else:
+        if shared:
+            idx = torch.tensor(shared, dtype=torch.long, device=probs.device)
+            noise[idx] = torch.empty(len(shared), probs.shape[1], dtype=probs.dtype, device=probs.device).exponential_()
+        for i, g in enumerate(generators):
+            if g is not None:
+                noise[i].exponential_(generator=g)
+    # exponential_ can return exactly 0 in float32; keep 0/0 from producing NaN.
+    noise.clamp_min_(torch.finfo(noise.dtype).tiny)
+    return (probs / noise).argmax(dim=-1)
+
+
+# --------------------------------------------------------------------------- sampler
+
+
+class Sampler:
+    """Picks one token per logits row; see the module docstring for the processing order."""
+
+    def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SampleOutput:
+        if logits.dim() != 2 or logits.shape[0] != len(rows):
+            raise ValueError(f"logits must be [len(rows), vocab], got {tuple(logits.shape)} for {len(rows)} rows")
+        if logits.dtype != torch.float32:
+            logits = logits.to(torch.float32)
+        num_rows = logits.shape[0]
+        device = logits.device
+        if num_rows == 0:
+            return SampleOutput(token_ids=[], logprobs=[], top_logprobs=None)
+
+        # Every stage below works out of place, so `raw` keeps the unprocessed logits.
+        raw = logits
+        logits = self.processed(logits, rows)
+
+        greedy = [r.params.is_greedy for r in rows]
+        if all(greedy):
+            token_ids = logits.argmax(dim=-1)
+        else:
+            token_ids = torch.empty(num_rows, dtype=torch.long, device=device)
+            greedy_idx = [i for i, g in enumerate(greedy) if g]
+            sampled_idx = [i for i, g in enumerate(greedy) if not g]
+            if greedy_idx:
+                gi = torch.tensor(greedy_idx, dtype=torch.long, device=device)
+                token_ids[gi] = logits[gi].argmax(dim=-1)
+            sampled_rows = [rows[i] for i in sampled_idx]
+            if len(sampled_idx) == num_rows:
+                token_ids = self._sample(logits, sampled_rows)
+            else:
+                si = torch.tensor(sampled_idx, dtype=torch.long, device=device)
+                token_ids[si] = self._sample(logits[si], sampled_rows)
+        chosen, top_logprobs = raw_logprobs(raw, token_ids, rows)
+        return SampleOutput(token_ids=token_ids.tolist(), logprobs=chosen, top_logprobs=top_logprobs,
+                            allowed_fractions=allowed_fractions(logits, rows))
+
+    def processed(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        """Stages 1-3 (min_tokens, penalties, logit_bias, grammar): what greedy rows take the argmax of."""
+        logits = self._apply_penalties(self._apply_min_tokens(logits, rows), rows)
+        return self._apply_grammars(self._apply_logit_bias(logits, rows), rows)
+
+    @staticmethod
+    def probabilities(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        """Stage 4 up to the draw, for sampled rows: temperature, top-k, top-p, min-p, softmax."""
+        device = logits.device
+        vocab = logits.shape[1]
+        params = [r.params for r in rows]
+        temps = [p.temperature for p in params]
+        if any(t != 1.0 for t in temps):
+            logits = logits / torch.tensor(temps, dtype=torch.float32, device=device).unsqueeze(1)
+        k = p = mp = None
+        if any(0 < x.effective_top_k < vocab for x in params):
+            k = torch.tensor(
+                [x.effective_top_k if x.effective_top_k > 0 else vocab for x in params], dtype=torch.long, device=device
+            )
+        if any(x.top_p < 1.0 for x in params):
+            p = torch.tensor([x.top_p for x in params], dtype=torch.float32, device=device)
+        if any(x.min_p > 0.0 for x in params):
+            mp = torch.tensor([x.min_p for x in params], dtype=torch.float32, device=device)
+        return apply_top_k_top_p_min_p(logits, k, p, mp).softmax(dim=-1)
+
+    # ------------------------------------------------------------------ stages
+    @staticmethod
+    def _apply_min_tokens(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        vocab = logits.shape[1]
+        row_idx: list[int] = []
+        tok_idx: list[int] = []
+        for i, r in enumerate(rows):
+            p = r.params
+            if p.min_tokens <= 0 or len(r.output_token_ids) >= p.min_tokens:
+                continue
+            stops = set(p.stop_token_ids or ())
+            if r.eos_token_id is not None and not p.ignore_eos:
+                stops.add(r.eos_token_id)
+            for t in stops:
+                if 0 <= t < vocab:
+                    row_idx.append(i)
+                    tok_idx.append(t)
+        if not row_idx:
+            return logits
+        logits = logits.clone()
+        logits[torch.tensor(row_idx, device=logits.device), torch.tensor(tok_idx, device=logits.device)] = _NEG_INF
+        return logits
+
+    @staticmethod
+    def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        idx = [i for i, r in enumerate(rows) if r.params.needs_penalties]
+        if not idx:
+            return logits
+        vocab = logits.shape[1]
+        device = logits.device
+        prows = [rows[i] for i in idx]
+        prompt_ids = pad_token_lists([r.prompt_token_ids for r in prows], vocab, device)
+        output_ids = pad_token_lists([r.output_token_ids for r in prows], vocab, device)
+        rep = torch.tensor([r.params.repetition_penalty for r in prows], dtype=torch.float32, device=device)
+        freq = torch.tensor([r.params.frequency_penalty for r in prows], dtype=torch.float32, device=device)
+        pres = torch.tensor([r.params.presence_penalty for r in prows], dtype=torch.float32, device=device)
+        if len(idx) == len(rows):
+            return apply_penalties(logits, prompt_ids, output_ids, rep, freq, pres)
+        ti = torch.tensor(idx, dtype=torch.long, device=device)
+        logits = logits.clone()
+        logits[ti] = apply_penalties(logits[ti], prompt_ids, output_ids, rep, freq, pres)
+        return logits
+
+    @staticmethod
+    def _apply_logit_bias(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        entries = [(i, token, bias) for i, r in enumerate(rows) for token, bias in (r.params.logit_bias or {}).items()]
+        if not entries:
+            return logits
+        row_idx, tok_idx, biases = zip(*entries)
+        device = logits.device
+        return logits.index_put((torch.tensor(row_idx, device=device), torch.tensor(tok_idx, device=device)),
+                                torch.tensor(biases, dtype=logits.dtype, device=device), accumulate=True)
+
+    @staticmethod
+    def _apply_grammars(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        idx = [i for i, r in enumerate(rows) if r.grammar is not None]
+        if not idx:
+            return logits
+        bitmask = allocate_bitmask(len(idx), logits.shape[1])
+        for j, i in enumerate(idx):
+            rows[i].grammar.fill_mask(bitmask, j)  # type: ignore[union-attr]
+        if len(idx) == len(rows):
+            logits = logits.clone()
+            apply_bitmask(logits, bitmask)
+            return logits
+        ti = torch.tensor(idx, dtype=torch.long, device=logits.device)
+        masked = logits[ti]  # a copy: `logits` may be the caller's raw tensor
+        apply_bitmask(masked, bitmask)
+        return logits.index_copy(0, ti, masked)
+
+    @classmethod
+    def _sample(cls, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        """Temperature, top-k, top-p, min-p, softmax, exponential race for non-greedy rows."""
+        return exponential_race(cls.probabilities(logits, rows), [r.generator for r in rows])
+
+
+def allowed_fractions(processed: torch.Tensor, rows: list[SamplingRow]) -> list[float | None] | None:
+    """For rows with a grammar, the share of the vocabulary left selectable (for the dashboard)."""
+    if not any(r.grammar is not None for r in rows):
+        return None
+    shares = torch.isfinite(processed).sum(dim=-1).to(torch.float32) / processed.shape[1]
+    return [share if r.grammar is not None else None for share, r in zip(shares.tolist(), rows)]
+
+
+def raw_logprobs(raw: torch.Tensor, token_ids: torch.Tensor, rows: list[SamplingRow]
+                 ) -> tuple[list[float], list[list[tuple[int, float]]] | None]:
+    """Log-probs of the chosen tokens under the raw distribution (logit - logsumexp, no full
+    log_softmax), and each row's top-N when any row asked for logprobs."""
+    raw_lse = torch.logsumexp(raw, dim=-1)
+    chosen = raw.gather(1, token_ids.unsqueeze(1)).squeeze(1) - raw_lse
+    max_top = max((r.params.logprobs or 0) for r in rows)
+    if max_top <= 0:
+        return chosen.tolist(), None
+    top_vals, top_ids = raw.topk(min(max_top, raw.shape[1]), dim=-1)
+    top_lps = (top_vals - raw_lse.unsqueeze(1)).tolist()
+    top_ids_l = top_ids.tolist()
+    top_logprobs = []
+    for i, r in enumerate(rows):
+        n = r.params.logprobs or 0
+        top_logprobs.append(list(zip(top_ids_l[i][:n], top_lps[i][:n])))
+    return chosen.tolist(), top_logprobs

@@ -1,0 +1,112 @@
+"""Prometheus metrics with vLLM's names under a `minivllm:` prefix (prometheus_client).
+
+Gauges and counters are read from the engine at scrape time, on the engine thread; latency
+histograms are observed when a request served by the API finishes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from minivllm.engine.api import EngineStats, RequestOutput
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                    7.5, 10.0, 20.0, 40.0, 80.0)
+_TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4,
+                 0.5, 0.75, 1.0, 2.5)
+
+
+@dataclass
+class EngineGauges:
+    """The engine's stats at scrape time, labelled with the model's name."""
+
+    model: str
+    stats: EngineStats
+
+
+class _EngineCollector(Collector):
+    def __init__(self) -> None:
+        self.values: EngineGauges | None = None
+
+    def collect(self):
+        if self.values is None:
+            return
+        model, v = self.values.model, self.values.stats
+        labels = ["model_name"]
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            family = GaugeMetricFamily(f"minivllm:{name}", doc, labels=labels)
+            family.add_metric([model], value)
+            return family
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            family = CounterMetricFamily(f"minivllm:{name}", doc, labels=labels)
+            family.add_metric([model], value)
+            return family
+
+        yield gauge("num_requests_running", "Requests in the running batch.", v.num_running)
+        yield gauge("num_requests_waiting", "Requests waiting to be scheduled.", v.num_waiting)
+        yield gauge("kv_cache_usage_perc", "Fraction of KV cache blocks in use (1 = full).", v.kv_usage)
+        yield counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", v.prefix_cache_queries)
+        yield counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.", v.prefix_cache_hits)
+        yield counter("num_preemptions", "Preemptions since the engine was (re)configured.", v.num_preemptions)
+        yield counter("prompt_tokens", "Prompt tokens computed (prefill).", v.prompt_tokens)
+        yield counter("generation_tokens", "Tokens generated.", v.generation_tokens)
+        # speculative decoding, with vLLM's names
+        yield counter("spec_decode_num_drafts", "Verify steps with at least one drafted token.", v.spec_num_drafts)
+        yield counter("spec_decode_num_draft_tokens", "Drafted tokens verified.", v.spec_num_draft_tokens)
+        yield counter("spec_decode_num_accepted_tokens", "Drafted tokens accepted.", v.spec_num_accepted_tokens)
+        yield _accepted_per_position(model, v.spec_accepted_per_position)
+
+
+def _accepted_per_position(model: str, counts: tuple[int, ...]) -> CounterMetricFamily:
+    family = CounterMetricFamily("minivllm:spec_decode_num_accepted_tokens_per_pos",
+                                 "Drafted tokens accepted, by position in the draft (0 = first).",
+                                 labels=["model_name", "position"])
+    for position, value in enumerate(counts):
+        family.add_metric([model, str(position)], value)
+    return family
+
+
+class ServerMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._engine = _EngineCollector()
+        self.registry.register(self._engine)
+        ProcessCollector(registry=self.registry)  # process_resident_memory_bytes, CPU seconds, open fds
+        labels = ["model_name"]
+        self.ttft = Histogram("minivllm:time_to_first_token_seconds", "Time to first token.", labels,
+                              buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.tpot = Histogram("minivllm:time_per_output_token_seconds", "Time per output token after the first.",
+                              labels, buckets=_TPOT_BUCKETS, registry=self.registry)
+        self.e2e = Histogram("minivllm:e2e_request_latency_seconds", "Request latency, arrival to finish.",
+                             labels, buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.queue = Histogram("minivllm:request_queue_time_seconds", "Time waiting before first scheduled.",
+                               labels, buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.success = Counter("minivllm:request_success", "Requests finished, by finish reason.",
+                               [*labels, "finished_reason"], registry=self.registry)
+
+    def observe(self, model: str, out: RequestOutput) -> None:
+        """A request finished: record its latencies."""
+        m = out.metrics
+        if m.ttft is not None:
+            self.ttft.labels(model).observe(m.ttft)
+        if m.queue_time is not None:
+            self.queue.labels(model).observe(m.queue_time)
+        if m.e2e_latency is not None:
+            self.e2e.labels(model).observe(m.e2e_latency)
+        if m.finished_time is not None and m.first_token_time is not None:
+            for o in out.outputs:
+                if o.num_tokens > 1:
+                    self.tpot.labels(model).observe((m.finished_time - m.first_token_time) / (o.num_tokens - 1))
+        for o in out.outputs:
+            self.success.labels(model, o.finish_reason or "unknown").inc()
+
+    def render(self, gauges: EngineGauges | None) -> bytes:
+        self._engine.values = gauges
+        return generate_latest(self.registry)

@@ -12,6 +12,24 @@ from minivllm.engine.llm_engine import LLMEngine
 from minivllm.engine.outputs import OutputAccumulator, RequestOutput
 
 
+# Batched and alone runs (or compiled and eager ones) sum in different orders, and rounding of
+# activations can turn a last-bit difference into a flipped near-tie (docs/ARCHITECTURE.md).
+NEAR_TIE_NATS = 0.25
+
+
+def first_part_at_a_near_tie(reference, other) -> int | None:
+    """Where `other`'s greedy tokens part from `reference`'s (a CompletionOutput with logprobs), or
+    None; asserts that `other` took a token the reference rated within NEAR_TIE_NATS of its pick."""
+    j = next((i for i, (a, b) in enumerate(zip(reference.token_ids, other.token_ids)) if a != b), None)
+    if j is None:
+        return None
+    chosen, taken = reference.token_ids[j], other.token_ids[j]
+    assert taken in reference.logprobs[j], f"token {j}: {taken} is not among the reference's candidates"
+    gap = reference.logprobs[j][chosen] - reference.logprobs[j][taken]
+    assert gap <= NEAR_TIE_NATS, f"parted at token {j} where the reference preferred its token by {gap:.3f} nats"
+    return j
+
+
 def make_engine(loaded, **config) -> LLMEngine:
     config.setdefault("num_blocks", 64)
     config.setdefault("metrics_interval_s", 3600.0)

@@ -15,8 +15,7 @@ from minivllm.quant.formats import quantize_int4, quantize_int8
 from minivllm.quant.gguf_tensors import q4_1_blocks
 
 CPU = torch.device("cpu")
-HAS_AVX2 = torch.backends.cpu.get_cpu_capability().startswith(("AVX2", "AVX512"))
-needs_avx2 = pytest.mark.skipif(not HAS_AVX2, reason=f"CPU capability {torch.backends.cpu.get_cpu_capability()} "
+needs_avx2 = pytest.mark.skipif(not native.cpu_has_avx2(), reason=f"CPU capability {torch.backends.cpu.get_cpu_capability()} "
                                                      "has no AVX2: the native kernels are not offered here")
 
 

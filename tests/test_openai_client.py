@@ -22,6 +22,7 @@ import pytest
 import websockets.sync.client as websockets_sync
 
 from minivllm.events import types as ev
+from engine_utils import NEAR_TIE_NATS
 from test_server_support import wait_for
 
 API_KEY = "test-key"
@@ -94,9 +95,6 @@ def _chat_stream(client, prompt: str, max_tokens: int = 10) -> list[tuple[str, d
     return [(t.token, {alt.token: alt.logprob for alt in t.top_logprobs})
             for chunk in stream if chunk.choices and chunk.choices[0].logprobs
             for t in chunk.choices[0].logprobs.content]
-
-
-NEAR_TIE_NATS = 0.25  # the e2e suite's rule for batched vs alone runs (docs/ARCHITECTURE.md)
 
 
 def _assert_parts_only_at_a_near_tie(alone, batched) -> None:

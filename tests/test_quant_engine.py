@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine_utils import assert_all_blocks_free, chat_ids, make_engine, run
+from engine_utils import assert_all_blocks_free, chat_ids, first_part_at_a_near_tie, make_engine, run
 from minivllm.engine.scoring import forward_prefills
 from minivllm.loader import load_model
 from minivllm.quant import native
@@ -124,14 +124,11 @@ def test_one_kernel_for_every_row_count_makes_batch_and_alone_identical(forced):
     assert [o.token_ids for o in alone] == [o.token_ids for o in batched]
 
 
-NEAR_TIE_NATS = 0.25  # the e2e suite's rule for batched vs alone runs (docs/ARCHITECTURE.md)
-
-
 def test_int8_activation_kernels_part_batch_from_alone_only_at_near_ties(capsys):
     """Our kernels also compute each row alone (bit for bit: test_native_kernels.py), but a batch's
     attention sums in another order than a request's alone, and int8 activation rounding turns that
     last-bit difference into a whole rounding step more often than bf16 does. So where a batched run
-    parts from the alone run, it must take the alone run's runner-up within NEAR_TIE_NATS; how many
+    parts from the alone run, it must take the alone run's runner-up within engine_utils.NEAR_TIE_NATS; how many
     part is printed."""
     if native.available() is not None:
         pytest.skip(f"the native kernels are not available here: {native.available()}")
@@ -141,15 +138,7 @@ def test_int8_activation_kernels_part_batch_from_alone_only_at_near_ties(capsys)
     prompts = [chat_ids(loaded.tokenizer, q) for q in QUESTIONS]
     alone, batched = greedy_alone_and_batched(loaded, prompts, SamplingParams(temperature=0.0, max_tokens=32,
                                                                               ignore_eos=True, logprobs=2))
-    parted = []
-    for a, b in zip(alone, batched):
-        j = next((i for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids)) if x != y), None)
-        if j is None:
-            continue
-        chosen, taken = a.token_ids[j], b.token_ids[j]
-        assert taken in a.logprobs[j], f"token {j} is not the alone run's runner-up"
-        assert a.logprobs[j][chosen] - a.logprobs[j][taken] <= NEAR_TIE_NATS
-        parted.append(j)
+    parted = [j for a, b in zip(alone, batched) if (j := first_part_at_a_near_tie(a, b)) is not None]
     with capsys.disabled():
         print(f"\n[quant] int8 activations: {len(parted)}/{len(prompts)} batched runs part from alone "
               f"(at tokens {parted}) over 32 tokens")

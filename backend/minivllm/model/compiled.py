@@ -1,11 +1,12 @@
-"""Decode steps through torch.compile (inductor): one compiled decoder-layer graph serves every layer.
+"""Decode steps through torch.compile (inductor): one compiled graph of G decoder layers serves every group.
 
 Why groups of layers and not the whole model: the groups share one graph (their weights are the
 graph's inputs, not constants), so a cold compile costs seconds on 2 cores where a 30-layer graph
 measured 82 s per shape; and each call's fixed cost (dynamo's guards, the wrapper) is paid once per
 group, not per layer. The group loop stays in Python, so early exit keeps working (a remainder
-smaller than a group runs eagerly) and hidden-state capture runs eagerly. What the compiler wins: the ~25 small operators around each layer's GEMMs (norm, rotary,
-residuals, SwiGLU, the bf16 conversions of the quantized kernels) become a few fused C++ loops.
+smaller than a group runs eagerly) and hidden-state capture runs eagerly. What the compiler wins:
+the ~25 small operators around each layer's GEMMs (norm, rotary, residuals, SwiGLU, the
+activation conversions of the quantized kernels) become a few fused C++ loops.
 
 Only steps whose every row is one sequence's single token take this path (decode steps, the steady
 state of a chat); steps with multi-token chunks (prefill, speculative verification) run eagerly,

@@ -98,7 +98,7 @@ class Int4Native(Kernel):
     exact = False
 
     def __init__(self, weight: Int4Weight):
-        self.packed, self.out_features = native.pack_q4(weight), weight.shape[0]
+        self.packed = native.pack_q4(weight)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return native.q4_q8_linear(x.float().contiguous(), self.packed).to(x.dtype)
@@ -224,5 +224,5 @@ def _short(dtype: torch.dtype) -> str:
     return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
 
 
-__all__ = ["Kernel", "Int4PackCPU", "Int8PackCPU", "Int4Native", "Int8Native", "Int4PackCUDA", "Dequant", "ExactTopLogits", "candidates",
-           "lm_head_candidates"]
+__all__ = ["Kernel", "Int4PackCPU", "Int8PackCPU", "Int4Native", "Int8Native", "Int4PackCUDA", "Dequant",
+           "ExactTopLogits", "candidates", "lm_head_candidates"]

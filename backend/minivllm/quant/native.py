@@ -26,16 +26,18 @@ SOURCE = Path(__file__).with_name("native") / "q8_matmul.cpp"
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
 BLOCK = 32  # the activation quantization block
 PAIR = 2 * BLOCK  # the 4-bit kernel steps two blocks at a time: it needs K % 64 == 0
-Q4_BLOCK_BYTES = 20  # fp16 d, fp16 m, 16 bytes of nibbles
-CAPABLE_CPUS = {"AVX2", "AVX512", "AVX512_VNNI", "AVX512_BF16", "AMX"}
+
+
+def cpu_has_avx2() -> bool:
+    """torch's own view of the CPU ("AVX2", "AVX512", ...): the kernels need AVX2, FMA and F16C."""
+    return torch.backends.cpu.get_cpu_capability().startswith(("AVX2", "AVX512"))
 
 
 @functools.cache
 def available() -> str | None:
     """None when the kernels are loaded, else why not (for the load log)."""
-    capability = torch.backends.cpu.get_cpu_capability()
-    if not any(capability.startswith(c) for c in ("AVX2", "AVX512")):
-        return f"CPU capability {capability} has no AVX2"
+    if not cpu_has_avx2():
+        return f"CPU capability {torch.backends.cpu.get_cpu_capability()} has no AVX2"
     try:
         _build()
     except Exception as e:  # a missing compiler or ninja must not stop the engine: torch's kernels remain
@@ -52,8 +54,10 @@ def _build() -> None:
     build_dir.mkdir(parents=True, exist_ok=True)
     if not list(build_dir.glob("*.so")):
         progress("building the native int8-activation kernels (once; cached) ...")
-    cpp_extension.load(name="minivllm_native", sources=[str(SOURCE)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"], is_python_module=False,
-                       build_directory=str(build_dir), verbose=False)
+    # -fopenmp: at::parallel_for is inline OpenMP; without it the kernels would run on one thread
+    cpp_extension.load(name="minivllm_native", sources=[str(SOURCE)], extra_cflags=FLAGS,
+                       extra_ldflags=["-fopenmp"], is_python_module=False, build_directory=str(build_dir),
+                       verbose=False)
     _register_fakes()
 
 
@@ -81,7 +85,7 @@ def pack_q4(weight: Int4Weight) -> torch.Tensor:
     q = weight.q.reshape(n, k // BLOCK, BLOCK)
     nibbles = (q[..., :16] | (q[..., 16:] << 4)).to(torch.uint8).reshape(n, -1)
     halves = torch.cat([d, m], dim=1).to(torch.float16).view(torch.uint8)
-    return torch.cat([halves, nibbles], dim=1).contiguous()
+    return torch.cat([halves, nibbles], dim=1)
 
 
 def q4_q8_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:

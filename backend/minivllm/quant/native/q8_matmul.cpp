@@ -32,6 +32,8 @@ namespace {
 constexpr int64_t kBlock = 32;
 constexpr int64_t kPair = 2 * kBlock;   // kernels consume two blocks per step: one 32-byte load of nibbles
 constexpr int64_t kRowTile = 4;         // activation rows sharing one unpacked weight pair
+constexpr int64_t kQ4BlockBytes = 20;   // a 4-bit weight block: fp16 d, fp16 m, 16 bytes of nibbles
+constexpr int64_t kFeatureGrain = 64;   // output features per parallel task: amortises a task, still balances
 
 // Activations quantized per block of 32 to int8. The 4-bit kernel reads them in the pair layout: per 64
 // inputs, 32 bytes [block0 0..15, block1 0..15] then 32 bytes [block0 16..31, block1 16..31] (the order
@@ -202,16 +204,11 @@ void check_activations(const at::Tensor& x, int64_t multiple) {
   TORCH_CHECK(x.size(1) % multiple == 0, "K=", x.size(1), " must be a multiple of ", multiple);
 }
 
-// Output features per parallel task: enough work to amortise a task, small enough to balance.
-constexpr int64_t kFeatureGrain = 64;
-constexpr int64_t kQ4BlockBytes = 20;  // per block: fp16 d, fp16 m, 16 bytes of nibbles
-
 at::Tensor q4_q8_linear(const at::Tensor& x, const at::Tensor& w) {
   check_activations(x, kPair);
   const int64_t rows = x.size(0), blocks = x.size(1) / kBlock, n = w.size(0);
   TORCH_CHECK(w.scalar_type() == at::kByte && w.is_contiguous() && w.size(1) == blocks * kQ4BlockBytes,
               "q4 weight must be uint8 [N, K/32*20], got ", w.sizes());
-  TORCH_CHECK(x.size(1) == blocks * kBlock);
   const QuantizedActivations a = quantize_rows(x, /*pair_layout=*/true);
   at::Tensor out = at::empty({rows, n}, x.options());
   const uint8_t* weights = w.data_ptr<uint8_t>();
@@ -232,11 +229,12 @@ at::Tensor i8_q8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tens
   const int64_t rows = x.size(0), blocks = x.size(1) / kBlock, n = w.size(0);
   TORCH_CHECK(w.scalar_type() == at::kChar && w.is_contiguous() && w.size(1) == x.size(1),
               "i8 weight must be int8 [N, K], got ", w.sizes());
-  TORCH_CHECK(w_scale.scalar_type() == at::kFloat && w_scale.numel() == n, "one fp32 scale per output row");
+  TORCH_CHECK(w_scale.scalar_type() == at::kFloat && w_scale.is_contiguous() && w_scale.numel() == n,
+              "one contiguous fp32 scale per output row");
   const QuantizedActivations a = quantize_rows(x, /*pair_layout=*/false);
   at::Tensor out = at::empty({rows, n}, x.options());
   const int8_t* weights = w.data_ptr<int8_t>();
-  const float* scales = w_scale.contiguous().data_ptr<float>();
+  const float* scales = w_scale.data_ptr<float>();
   float* o = out.data_ptr<float>();
   at::parallel_for(0, n, kFeatureGrain, [&](int64_t begin, int64_t end) {
     for (int64_t f = begin; f < end; ++f) {

@@ -207,7 +207,7 @@ def test_default_precision_parts_from_eager_only_at_near_ties(embedded_model_q4)
     loaded = embedded_model_q4
     questions = ("What is the capital of France?", "Name three colors.", "Write a haiku about the sea.")
     prompts = [chat_ids(loaded.tokenizer, q) for q in questions]
-    params = SamplingParams(temperature=0, max_tokens=32, logprobs=2, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=32, logprobs=5, ignore_eos=True)  # a tie can be 3-way
     runs = _eager_and_compiled(loaded, prompts, params)
     for rid in runs[0]:
         first_part_at_a_near_tie(runs[0][rid].outputs[0], runs[1][rid].outputs[0])

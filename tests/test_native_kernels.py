@@ -1,10 +1,11 @@
-"""Our AVX2 int8-activation kernels (quant/native.py): built here, not skipped on a capable CPU, each
-row computed alone, the GGUF Q4_1 block carried over exactly, inside torch.compile, and a build that
-fails leaves torch's kernels in charge."""
+"""Our native kernels (quant/native.py), int8- and fp32-activation: built here, not skipped on a capable
+CPU, each row computed alone, the fp32 ones exact, the VNNI loops equal to the AVX2 ones, the GGUF Q4_1
+block carried over exactly, inside torch.compile, and a build that fails leaves torch's kernels in charge."""
 
 from __future__ import annotations
 
 import logging
+import sys
 
 import numpy as np
 import pytest
@@ -19,6 +20,15 @@ needs_avx2 = pytest.mark.skipif(not native.cpu_has_avx2(), reason=f"CPU capabili
                                                      "has no AVX2: the native kernels are not offered here")
 
 
+def _cpu_has_vnni() -> bool:
+    flags = open("/proc/cpuinfo").read() if sys.platform == "linux" else ""
+    return all(f in flags.split() for f in ("avx512_vnni", "avx512vl", "avx512bw"))
+
+
+needs_vnni = pytest.mark.skipif(not _cpu_has_vnni(), reason="this CPU has no AVX512-VNNI: the kernels run their AVX2 "
+                                                            "loops only, nothing to compare them with")
+
+
 def _int4(n: int, k: int, group: int = 32, seed: int = 0):
     return quantize_int4("w", torch.randn(n, k, generator=torch.Generator().manual_seed(seed)) * 0.05, group)
 
@@ -26,18 +36,26 @@ def _int4(n: int, k: int, group: int = 32, seed: int = 0):
 @needs_avx2
 def test_the_native_kernels_build_and_are_candidates_on_an_avx2_cpu():
     assert native.available() is None  # a missing compiler or ninja on an AVX2 box fails here, loudly
-    names = [k.name for k in kernels.candidates(_int4(64, 128), CPU, torch.float32)]
-    assert names[0] == "int4avx2/int8"
-    head = kernels.lm_head_candidates(quantize_int8("h", torch.randn(256, 96)), CPU, torch.float32)
-    assert "int8avx2+exact64/int8" in [k.name for k in head]
+    int4 = kernels.candidates(_int4(64, 128), CPU, torch.float32)
+    assert [k.name for k in int4[:2]] == ["int4avx2/int8", "int4avx2/fp32"]
+    assert int4[0].packed is int4[1].packed  # one packed copy serves both activation precisions
+    head = [k.name for k in kernels.lm_head_candidates(quantize_int8("h", torch.randn(256, 96)), CPU, torch.float32)]
+    assert "int8avx2+exact64/int8" in head and "int8avx2/fp32" in head  # an exact kernel needs no exact-top pass
+
+
+def _native(kind: str, exact: bool, n: int, k: int):
+    if kind == "int4":
+        return kernels.Int4Native(native.pack_q4(_int4(n, k)), exact)
+    w = quantize_int8("w", torch.randn(n, k, generator=torch.Generator().manual_seed(1)))
+    return kernels.Int8Native(w.q, w.scale[:, 0], exact)
 
 
 @needs_avx2
-@pytest.mark.parametrize("kernel_kind", ["int4", "int8"])
-def test_each_row_gets_the_same_bits_alone_and_in_any_batch(kernel_kind):
+@pytest.mark.parametrize("exact", [False, True], ids=["int8-activations", "fp32-activations"])
+@pytest.mark.parametrize("kind", ["int4", "int8"])
+def test_each_row_gets_the_same_bits_alone_and_in_any_batch(kind, exact):
     k = 576
-    kernel = (kernels.Int4Native(_int4(300, k)) if kernel_kind == "int4"
-              else kernels.Int8Native(*(lambda w: (w.q, w.scale[:, 0]))(quantize_int8("w", torch.randn(300, k)))))
+    kernel = _native(kind, exact, 300, k)
     x = torch.randn(9, k)
     batch = kernel(x)
     for rows in (1, 2, 3, 4, 5, 9):
@@ -52,10 +70,42 @@ def test_activation_quantization_error_is_that_of_int8_blocks():
     weight = _int4(64, 256, group=64)
     x = torch.randn(3, 256) * torch.linspace(0.1, 10, 256)  # blocks of very different magnitude
     w = weight.dequantize()
-    y = kernels.Int4Native(weight)(x)
+    y = kernels.Int4Native(native.pack_q4(weight))(x)
     block_max = x.abs().reshape(3, 8, 32).amax(-1)  # [rows, blocks]
     bound = torch.einsum("rb,nb->rn", block_max / 254, w.abs().reshape(64, 8, 32).sum(-1))
     assert ((y - x @ w.t()).abs() <= bound * 1.001 + 1e-4).all()
+
+
+@needs_avx2
+@pytest.mark.parametrize("kind", ["int4", "int8"])
+@pytest.mark.parametrize("shape", [(1, 64, 128), (5, 301, 576), (9, 96, 1536)])
+def test_the_fp32_activation_kernels_compute_the_dequantized_product(kind, shape):
+    """fp32 activations, weights dequantized in registers: equal to x @ W^T of the dequantized
+    weights up to fp32 summation order, the precision of the fp32 model HF parity is checked on."""
+    rows, n, k = shape
+    kernel = _native(kind, True, n, k)
+    if kind == "int4":
+        w = _int4(n, k).dequantize()
+    else:
+        w = kernel.q.float() * kernel.scale[:, None]
+    x = torch.randn(rows, k)
+    expected = (x.double() @ w.double().t()).float()
+    assert kernel.exact
+    assert torch.allclose(kernel(x), expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+
+
+@needs_vnni
+@pytest.mark.parametrize("kind", ["int4", "int8"])
+def test_the_vnni_loops_give_the_avx2_loops_bits(kind):
+    kernel = _native(kind, False, 200, 576)
+    x = torch.randn(7, 576)
+    try:
+        assert native.use_vnni(True)
+        with_vnni = kernel(x)
+        assert not native.use_vnni(False)
+        assert torch.equal(kernel(x), with_vnni)
+    finally:
+        native.use_vnni(True)
 
 
 @needs_avx2
@@ -75,8 +125,9 @@ def test_a_gguf_q4_1_block_is_packed_with_its_own_fp16_d_and_m():
 
 
 @needs_avx2
-def test_the_native_kernel_runs_inside_a_compiled_graph():
-    kernel = kernels.Int4Native(_int4(128, 128))
+@pytest.mark.parametrize("exact", [False, True], ids=["int8-activations", "fp32-activations"])
+def test_the_native_kernel_runs_inside_a_compiled_graph(exact):
+    kernel = kernels.Int4Native(native.pack_q4(_int4(128, 128)), exact)
     norm = torch.ones(128)
 
     def layer(x):

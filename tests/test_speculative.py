@@ -471,7 +471,7 @@ def costs_of(by_rows: dict[int, float], round_s: float = 0.0) -> StepCosts:
     costs = StepCosts()
     for rows, seconds in by_rows.items():
         costs.observe(rows, seconds)
-    costs.observe_round(round_s)
+    costs.observe_rounds([round_s])
     return costs
 
 
@@ -489,12 +489,41 @@ def test_the_planner_drafts_where_it_pays_and_not_where_it_does_not():
     assert cheap == [4] and dear[0] < 4
 
 
+def test_a_draft_models_later_rounds_are_priced_apart_from_its_first():
+    """The first round also catches the draft's cache up (a chunk, run eagerly); later rounds are
+    one token a sequence. Three rounds cost the first plus two later ones, not three firsts."""
+    costs = StepCosts()
+    costs.observe_rounds([0.030, 0.010, 0.010])
+    assert costs.drafting_s(0) == 0.0
+    assert costs.drafting_s(1) == pytest.approx(0.030)
+    assert costs.drafting_s(3) == pytest.approx(0.050)
+    only_first = StepCosts()
+    only_first.observe_rounds([0.030])
+    assert only_first.drafting_s(2) == pytest.approx(0.060)  # no later round seen yet: priced as a first
+    # what it changes: at 90% acceptance, a 60 ms first round and 10 ms later ones, verify rows
+    # costing little, drafting 4 deep pays, where pricing every round like the first stops earlier
+    by_rows = {1: 0.1, 5: 0.12}
+    assert plan_drafts([0.9], [4], 1, costs_of(by_rows, 0.060), per_round=True)[0] < 4
+    priced_apart = costs_of(by_rows)
+    priced_apart.observe_rounds([0.060, 0.010, 0.010, 0.010])
+    assert plan_drafts([0.9], [4], 1, priced_apart, per_round=True) == [4]
+
+
 def test_step_costs_interpolate_and_are_optimistic_above_what_was_measured():
     costs = costs_of({1: 0.1, 9: 0.5})
     assert costs.step_s(5) == pytest.approx(0.3)
     assert costs.step_s(16) == pytest.approx(0.5)  # unmeasured: tried at the largest known price
     costs.observe(9, 0.8)
     assert costs.step_s(9) == pytest.approx(0.5 + EMA * 0.3)
+
+
+def test_a_smaller_step_never_costs_more_than_a_larger_one_measured():
+    """One slow 2-row step (an outlier) must not price drafting out: 2 rows are never dearer than 4."""
+    costs = costs_of({1: 0.060, 2: 0.117, 4: 0.104})
+    assert costs.step_s(2) == pytest.approx(0.104)
+    assert costs.step_s(3) == pytest.approx(0.104)
+    assert costs.step_s(1) == pytest.approx(0.060)
+    assert plan_drafts([0.9], [3], 1, costs, per_round=False) == [3]
 
 
 def test_acceptance_is_learned_per_sequence_and_relaxes_back():
@@ -508,6 +537,28 @@ def test_acceptance_is_learned_per_sequence_and_relaxes_back():
     assert acc.rate(1) > 0.5  # tried again later
     acc.forget_except({2})
     assert acc.rate(1) == pytest.approx(0.6)
+
+
+def test_a_draft_models_first_run_over_the_prompt_is_not_priced_as_a_round(tiny_model):
+    """The draft model's first proposal runs the whole prompt: paid once per request. Priced as a
+    round, it made every later draft look too dear, and the planner stopped drafting for good."""
+    engine = spec_engine(tiny_model, {**DRAFT, "adaptive": True}, tiny_model)
+    spec = engine.speculator
+    priced, proposals = [], []
+    observe_rounds, propose = spec.costs.observe_rounds, spec.proposer.propose
+    spec.costs.observe_rounds = lambda seconds: (priced.append(spec.proposer.longest_catch_up), observe_rounds(seconds))
+
+    def recording(seqs, ks):
+        propose(seqs, ks)
+        proposals.append(spec.proposer.longest_catch_up)
+
+    spec.proposer.propose = recording
+    ids = repetitive_prompts()[0]
+    assert len(ids) > DRAFT["num_speculative_tokens"] + 1
+    engine.add_request("a", prompt_token_ids=ids, params=SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
+    run(engine)
+    assert proposals[0] == len(ids) + 1  # the first proposal ran the prompt and the first token through the draft
+    assert priced and max(priced) <= DRAFT["num_speculative_tokens"] + 1  # it was not priced; later rounds were
 
 
 def test_adaptive_engine_stops_drafting_what_is_always_rejected(tiny_model):

@@ -29,6 +29,6 @@ def create_engine(model: str | None = None, config: EngineConfig | None = None, 
         torch.set_num_threads(threads)
     loaded = load_model(model, dtype=dtype, device=device, seed=seed, max_model_len=config.max_model_len,
                         quantization=quantization)
-    draft = load_draft(speculative, loaded, config.max_model_len) if speculative else None
     use_compilation(loaded.model, loaded.device, eager_requested(enforce_eager))
+    draft = load_draft(speculative, loaded, config.max_model_len) if speculative else None
     return LLMEngine(loaded, config, speculative=speculative, draft=draft)

@@ -1,16 +1,17 @@
-"""Pick each quantized layer's kernel per row bucket by timing the candidates at load.
+"""Pick each quantized layer's kernel by timing the candidates at every row bucket at load.
 
 A wrong pick can cost 10x (torch's CPU int4 kernel with fp32 activations on an AVX2-only CPU), and
 which pick is right differs between CPUs, so nothing is assumed: layers are grouped by (format,
 shape), each group's candidates are timed on its own weights at every row bucket, and the fastest
 wins. A candidate more than SLOW_CUTOFF times slower than the best is not timed at larger buckets
-(they only get worse). Ties within PREFER_MARGIN go to the exact path (fp32 activations), then to
-the kernel already used for the smaller bucket, so a request's rows change kernels only when that
-pays. The result is logged and stays off the hot path.
+(they only get worse). A layer runs one kernel at every row count (the fastest over all buckets;
+ties within PREFER_MARGIN go to the exact path, fp32 activations), so a row gets the same result
+alone and in a batch. The result is logged and stays off the hot path.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections import defaultdict
@@ -99,18 +100,26 @@ def _time(sample: list[QuantLinear], name: str, x: torch.Tensor) -> float:
     return statistics.median(runs) * 1e3
 
 
+def _score(timings: dict[int, dict[str, float]], names: set[str]) -> float:
+    """Geometric mean over buckets of the best time among `names` over the best time of all (1: the
+    fastest everywhere; a kernel cut at a bucket for being slow scores infinity)."""
+    ratios = [min((ms for n, ms in t.items() if n in names), default=math.inf) / min(t.values())
+              for t in timings.values()]
+    return math.exp(statistics.fmean(map(math.log, ratios)))
+
+
 def _plan_from(timings: dict[int, dict[str, float]], layer: QuantLinear) -> list[tuple[int, str]]:
+    """One kernel for every row count: the fastest over all buckets (geometric mean of its time over
+    the best), the exact one if it is within PREFER_MARGIN. A kernel per bucket let a row's result
+    depend on how many rows shared its step (measured: with int8 activations alone and fp32 ones in
+    a batch of 8, a request parted from its alone run by 0.38 nats), and could keep two stored forms
+    of a weight (160 MiB instead of 97); with one kernel, and ours computing each row alone, neither."""
     exact = {k.name for k in layer.candidates if k.exact}
-    plan: list[tuple[int, str]] = []
-    for rows, by_kernel in timings.items():
-        best = min(by_kernel.values())
-        good = [n for n, ms in by_kernel.items() if ms <= best * PREFER_MARGIN]
-        previous = plan[-1][1] if plan else None
-        pick = (next((n for n in good if n in exact), None)
-                or (previous if previous in good else None)
-                or min(good, key=by_kernel.get))
-        plan.append((rows, pick))
-    return plan
+    scores = {k.name: _score(timings, {k.name}) for k in layer.candidates}
+    best = min(scores.values())
+    good = [n for n, score in scores.items() if score <= best * PREFER_MARGIN]
+    pick = next((n for n in good if n in exact), None) or min(good, key=scores.get)
+    return [(max(timings), pick)]
 
 
 def _merge(plan: list[tuple[int, str]]) -> list[tuple[int, str]]:

@@ -95,14 +95,28 @@ def _check_groups(name: str, weight: torch.Tensor, group_size: int) -> None:
 
 
 def quantize_int4(name: str, weight: torch.Tensor, group_size: int) -> Int4Weight:
-    """Asymmetric round-to-nearest in groups along the input dimension (min/max per group)."""
+    """Asymmetric round-to-nearest in groups along the input dimension (min/max per group). The
+    minimum and the step are fp16 values, as in GGUF's Q4_1 (rounded outward, so the grid still
+    covers the group): the native kernels store them in fp16 and then compute exactly this weight."""
     _check_groups(name, weight, group_size)
     n, k = weight.shape
     groups = weight.detach().float().reshape(n, k // group_size, group_size)
     low, high = groups.amin(-1), groups.amax(-1)
-    scale = ((high - low) / 15).clamp(min=torch.finfo(torch.float32).tiny)
+    low = _to_half(low, rounding=-1)
+    scale = _to_half(((high - low) / 15).clamp(min=_HALF_TINY), rounding=+1)
     q = ((groups - low[..., None]) / scale[..., None]).round_().clamp_(0, 15).to(torch.uint8)
     return Int4Weight(q.reshape(n, k), scale, low + 8 * scale, group_size)
+
+
+_HALF_TINY = 2.0**-24  # the smallest positive fp16 value
+
+
+def _to_half(values: torch.Tensor, rounding: int) -> torch.Tensor:
+    """fp16-representable values (as fp32), rounded down (rounding=-1) or up (+1)."""
+    half = values.half()
+    off = half.float() > values if rounding < 0 else half.float() < values
+    toward = torch.full_like(half, rounding * float("inf"))
+    return torch.where(off, torch.nextafter(half, toward), half).float()
 
 
 def quantize_int8(name: str, weight: torch.Tensor, group_size: int | None = None) -> Int8Weight:

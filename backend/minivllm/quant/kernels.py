@@ -13,6 +13,9 @@ product up to the activation precision they name:
   int4avx2/int8   our AVX2 kernel (native.py): activations quantized to int8 per block of 32, integer
                   products (llama.cpp's Q4_1 x Q8_1 arithmetic); K % 64 == 0
   int8avx2/int8   the same for per-channel int8 weights (K % 32 == 0)
+  int4avx2/fp32, int8avx2/fp32
+                  our AVX2 kernels with fp32 activations: the weights dequantized in registers, exact
+                  (the same packed weights as the int8-activation kernels: one copy serves both)
   int8pack+exact64/bf16, int8avx2+exact64/int8
                   an LM head only: the kernel, then each row's 64 highest logits recomputed in fp32
   int4pack-cuda   torch's CUDA 4-bit kernel (bf16 only, tensor cores)
@@ -94,31 +97,45 @@ class Int8PackCPU(Kernel):
 
 
 class Int4Native(Kernel):
-    name = "int4avx2/int8"
-    exact = False
+    """Our 4-bit kernel; `exact`: fp32 activations, else int8 ones. `packed`: native.pack_q4's rows,
+    which the two variants of one weight share."""
 
-    def __init__(self, weight: Int4Weight):
-        self.packed = native.pack_q4(weight)
+    def __init__(self, packed: torch.Tensor, exact: bool = False):
+        self.packed, self.exact = packed, exact
+        self.name = "int4avx2/fp32" if exact else "int4avx2/int8"
+        self.op = native.q4_f32_linear if exact else native.q4_q8_linear
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return native.q4_q8_linear(x.float().contiguous(), self.packed).to(x.dtype)
+        return self.op(x.float().contiguous(), self.packed).to(x.dtype)
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.packed]
 
 
 class Int8Native(Kernel):
-    name = "int8avx2/int8"
-    exact = False
+    """Our int8 kernel; `exact`: fp32 activations, else int8 ones. `scale`: [N] (per channel) or
+    [N, K/32] (per block, e.g. GGUF Q8_0 as stored: no re-rounding)."""
 
-    def __init__(self, q: torch.Tensor, scale: torch.Tensor):
-        self.q, self.scale = q, scale.float().contiguous()
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, exact: bool = False):
+        self.q, self.scale, self.exact = q, scale.float().contiguous(), exact
+        self.name = "int8avx2/fp32" if exact else "int8avx2/int8"
+        self.op = native.i8_f32_linear if exact else native.i8_q8_linear
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return native.i8_q8_linear(x.float().contiguous(), self.q, self.scale).to(x.dtype)
+        return self.op(x.float().contiguous(), self.q, self.scale).to(x.dtype)
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.q, self.scale]
+
+
+def _native_int8_scales(weight: Int8Weight) -> torch.Tensor | None:
+    """The native int8 kernels' scales: [N] per channel, [N, K/32] per block of 32 (a coarser group
+    repeats its scale), None for groups that do not tile 32."""
+    if weight.per_channel:
+        return weight.scale[:, 0].float().contiguous()
+    if weight.group_size % native.BLOCK:
+        return None
+    return weight.scale.float().repeat_interleave(weight.group_size // native.BLOCK, dim=1).contiguous()
 
 
 def _native_fits(weight: QuantizedWeight) -> bool:
@@ -136,29 +153,32 @@ class ExactTopLogits(Kernel):
 
     TOP = 64
 
-    def __init__(self, fast: Kernel, q: torch.Tensor, scale: torch.Tensor):
-        self.fast, self.q, self.scale = fast, q, scale.float()
+    def __init__(self, fast: Kernel, weight: Int8Weight):
+        self.fast, self.weight = fast, weight
         self.name = fast.name.replace("/", f"+exact{self.TOP}/")
         self.exact = False  # exact where it matters, not everywhere: "exact" still means fp32 throughout
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         logits = self.fast(x)
         top = logits.topk(min(self.TOP, logits.shape[-1]), dim=-1).indices  # [rows, TOP]
-        rows = self.q[top].to(x.dtype)  # [rows, TOP, K]
+        rows = self.weight.rows(top.flatten()).dequantize(x.dtype).view(*top.shape, -1)  # [rows, TOP, K]
         # multiply-and-sum, not bmm: a batched GEMM picks its kernel by batch size, a row-wise sum
         # gives every row the same bits alone and in any batch
-        exact = (rows * x.unsqueeze(1)).sum(-1) * self.scale[top]
+        exact = (rows * x.unsqueeze(1)).sum(-1)
         return logits.scatter_(1, top, exact.to(logits.dtype))
 
+    @property
+    def q(self) -> torch.Tensor:
+        return self.weight.q
+
     def tensors(self) -> list[torch.Tensor]:
-        return self.fast.tensors() + [self.q, self.scale]
+        return self.fast.tensors() + [self.weight.q, self.weight.scale]
 
 
 def lm_head_candidates(weight: Int8Weight, device: torch.device, dtype: torch.dtype) -> list[Kernel]:
-    """The LM head's candidates: every rounding kernel gets its top logits made exact."""
-    per_channel = to_per_channel(weight)  # once: the kernels below share its int8 values
-    return [k if k.exact else ExactTopLogits(k, per_channel.q, per_channel.scale[:, 0])
-            for k in candidates(per_channel, device, dtype)]
+    """The LM head's candidates: every rounding kernel gets its top logits made exact (from the
+    weight as given: a GGUF Q8_0 table keeps its per-block scales)."""
+    return [k if k.exact else ExactTopLogits(k, weight) for k in candidates(weight, device, dtype)]
 
 
 class Int4PackCUDA(Kernel):
@@ -211,12 +231,17 @@ def candidates(weight: QuantizedWeight, device: torch.device, dtype: torch.dtype
             return [Int4PackCUDA(weight, device), Dequant(weight, device, dtype)]
         return [Dequant(weight, device, dtype)]
     acts = [torch.bfloat16, torch.float32] if dtype == torch.float32 else [dtype]
+    native_ok = _native_fits(weight)
+    if native_ok and isinstance(weight, Int8Weight):
+        scale = _native_int8_scales(weight)
+        native_ok = scale is not None
     if isinstance(weight, Int4Weight):
         packed = _Int4Pack(weight)
-        own = [Int4Native(weight)] if _native_fits(weight) else []
+        rows = native.pack_q4(weight) if native_ok else None
+        own = [Int4Native(rows, exact) for exact in (False, True)] if native_ok else []
         return own + [Int4PackCPU(packed, a) for a in acts]
-    per_channel = to_per_channel(weight)
-    own = [Int8Native(per_channel.q, per_channel.scale[:, 0])] if _native_fits(weight) else []
+    own = [Int8Native(weight.q, scale, exact) for exact in (False, True)] if native_ok else []
+    per_channel = to_per_channel(weight)  # torch's int8 kernels take one scale per row: a grouped weight re-rounds
     return own + [Int8PackCPU(per_channel.q, per_channel.scale[:, 0], a) for a in acts]
 
 

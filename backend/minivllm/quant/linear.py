@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from minivllm.quant.formats import Int4Weight, Int8Weight, QuantizedWeight, quantize_int8, to_per_channel
+from minivllm.quant.formats import Int4Weight, Int8Weight, QuantizedWeight, quantize_int8
 from minivllm.quant.kernels import Kernel, candidates
 
 
@@ -60,25 +60,27 @@ class QuantLinear(nn.Module):
 
 
 class QuantEmbedding(nn.Module):
-    """Looks rows up in int8 form and scales them: the table never exists in floats. For a tied
-    LM head the int8 values are shared with the head's int8 kernels (one copy)."""
+    """Looks rows up in int8 form and scales them: the table never exists in floats. Scales are per
+    row or per group (GGUF's Q8_0 keeps its own blocks). For a tied LM head the int8 values are
+    shared with the head's int8 kernels (one copy)."""
 
     def __init__(self, weight: QuantizedWeight, device: torch.device, dtype: torch.dtype):
         super().__init__()
         if isinstance(weight, Int4Weight):  # an int8 table is exact enough and lookups stay simple
             weight = quantize_int8("embedding", weight.dequantize(), None)
-        per_channel = to_per_channel(weight)
-        self.q = per_channel.q.to(device)
-        self.scale = per_channel.scale[:, 0].to(device)
+        self.q = weight.q.to(device)
+        self.scale = weight.scale.to(device)  # [N, groups]
+        self.group_size = weight.group_size
         self.dtype = dtype
         self.num_embeddings, self.embedding_dim = self.q.shape
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return (self.q[ids].to(self.dtype) * self.scale[ids, None].to(self.dtype))
+        q = self.q[ids].to(self.dtype).view(*ids.shape, -1, self.group_size)
+        return (q * self.scale[ids, :, None].to(self.dtype)).flatten(-2)
 
     def as_weight(self) -> Int8Weight:
         """The table as a weight whose kernels share its storage (a tied LM head)."""
-        return Int8Weight(self.q, self.scale[:, None], self.embedding_dim)
+        return Int8Weight(self.q, self.scale, self.group_size)
 
     def stored_tensors(self) -> list[torch.Tensor]:
         return [self.q, self.scale]

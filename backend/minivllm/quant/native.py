@@ -22,7 +22,7 @@ from minivllm.quant.formats import Int4Weight
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("native") / "q8_matmul.cpp"
+SOURCES = [Path(__file__).with_name("native") / name for name in ("q8_matmul.cpp", "f32_matmul.cpp")]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
 BLOCK = 32  # the activation quantization block
 PAIR = 2 * BLOCK  # the 4-bit kernel steps two blocks at a time: it needs K % 64 == 0
@@ -55,23 +55,35 @@ def _build() -> None:
     if not list(build_dir.glob("*.so")):
         progress("building the native int8-activation kernels (once; cached) ...")
     # -fopenmp: at::parallel_for is inline OpenMP; without it the kernels would run on one thread
-    cpp_extension.load(name="minivllm_native", sources=[str(SOURCE)], extra_cflags=FLAGS,
+    cpp_extension.load(name="minivllm_native", sources=[str(p) for p in SOURCES], extra_cflags=FLAGS,
                        extra_ldflags=["-fopenmp"], is_python_module=False, build_directory=str(build_dir),
                        verbose=False)
     _register_fakes()
+    use_vnni(True)
+
+
+def use_vnni(enable: bool) -> bool:
+    """The int8-activation kernels' AVX512-VNNI loops (one vpdpbusd for vpmaddubsw + vpmaddwd), where
+    the CPU has them; they give the same bits as the AVX2 loops. Returns whether they run."""
+    return torch.ops.minivllm_native.use_vnni(enable)
+
+
+def instruction_set() -> str:
+    """What the int8-activation kernels run on here, for logs and benchmarks."""
+    if available() is not None:
+        return "not built"
+    return "AVX512-VNNI" if torch.ops.minivllm_native.use_vnni(True) else "AVX2"
 
 
 @functools.cache  # once per process: a second registration is an error
 def _register_fakes() -> None:
     """Shapes for torch.compile: the compiled decode step calls these as opaque operators."""
 
-    @torch.library.register_fake("minivllm_native::q4_q8_linear")
-    def _(x, w):
+    def output_shape(x, w, *scale):
         return x.new_empty(x.shape[0], w.shape[0])
 
-    @torch.library.register_fake("minivllm_native::i8_q8_linear")
-    def _(x, w, w_scale):
-        return x.new_empty(x.shape[0], w.shape[0])
+    for op in ("q4_q8_linear", "i8_q8_linear", "q4_f32_linear", "i8_f32_linear"):
+        torch.library.register_fake(f"minivllm_native::{op}")(output_shape)
 
 
 def pack_q4(weight: Int4Weight) -> torch.Tensor:
@@ -94,3 +106,11 @@ def q4_q8_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
 
 def i8_q8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return torch.ops.minivllm_native.i8_q8_linear(x, q, scale)
+
+
+def q4_f32_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    return torch.ops.minivllm_native.q4_f32_linear(x, packed)
+
+
+def i8_f32_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return torch.ops.minivllm_native.i8_f32_linear(x, q, scale)

@@ -8,8 +8,9 @@
 
 The embedding and the LM head (one tensor when tied) are never taken below 8 bits: every logit
 reads the whole head, and 4-bit heads cost the most quality for the least memory in llama.cpp's
-and torchao's measurements, so int4/int8 both put them in per-channel int8. Norms stay in floats
-(576 values per layer: nothing to gain).
+and torchao's measurements, so int4/int8 both put them in per-channel int8 (auto keeps a GGUF Q8_0
+table in its own blocks of 32: exactly the file's values). Norms stay in floats (576 values per
+layer: nothing to gain).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from minivllm.quant.formats import (Int4Weight, Int8Weight, QuantizedWeight, concat_rows, quantize_int4,
-                                    quantize_int8, to_per_channel)
+                                    quantize_int8)
 
 QUANTIZATION_CHOICES = ("auto", "none", "int8", "int4")
 INT4_GROUP_SIZES = (32, 64, 128)
@@ -67,7 +68,7 @@ def _decide(name: str, value, config: QuantConfig, dtype: torch.dtype):
     if config.mode == "none" or not is_matrix:
         return dequantize(value).to(dtype)
     if name in TABLE_NAMES and isinstance(value, Int8Weight):
-        return to_per_channel(value)  # the form the int8 kernels and the lookup take (GGUF Q8_0 is grouped)
+        return value  # GGUF Q8_0 stays in its own blocks: the lookup and our kernels take them as they are
     if config.mode == "auto":
         return value if not isinstance(value, torch.Tensor) else value.to(dtype)
     if name in TABLE_NAMES:

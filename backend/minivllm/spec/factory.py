@@ -10,6 +10,7 @@ from minivllm.engine.config import ConfigError
 from minivllm.engine.model_runner import ModelRunner
 from minivllm.loader import LoadedModel, load_model
 from minivllm.model.attention import KVCache
+from minivllm.model.compiled import use_compilation
 from minivllm.spec.config import PARAM, SpeculativeConfig
 from minivllm.spec.proposers import DraftModelProposer, EarlyExitProposer, NgramProposer
 from minivllm.spec.speculator import Proposer, Speculator
@@ -23,6 +24,8 @@ def load_draft(spec: SpeculativeConfig, target: LoadedModel, max_model_len: int 
     draft = load_model(spec.model, dtype=target.dtype, device=str(target.device), max_model_len=max_model_len,
                        quantization=spec.quantization)
     check_same_vocabulary(target, draft)
+    # a draft decodes one row a step, where the compiled step pays most; it runs as its target does
+    use_compilation(draft.model, draft.device, enforce_eager=target.model.compiled is None)
     return draft
 
 
@@ -64,5 +67,5 @@ def _draft_pool(draft: LoadedModel, target_blocks: BlockManager, spec: Speculati
     num_blocks = min(target_blocks.num_blocks, seqs * ceil_div(max_model_len, bs))
     kv = KVCache(cfg.num_hidden_layers, num_blocks, bs, cfg.num_key_value_heads, cfg.head_dim, draft.dtype,
                  draft.device)
-    return ModelRunner(draft.model, kv), BlockManager(num_blocks, bs, enable_prefix_caching=False,
+    return ModelRunner(draft.model, kv).warmed_up(seqs, max_model_len), BlockManager(num_blocks, bs, enable_prefix_caching=False,
                                                       record_events=False)

@@ -9,7 +9,9 @@ more draft round when it is the deepest. Drafts are added one at a time, best fi
 (expected tokens) / (expected time) still grows.
 
 Costs are measured online, never assumed: forward seconds of decode-only steps by row count
-(an exponential moving average per count) and seconds per draft round. Until a row count has
+(an exponential moving average per count) and a draft model's seconds for its first round (which
+also catches its cache up with what the target accepted: a multi-token chunk) and for each later
+round (one token a sequence). Pricing every round like the first overpriced deep drafts by ~50%. Until a row count has
 been seen it is priced like the nearest smaller one that has, so a new setup starts out
 speculating and learns what that costs on this machine.
 """
@@ -24,12 +26,13 @@ DECAY = 0.9  # per verify: older drafts count less (a reply changes from quoting
 
 
 class StepCosts:
-    """Forward seconds by number of decode rows, and seconds per draft round."""
+    """Forward seconds by number of decode rows, and a draft model's seconds per round."""
 
     def __init__(self) -> None:
         self.by_rows: dict[int, float] = {}
         self._known: list[int] = []
-        self.round_s = 0.0
+        self.first_round_s = 0.0
+        self.round_s = 0.0  # a later round; 0 until one is seen
 
     def observe(self, rows: int, seconds: float) -> None:
         if rows not in self.by_rows:
@@ -38,25 +41,41 @@ class StepCosts:
         else:
             self.by_rows[rows] += EMA * (seconds - self.by_rows[rows])
 
-    def observe_round(self, seconds: float) -> None:
-        self.round_s = seconds if not self.round_s else self.round_s + EMA * (seconds - self.round_s)
+    def observe_rounds(self, seconds: list[float]) -> None:
+        """One proposal's rounds, in order: the first, then the later ones."""
+        if seconds:
+            self.first_round_s = _ema(self.first_round_s, seconds[0])
+        for later in seconds[1:]:
+            self.round_s = _ema(self.round_s, later)
+
+    def drafting_s(self, rounds: int) -> float:
+        if not rounds:
+            return 0.0
+        return self.first_round_s + (rounds - 1) * (self.round_s or self.first_round_s)
 
     def step_s(self, rows: int) -> float:
         """Interpolated between measured row counts; an unmeasured larger count costs what the
-        largest measured one below it does (optimistic: it gets tried, then measured)."""
+        largest measured one below it does (optimistic: it gets tried, then measured). Never more
+        than a larger count measured: more rows are never cheaper, so a dearer smaller count is an
+        outlier (one slow 2-row step, never re-measured once it stopped all drafting, did that)."""
         known = self._known
         if not known:
             return 1.0
         i = bisect.bisect_left(known, rows)
+        cap = min(self.by_rows[k] for k in known[i:]) if i < len(known) else float("inf")
         if i < len(known) and known[i] == rows:
-            return self.by_rows[rows]
+            return min(self.by_rows[rows], cap)
         if i == 0:
             return self.by_rows[known[0]]
         if i == len(known):
             return self.by_rows[known[-1]]
         lo, hi = known[i - 1], known[i]
         w = (rows - lo) / (hi - lo)
-        return self.by_rows[lo] * (1 - w) + self.by_rows[hi] * w
+        return min(self.by_rows[lo] * (1 - w) + self.by_rows[hi] * w, cap)
+
+
+def _ema(average: float, seconds: float) -> float:
+    return seconds if not average else average + EMA * (seconds - average)
 
 
 class Acceptance:
@@ -90,7 +109,7 @@ def plan_drafts(rates: list[float], limits: list[int], base_rows: int, costs: St
                 per_round: bool) -> list[int]:
     """Drafts per sequence (at most `limits[i]`) that maximise expected tokens per second of the
     next step. `base_rows`: decode rows the step has without drafts; `per_round`: drafting costs
-    `costs.round_s` per round (a model drafts; n-gram lookup is free)."""
+    `costs.drafting_s` for its rounds (a model drafts; n-gram lookup is free)."""
     ks = [0] * len(rates)
     tokens, rows, rounds = float(base_rows), base_rows, 0
     seconds = costs.step_s(rows)
@@ -102,7 +121,7 @@ def plan_drafts(rates: list[float], limits: list[int], base_rows: int, costs: St
         if best < 0:
             return ks
         extra_round = per_round and ks[best] + 1 > rounds
-        new_seconds = costs.step_s(rows + 1) + (rounds + extra_round) * costs.round_s * per_round
+        new_seconds = costs.step_s(rows + 1) + (costs.drafting_s(rounds + extra_round) if per_round else 0.0)
         if (tokens + best_gain) / new_seconds <= tokens / seconds:
             return ks
         ks[best] += 1

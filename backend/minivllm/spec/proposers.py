@@ -4,6 +4,8 @@ a separate draft model with its own paged KV pool. Each sets `seq.draft_token_id
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from minivllm.core.block_manager import BlockManager
@@ -15,6 +17,8 @@ from minivllm.spec.ngram import propose_ngram
 
 class NgramProposer:
     method = "ngram"
+    longest_catch_up = 0
+    round_seconds: list[float] = []
 
     def __init__(self, min_n: int, max_n: int):
         self.min_n, self.max_n = min_n, max_n
@@ -35,12 +39,16 @@ class _ModelDrafter:
     runner: ModelRunner
     block_manager: BlockManager
     num_layers: int | None = None
+    longest_catch_up = 0  # tokens of the longest first work in the last proposal
+    round_seconds: list[float] = []  # the last proposal's rounds, timed (the planner's prices)
 
     def _draft(self, seqs: list[Sequence], ks: list[int], first: list[SeqWork]) -> None:
+        self.longest_catch_up, self.round_seconds = max(len(w.token_ids) for w in first), []
         drafts: list[list[int]] = [[] for _ in seqs]
         probs: list[list[torch.Tensor | None]] = [[] for _ in seqs]
         active, works = list(range(len(seqs))), first
         while active:
+            started = time.perf_counter()
             # the runner's row order: single tokens first, then chunks (sorted is stable)
             pairs = sorted(zip(active, works), key=lambda pair: len(pair[1].token_ids) > 1)
             order = [i for i, _ in pairs]
@@ -50,6 +58,7 @@ class _ModelDrafter:
             for row, i in enumerate(order):
                 drafts[i].append(tokens[row])
                 probs[i].append(qs[row])
+            self.round_seconds.append(time.perf_counter() - started)
             active = [i for i in order if len(drafts[i]) < ks[i]]
             works = [self._next_work(seqs[i], drafts[i]) for i in active]
         for seq, d, q in zip(seqs, drafts, probs):

@@ -7,7 +7,6 @@ batch is smaller than `disable_by_batch_size`."""
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping
 from typing import Protocol
 
@@ -21,6 +20,8 @@ log = logging.getLogger("minivllm.spec")
 
 class Proposer(Protocol):
     method: str
+    longest_catch_up: int  # a model's tokens to run before its first draft, at most, last proposal
+    round_seconds: list[float]  # a model's seconds per round of the last proposal (n-gram: none)
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> None: ...
 
@@ -72,7 +73,6 @@ class Speculator:
 
     def _propose(self, seqs: list[Sequence], ks: list[int]) -> None:
         """Drafts are optional: a proposer that fails costs this step's drafts, never a request."""
-        started = time.perf_counter()
         try:
             self.proposer.propose(seqs, ks)
         except Exception:  # noqa: BLE001 - contained: the sequences decode without drafts
@@ -80,8 +80,10 @@ class Speculator:
             for seq in seqs:
                 seq.clear_drafts()
             return
-        if self.method != "ngram":
-            self.costs.observe_round((time.perf_counter() - started) / max(ks))
+        # a draft model's first run over a whole prompt is paid once per request, not per step
+        # (priced as a round, it made drafting look too dear for good)
+        if self.method != "ngram" and self.proposer.longest_catch_up <= self.config.num_speculative_tokens + 1:
+            self.costs.observe_rounds(self.proposer.round_seconds)
 
     def _room(self, request: Request) -> int:
         """Drafts this request may take now (0: none)."""

@@ -1,0 +1,71 @@
+// Helpers shared by the native kernels (q8_matmul.cpp, f32_matmul.cpp): AVX2 + FMA + F16C.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <immintrin.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace minivllm_native {
+
+constexpr int64_t kBlock = 32;
+constexpr int64_t kPair = 2 * kBlock;   // 4-bit weights are stepped two blocks at a time
+constexpr int64_t kQ4BlockBytes = 20;   // a 4-bit weight block: fp16 d, fp16 m, 16 bytes of nibbles
+constexpr int64_t kFeatureGrain = 64;   // output features per parallel task: amortises a task, still balances
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline __m256i load32(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// Eight fp16 values as floats; a short tail (n = 2, 4 or 6: blocks come in pairs) is zero-padded by a
+// masked load (copying it into a buffer first would stall on store-to-load forwarding every row).
+inline __m256 halves8(const uint16_t* h, int64_t n) {
+  if (n == 8) return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)));
+  const __m128i lanes = _mm_setr_epi32(0, 1, 2, 3);
+  const __m128i mask = _mm_cmplt_epi32(lanes, _mm_set1_epi32(static_cast<int>(n / 2)));
+  return _mm256_cvtph_ps(_mm_maskload_epi32(reinterpret_cast<const int*>(h), mask));
+}
+
+// Runs f(tile, row) over all rows in tiles of ROW_TILE, then the remainder (ROW_TILE <= 4).
+template <int ROW_TILE, typename F>
+void over_row_tiles(int64_t rows, F&& f) {
+  int64_t row = 0;
+  for (; row + ROW_TILE <= rows; row += ROW_TILE) f(std::integral_constant<int, ROW_TILE>{}, row);
+  switch (rows - row) {
+    case 3: f(std::integral_constant<int, 3>{}, row); break;
+    case 2: f(std::integral_constant<int, 2>{}, row); break;
+    case 1: f(std::integral_constant<int, 1>{}, row); break;
+    default: break;
+  }
+}
+
+inline void check_activations(const at::Tensor& x, int64_t multiple) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
+              "expected contiguous fp32 activations [rows, K], got ", x.sizes(), " ", x.scalar_type());
+  TORCH_CHECK(x.size(1) % multiple == 0, "K=", x.size(1), " must be a multiple of ", multiple);
+}
+
+inline void check_q4_weight(const at::Tensor& w, int64_t blocks) {
+  TORCH_CHECK(w.scalar_type() == at::kByte && w.is_contiguous() && w.size(1) == blocks * kQ4BlockBytes,
+              "q4 weight must be uint8 [N, K/32*20], got ", w.sizes());
+}
+
+// An int8 weight [N, K] with fp32 scales [N] (per row) or [N, K/32] (per block of 32, GGUF's Q8_0).
+// Returns whether the scales are per block.
+inline bool check_i8_weight(const at::Tensor& w, const at::Tensor& w_scale, int64_t k) {
+  TORCH_CHECK(w.scalar_type() == at::kChar && w.is_contiguous() && w.size(1) == k,
+              "i8 weight must be int8 [N, K], got ", w.sizes());
+  const int64_t n = w.size(0), blocks = k / kBlock;
+  TORCH_CHECK(w_scale.scalar_type() == at::kFloat && w_scale.is_contiguous() &&
+              (w_scale.numel() == n || w_scale.numel() == n * blocks),
+              "contiguous fp32 scales, one per output row or one per block of 32, got ", w_scale.sizes());
+  return w_scale.numel() == n * blocks && blocks != 1;
+}
+
+}  // namespace minivllm_native

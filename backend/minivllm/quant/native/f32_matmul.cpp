@@ -1,0 +1,162 @@
+// Weight-only quantized matmuls with fp32 activations (AVX2): the output is x @ dequant(W)^T up to the
+// order of fp32 summation, the precision the fp32-dequantized model (the HF parity reference) has.
+//
+// Why: on AVX2 integer products are not cheaper per multiply than fp32 FMAs once their bookkeeping is
+// counted (q8_matmul.cpp spends vpmaddubsw, vpmaddwd, a conversion and a scale FMA per 32 products; four
+// FMAs do the same here), so keeping activations in fp32 costs about the same time and gives up nothing.
+// The weights are dequantized in registers, one block of 32 at a time, and shared by a tile of rows.
+//
+// Every output row is summed in one fixed order (two accumulator chains per row: a block's vectors 0 and
+// 2 in one, 1 and 3 in the other), whatever the tile, so a row gets the same bits alone and in any batch.
+// The weights are the packed tensors q8_matmul.cpp reads (common.h), so both kernels can share them.
+
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "common.h"
+
+namespace {
+
+using namespace minivllm_native;
+
+constexpr int kRowTile = 4;       // rows sharing one dequantized weight block
+constexpr int64_t kFeatureRun = 4;  // features whose scales are converted together, then reused by every row tile
+
+// A 4-bit weight (fp16 d[K/32], fp16 m[K/32], nibbles) whose scales for a run of features are converted
+// to fp32 once (`prepare`), then read by broadcast loads in the inner loop.
+struct Q4Rows {
+  const uint8_t* base;
+  int64_t blocks;
+  float* d;  // [kFeatureRun][blocks], the current run's
+  float* m;
+
+  void prepare(int64_t first, int64_t count) {
+    for (int64_t i = 0; i < count; ++i) {
+      const uint16_t* halves = reinterpret_cast<const uint16_t*>(row(first + i));
+      for (int64_t b = 0; b < blocks; b += 8) {
+        const int64_t n = std::min<int64_t>(8, blocks - b);
+        float d8[8], m8[8];
+        _mm256_storeu_ps(d8, halves8(halves + b, n));
+        _mm256_storeu_ps(m8, halves8(halves + blocks + b, n));
+        std::copy(d8, d8 + n, d + i * blocks + b);
+        std::copy(m8, m8 + n, m + i * blocks + b);
+      }
+    }
+  }
+  const uint8_t* row(int64_t feature) const { return base + feature * blocks * kQ4BlockBytes; }
+  // Vector v (inputs 8v..8v+7) of block b: low nibbles of bytes 0-7 / 8-15, then their high nibbles.
+  __m256 vec(const uint8_t* w, int64_t, int64_t local, int64_t b, int v) const {
+    const __m256i bytes = _mm256_cvtepu8_epi32(
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + 4 * blocks + b * 16 + (v & 1) * 8)));
+    const __m256i q = v < 2 ? _mm256_and_si256(bytes, _mm256_set1_epi32(0x0F)) : _mm256_srli_epi32(bytes, 4);
+    const int64_t s = local * blocks + b;
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), _mm256_broadcast_ss(d + s), _mm256_broadcast_ss(m + s));
+  }
+  float finish(int64_t, float sum) const { return sum; }
+};
+
+// An int8 weight in input order: w = scale * q, the scale one per row (applied to the sum) or, GROUPED,
+// one per block of 32 (GGUF's Q8_0; applied to the weights, exactly: an fp16 scale times an int8 fits fp32).
+template <bool GROUPED>
+struct I8Rows {
+  const int8_t* base;
+  int64_t blocks;
+  const float* scale;
+
+  void prepare(int64_t, int64_t) {}
+  const int8_t* row(int64_t feature) const { return base + feature * blocks * kBlock; }
+  __m256 vec(const int8_t* w, int64_t feature, int64_t, int64_t b, int v) const {
+    const __m256 q = _mm256_cvtepi32_ps(
+        _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + b * kBlock + v * 8))));
+    if constexpr (!GROUPED) return q;
+    return _mm256_mul_ps(q, _mm256_broadcast_ss(scale + feature * blocks + b));
+  }
+  float finish(int64_t feature, float sum) const { return GROUPED ? sum : scale[feature] * sum; }
+};
+
+// FT features x RT rows: each weight vector is dequantized once for RT rows, each activation vector
+// loaded once for FT features.
+template <int FT, int RT, typename W>
+void tile(const W& weights, int64_t first, int64_t local, const float* x, int64_t row, float* out, int64_t n) {
+  const int64_t blocks = weights.blocks, k = blocks * kBlock;
+  decltype(weights.row(0)) w[FT];
+  _Pragma("GCC unroll 8") for (int f = 0; f < FT; ++f) w[f] = weights.row(first + f);
+  __m256 acc[FT][RT][2];
+  _Pragma("GCC unroll 8") for (int f = 0; f < FT; ++f)
+    _Pragma("GCC unroll 8") for (int t = 0; t < RT; ++t) acc[f][t][0] = acc[f][t][1] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    _Pragma("GCC unroll 8") for (int v = 0; v < 4; ++v) {
+      _Pragma("GCC unroll 8") for (int f = 0; f < FT; ++f) {
+        const __m256 wv = weights.vec(w[f], first + f, local + f, b, v);
+        _Pragma("GCC unroll 8") for (int t = 0; t < RT; ++t) {
+          const __m256 xv = _mm256_loadu_ps(x + (row + t) * k + b * kBlock + v * 8);
+          acc[f][t][v & 1] = _mm256_fmadd_ps(wv, xv, acc[f][t][v & 1]);
+        }
+      }
+    }
+  }
+  _Pragma("GCC unroll 8") for (int f = 0; f < FT; ++f)
+    _Pragma("GCC unroll 8") for (int t = 0; t < RT; ++t)
+      out[(row + t) * n + first + f] = weights.finish(first + f, hsum(_mm256_add_ps(acc[f][t][0], acc[f][t][1])));
+}
+
+// A run of features against every row: about eight accumulator chains per tile hide FMA latency.
+template <int RT, typename W>
+void run_rows(const W& weights, int64_t first, int64_t count, const float* x, int64_t row, float* out, int64_t n) {
+  constexpr int FT = RT == 1 ? 4 : RT == 2 ? 2 : 1;
+  int64_t f = 0;
+  for (; f + FT <= count; f += FT) tile<FT, RT>(weights, first + f, f, x, row, out, n);
+  for (; f < count; ++f) tile<1, RT>(weights, first + f, f, x, row, out, n);
+}
+
+template <typename W>
+at::Tensor linear(const at::Tensor& x, W weights, int64_t n) {
+  const int64_t rows = x.size(0);
+  at::Tensor out = at::empty({rows, n}, x.options());
+  const float* xp = x.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, n, kFeatureGrain, [&](int64_t begin, int64_t end) {
+    static thread_local std::vector<float> scales;
+    scales.resize(std::max<size_t>(scales.size(), 2 * kFeatureRun * weights.blocks));
+    W local = weights;
+    if constexpr (std::is_same_v<W, Q4Rows>) local.d = scales.data(), local.m = local.d + kFeatureRun * weights.blocks;
+    for (int64_t first = begin; first < end; first += kFeatureRun) {
+      const int64_t count = std::min(kFeatureRun, end - first);
+      local.prepare(first, count);
+      over_row_tiles<kRowTile>(rows, [&](auto rt, int64_t row) {
+        run_rows<decltype(rt)::value>(local, first, count, xp, row, o, n);
+      });
+    }
+  });
+  return out;
+}
+
+at::Tensor q4_f32_linear(const at::Tensor& x, const at::Tensor& w) {
+  check_activations(x, kPair);  // the scales convert eight blocks at a time, in pairs
+  const int64_t blocks = x.size(1) / kBlock;
+  check_q4_weight(w, blocks);
+  return linear(x, Q4Rows{w.data_ptr<uint8_t>(), blocks, nullptr, nullptr}, w.size(0));
+}
+
+at::Tensor i8_f32_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scale) {
+  check_activations(x, kBlock);
+  const int64_t blocks = x.size(1) / kBlock;
+  if (check_i8_weight(w, w_scale, x.size(1)))
+    return linear(x, I8Rows<true>{w.data_ptr<int8_t>(), blocks, w_scale.data_ptr<float>()}, w.size(0));
+  return linear(x, I8Rows<false>{w.data_ptr<int8_t>(), blocks, w_scale.data_ptr<float>()}, w.size(0));
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(minivllm_native, m) {
+  m.def("q4_f32_linear(Tensor x, Tensor w) -> Tensor");
+  m.def("i8_f32_linear(Tensor x, Tensor w, Tensor w_scale) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(minivllm_native, CPU, m) {
+  m.impl("q4_f32_linear", &q4_f32_linear);
+  m.impl("i8_f32_linear", &i8_f32_linear);
+}

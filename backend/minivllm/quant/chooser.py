@@ -51,7 +51,6 @@ def choose_kernels(layers: list[QuantLinear], forced: str | None = None,
             rows = [b for b in buckets if b <= HEAD_MAX_ROWS] if members[0].name == "lm_head" else buckets
             timings = _time_group(members, tuple(rows))
             plan = _plan_from(timings, members[0])
-        plan = _merge(plan)  # fewer entries for QuantLinear.kernel_for to scan on every call
         for layer in members:
             layer.set_plan(plan)
             layer.drop_unused()
@@ -100,11 +99,10 @@ def _time(sample: list[QuantLinear], name: str, x: torch.Tensor) -> float:
     return statistics.median(runs) * 1e3
 
 
-def _score(timings: dict[int, dict[str, float]], names: set[str]) -> float:
-    """Geometric mean over buckets of the best time among `names` over the best time of all (1: the
-    fastest everywhere; a kernel cut at a bucket for being slow scores infinity)."""
-    ratios = [min((ms for n, ms in t.items() if n in names), default=math.inf) / min(t.values())
-              for t in timings.values()]
+def _score(timings: dict[int, dict[str, float]], name: str) -> float:
+    """Geometric mean over buckets of the kernel's time over the bucket's best (1: the fastest
+    everywhere; a kernel cut at a bucket for being slow scores infinity)."""
+    ratios = [t.get(name, math.inf) / min(t.values()) for t in timings.values()]
     return math.exp(statistics.fmean(map(math.log, ratios)))
 
 
@@ -115,21 +113,11 @@ def _plan_from(timings: dict[int, dict[str, float]], layer: QuantLinear) -> list
     a batch of 8, a request parted from its alone run by 0.38 nats), and could keep two stored forms
     of a weight (160 MiB instead of 97); with one kernel, and ours computing each row alone, neither."""
     exact = {k.name for k in layer.candidates if k.exact}
-    scores = {k.name: _score(timings, {k.name}) for k in layer.candidates}
+    scores = {k.name: _score(timings, k.name) for k in layer.candidates}
     best = min(scores.values())
     good = [n for n, score in scores.items() if score <= best * PREFER_MARGIN]
     pick = next((n for n in good if n in exact), None) or min(good, key=scores.get)
     return [(max(timings), pick)]
-
-
-def _merge(plan: list[tuple[int, str]]) -> list[tuple[int, str]]:
-    merged: list[tuple[int, str]] = []
-    for rows, name in plan:
-        if merged and merged[-1][1] == name:
-            merged[-1] = (rows, name)
-        else:
-            merged.append((rows, name))
-    return merged
 
 
 def describe(choices: list[GroupChoice]) -> list[str]:

@@ -53,7 +53,7 @@ def _build() -> None:
     build_dir = cache_dir() / "extensions" / f"torch-{torch.__version__}"
     build_dir.mkdir(parents=True, exist_ok=True)
     if not list(build_dir.glob("*.so")):
-        progress("building the native int8-activation kernels (once; cached) ...")
+        progress("building the native kernels (once; cached) ...")
     # -fopenmp: at::parallel_for is inline OpenMP; without it the kernels would run on one thread
     cpp_extension.load(name="minivllm_native", sources=[str(p) for p in SOURCES], extra_cflags=FLAGS,
                        extra_ldflags=["-fopenmp"], is_python_module=False, build_directory=str(build_dir),
@@ -66,13 +66,6 @@ def use_vnni(enable: bool) -> bool:
     """The int8-activation kernels' AVX512-VNNI loops (one vpdpbusd for vpmaddubsw + vpmaddwd), where
     the CPU has them; they give the same bits as the AVX2 loops. Returns whether they run."""
     return torch.ops.minivllm_native.use_vnni(enable)
-
-
-def instruction_set() -> str:
-    """What the int8-activation kernels run on here, for logs and benchmarks."""
-    if available() is not None:
-        return "not built"
-    return "AVX512-VNNI" if torch.ops.minivllm_native.use_vnni(True) else "AVX2"
 
 
 @functools.cache  # once per process: a second registration is an error

@@ -158,7 +158,8 @@ def test_bench_quality_reports_every_precision_against_fp32(tmp_path):
     proc = cli("bench", "quality", "--quick", "--model", "random:tiny", "--output-dir", str(tmp_path), timeout=600)
     assert proc.returncode == 0, proc.stderr
     rows = {r["precision"]: r for r in json.loads((tmp_path / "quality.json").read_text())}
-    assert set(rows) == {"fp32 (none)", "auto (default)", "auto, torch's kernels (bf16 activations)",
+    assert set(rows) == {"fp32 (none)", "auto (default)", "auto, fast kernels (int8 activations)",
+                         "auto, torch's kernels (bf16 activations)",
                          "auto, exact kernels (fp32 activations)",
                          "int8 per channel", "int4 g32", "int4 g64"}
     ref = rows["fp32 (none)"]

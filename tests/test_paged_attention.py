@@ -276,3 +276,34 @@ def test_runner_copy_on_write_block_copy(tiny):
     out = runner.execute([SeqWork([40], 20, [3, 7]), SeqWork([41], 20, [3, 11])], [], copies=[(7, 11)])
     torch.testing.assert_close(out[0], hf_logits(hf, prompt + [40])[-1], atol=1e-4, rtol=0)
     torch.testing.assert_close(out[1], hf_logits(hf, prompt + [41])[-1], atol=1e-4, rtol=0)
+
+
+def test_compiled_decode_attention_equals_sdpa_and_a_row_keeps_its_bits_in_any_batch_and_padding():
+    """Inside the compiled step decode attention is products and sums (attention_by_sums), fused by
+    inductor; eagerly it is SDPA. Both agree; a sequence's output is bit-identical in any batch of 2+
+    rows (one dynamic graph) and with its block table padded wider (the masked tail adds exact
+    zeros). A single row has a graph of its own (dynamo specialises a size of 1), whose loops may sum
+    in another order: last-bit differences only."""
+    from minivllm.model.attention import decode_attention, decode_context_mask
+
+    torch.manual_seed(0)
+    block_size, blocks, kv_heads, heads, dim = 16, 40, 3, 9, 64
+    k_pool, v_pool = torch.randn(blocks, block_size, kv_heads, dim), torch.randn(blocks, block_size, kv_heads, dim)
+    lens = torch.tensor([37, 150, 5, 96, 64, 121, 17, 80])
+    tables = torch.stack([torch.randperm(blocks)[:12] for _ in lens])  # 12 blocks: up to 192 tokens
+    q = torch.randn(len(lens), heads, dim)
+
+    def attend(queries, block_tables, context_lens):
+        mask = decode_context_mask(context_lens, block_tables.shape[1] * block_size, torch.float32)
+        return decode_attention(queries, k_pool, v_pool, block_tables, mask, dim ** -0.5)
+
+    compiled = torch.compile(attend, dynamic=True)
+    batch = compiled(q, tables, lens)
+    assert torch.allclose(batch, attend(q, tables, lens), atol=1e-5)  # SDPA, eager
+    for rows in ([0, 2], [5, 6, 7], [1, 3]):
+        assert torch.equal(compiled(q[rows], tables[rows], lens[rows]), batch[rows])
+        if lens[rows].max() <= 10 * block_size:  # the same real keys in a narrower table
+            assert torch.equal(compiled(q[rows], tables[rows, :10], lens[rows]), batch[rows])
+    for row in range(len(lens)):
+        alone = compiled(q[row:row + 1], tables[row:row + 1], lens[row:row + 1])
+        assert torch.allclose(alone, batch[row:row + 1], rtol=0, atol=2e-6)

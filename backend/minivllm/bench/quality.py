@@ -46,6 +46,7 @@ class QualityRow:
 
 def precisions(group_sizes=(32, 64)) -> list[tuple[str, QuantConfig]]:
     rows = [("fp32 (none)", QuantConfig("none")), ("auto (default)", QuantConfig("auto")),
+            ("auto, fast kernels (int8 activations)", QuantConfig("auto", kernel="fast")),
             ("auto, torch's kernels (bf16 activations)", QuantConfig("auto", kernel="bf16")),
             ("auto, exact kernels (fp32 activations)", QuantConfig("auto", kernel="exact")),
             ("int8 per channel", QuantConfig("int8"))]

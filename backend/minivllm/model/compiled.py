@@ -69,7 +69,11 @@ class CompiledLayers:
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "inductor"))
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         self.backend, self.group = backend, group
-        self.step = torch.compile(_own_copy(run_layers), backend=backend, dynamic=None)
+        # Guards on our modules' attributes cost ~0.26 ms a call (measured: dynamo's cache lookup, 0.35 ->
+        # 0.09 ms, 6 layers a graph) and guard nothing that changes: a model's modules are fixed once
+        # loaded (kernel plans are chosen before the first compile). Tensor and shape guards stay.
+        self.step = torch.compile(_own_copy(run_layers), backend=backend, dynamic=None,
+                                  options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
         self.error: str | None = None
 
     @property

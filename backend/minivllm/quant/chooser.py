@@ -4,9 +4,12 @@ A wrong pick can cost 10x (torch's CPU int4 kernel with fp32 activations on an A
 which pick is right differs between CPUs, so nothing is assumed: layers are grouped by (format,
 shape), each group's candidates are timed on its own weights at every row bucket, and the fastest
 wins. A candidate more than SLOW_CUTOFF times slower than the best is not timed at larger buckets
-(they only get worse). A layer runs one kernel at every row count (the fastest over all buckets;
-ties within PREFER_MARGIN go to the exact path, fp32 activations), so a row gets the same result
-alone and in a batch. The result is logged and stays off the hot path.
+(they only get worse). A layer runs one kernel at every row count, so a row gets the same result
+alone and in a batch: the fastest over all buckets among the precise ones (activations kept to ~15
+bits or more, `Kernel.precise`) if one is within PRECISION_MARGIN of the fastest overall, else the
+fastest; ties within PREFER_MARGIN go to the exact path (fp32 activations). `forced="fast"` drops
+the preference for precision (llama.cpp's arithmetic: int8 activations). The result is logged and
+stays off the hot path.
 """
 
 from __future__ import annotations
@@ -24,6 +27,10 @@ from minivllm.quant.linear import QuantLinear
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 256)  # decode batches up to 64 sequences; 256: prefill chunks
 SLOW_CUTOFF = 4.0
 PREFER_MARGIN = 1.10
+# What precision may cost: measured 1.1-1.5x for int8x2 over int8 activations (memory-bound at 1 row,
+# compute-bound at 32); torch's fp32-activation 4-bit kernel, 10-20x, is not worth it
+PRECISION_MARGIN = 2.0
+FAST = "fast"
 REPEATS = 3
 WEIGHTS_PER_TIMING = 2  # rotate through two layers' weights so timings include some memory traffic
 HEAD_MAX_ROWS = 64  # the LM head only sees rows that need logits: one per sequence
@@ -39,18 +46,19 @@ class GroupChoice:
 
 def choose_kernels(layers: list[QuantLinear], forced: str | None = None,
                    buckets: tuple[int, ...] = ROW_BUCKETS) -> list[GroupChoice]:
-    """Time and set every layer's plan; `forced` (a kernel name, or "exact") skips the timing."""
+    """Time and set every layer's plan; `forced` (a kernel name, an activation precision, or "exact")
+    skips the timing, "fast" times every candidate with no preference for precision."""
     groups: dict[str, list[QuantLinear]] = defaultdict(list)
     for layer in layers:
         groups[f"{layer.format} [{layer.out_features}x{layer.in_features}]"].append(layer)
     choices = []
     for key, members in groups.items():
-        if forced is not None:
+        if forced not in (None, FAST):
             plan, timings = [(buckets[-1], _forced_name(forced, members[0]))], {}
         else:
             rows = [b for b in buckets if b <= HEAD_MAX_ROWS] if members[0].name == "lm_head" else buckets
             timings = _time_group(members, tuple(rows))
-            plan = _plan_from(timings, members[0])
+            plan = _plan_from(timings, members[0], prefer_precise=forced != FAST)
         for layer in members:
             layer.set_plan(plan)
             layer.drop_unused()
@@ -106,18 +114,31 @@ def _score(timings: dict[int, dict[str, float]], name: str) -> float:
     return math.exp(statistics.fmean(map(math.log, ratios)))
 
 
-def _plan_from(timings: dict[int, dict[str, float]], layer: QuantLinear) -> list[tuple[int, str]]:
-    """One kernel for every row count: the fastest over all buckets (geometric mean of its time over
-    the best), the exact one if it is within PREFER_MARGIN. A kernel per bucket let a row's result
-    depend on how many rows shared its step (measured: with int8 activations alone and fp32 ones in
-    a batch of 8, a request parted from its alone run by 0.38 nats), and could keep two stored forms
-    of a weight (160 MiB instead of 97); with one kernel, and ours computing each row alone, neither."""
-    exact = {k.name for k in layer.candidates if k.exact}
+def _worst(timings: dict[int, dict[str, float]], name: str, pool: list[str]) -> float:
+    """The kernel's largest time over the best of `pool`, over all buckets."""
+    return max(t.get(name, math.inf) / min(t.get(n, math.inf) for n in pool) for t in timings.values())
+
+
+def _plan_from(timings: dict[int, dict[str, float]], layer: QuantLinear,
+               prefer_precise: bool = True) -> list[tuple[int, str]]:
+    """One kernel for every row count. The pool: the precise kernels if one of them costs at most
+    PRECISION_MARGIN on average (geometric mean over buckets of its time over the best), else all.
+    From the pool, the kernel whose worst bucket is least behind the pool's best there (a mean would
+    let prefill buckets outvote single-stream decode: measured, an exact head 2.3x slower at one row
+    won on the mean), the exact one if that is within PREFER_MARGIN.
+
+    A kernel per bucket let a row's result depend on how many rows shared its step (measured: with
+    int8 activations alone and fp32 ones in a batch of 8, a request parted from its alone run by
+    0.38 nats), and could keep two stored forms of a weight (160 MiB instead of 97); with one kernel,
+    and ours computing each row alone, neither."""
     scores = {k.name: _score(timings, k.name) for k in layer.candidates}
     best = min(scores.values())
-    good = [n for n, score in scores.items() if score <= best * PREFER_MARGIN]
-    pick = next((n for n in good if n in exact), None) or min(good, key=scores.get)
-    return [(max(timings), pick)]
+    precise = [k.name for k in layer.candidates if k.precise and scores[k.name] <= best * PRECISION_MARGIN]
+    pool = precise if prefer_precise and precise else list(scores)
+    worst = {n: _worst(timings, n, pool) for n in pool}
+    least = min(worst.values())
+    exact = [k.name for k in layer.candidates if k.exact and k.name in pool and worst[k.name] <= least * PREFER_MARGIN]
+    return [(max(timings), exact[0] if exact else min(pool, key=worst.get))]
 
 
 def describe(choices: list[GroupChoice]) -> list[str]:

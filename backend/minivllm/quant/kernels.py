@@ -13,6 +13,9 @@ product up to the activation precision they name:
   int4avx2/int8   our AVX2 kernel (native.py): activations quantized to int8 per block of 32, integer
                   products (llama.cpp's Q4_1 x Q8_1 arithmetic); K % 64 == 0
   int8avx2/int8   the same for per-channel int8 weights (K % 32 == 0)
+  int4avx2/int8x2, int8avx2/int8x2
+                  the same with each activation also keeping its rounding remainder as a second int8
+                  (x = d/128 * (128q + r)): ~15 bits per block, two integer products per pair
   int4avx2/fp32, int8avx2/fp32
                   our AVX2 kernels with fp32 activations: the weights dequantized in registers, exact
                   (the same packed weights as the int8-activation kernels: one copy serves both)
@@ -31,6 +34,7 @@ from minivllm.arith import ceil_div
 from minivllm.quant import native
 from minivllm.quant.formats import Int4Weight, Int8Weight, QuantizedWeight, to_per_channel
 
+NATIVE_ACTS = ("int8", "int8x2", "fp32")  # our kernels' activation precisions, coarsest first
 CPU_INT4_ROW_MULTIPLE = 16  # torch's CPU int4 packing needs N % 16 == 0: pad with zero rows
 
 
@@ -39,6 +43,9 @@ class Kernel:
 
     name = "?"
     exact = True  # False when activations are rounded to a lower precision
+    # Activations keep >= ~15 significant bits (fp32, int8x2): outputs within ~1e-4 of the exact product,
+    # close enough that greedy output follows the fp32-dequantized model (bench quality: 5/5 prompts)
+    precise = True
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -53,7 +60,7 @@ class Int4PackCPU(Kernel):
         self.packed, self.act_dtype = packed, act_dtype
         self.scales_zeros = packed.scales_zeros.to(act_dtype)
         self.name = f"int4pack/{_short(act_dtype)}"
-        self.exact = act_dtype == torch.float32
+        self.exact = self.precise = act_dtype == torch.float32
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         y = torch._weight_int4pack_mm_for_cpu(x.to(self.act_dtype), self.packed.weight, self.packed.group_size,
@@ -87,7 +94,7 @@ class Int8PackCPU(Kernel):
         self.q, self.act_dtype = q, act_dtype
         self.scale = scale.to(act_dtype)
         self.name = f"int8pack/{_short(act_dtype)}"
-        self.exact = act_dtype == torch.float32
+        self.exact = self.precise = act_dtype == torch.float32
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return torch._weight_int8pack_mm(x.to(self.act_dtype), self.q, self.scale).to(x.dtype)
@@ -97,13 +104,14 @@ class Int8PackCPU(Kernel):
 
 
 class Int4Native(Kernel):
-    """Our 4-bit kernel; `exact`: fp32 activations, else int8 ones. `packed`: native.pack_q4's rows,
-    which the two variants of one weight share."""
+    """Our 4-bit kernel with activations in `acts` (NATIVE_ACTS). `packed`: native.pack_q4's rows,
+    which the variants of one weight share."""
 
-    def __init__(self, packed: torch.Tensor, exact: bool = False):
-        self.packed, self.exact = packed, exact
-        self.name = "int4avx2/fp32" if exact else "int4avx2/int8"
-        self.op = native.q4_f32_linear if exact else native.q4_q8_linear
+    OPS = {"int8": native.q4_q8_linear, "int8x2": native.q4_q8x2_linear, "fp32": native.q4_f32_linear}
+
+    def __init__(self, packed: torch.Tensor, acts: str = "int8"):
+        self.packed, self.exact, self.precise = packed, acts == "fp32", acts != "int8"
+        self.name, self.op = f"int4avx2/{acts}", self.OPS[acts]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.op(x.float().contiguous(), self.packed).to(x.dtype)
@@ -113,13 +121,15 @@ class Int4Native(Kernel):
 
 
 class Int8Native(Kernel):
-    """Our int8 kernel; `exact`: fp32 activations, else int8 ones. `scale`: [N] (per channel) or
+    """Our int8 kernel with activations in `acts` (NATIVE_ACTS). `scale`: [N] (per channel) or
     [N, K/32] (per block, e.g. GGUF Q8_0 as stored: no re-rounding)."""
 
-    def __init__(self, q: torch.Tensor, scale: torch.Tensor, exact: bool = False):
-        self.q, self.scale, self.exact = q, scale.float().contiguous(), exact
-        self.name = "int8avx2/fp32" if exact else "int8avx2/int8"
-        self.op = native.i8_f32_linear if exact else native.i8_q8_linear
+    OPS = {"int8": native.i8_q8_linear, "int8x2": native.i8_q8x2_linear, "fp32": native.i8_f32_linear}
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, acts: str = "int8"):
+        self.q, self.scale = q, scale.float().contiguous()
+        self.exact, self.precise = acts == "fp32", acts != "int8"
+        self.name, self.op = f"int8avx2/{acts}", self.OPS[acts]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.op(x.float().contiguous(), self.q, self.scale).to(x.dtype)
@@ -157,6 +167,7 @@ class ExactTopLogits(Kernel):
         self.fast, self.weight = fast, weight
         self.name = fast.name.replace("/", f"+exact{self.TOP}/")
         self.exact = False  # exact where it matters, not everywhere: "exact" still means fp32 throughout
+        self.precise = fast.precise
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         logits = self.fast(x)
@@ -183,7 +194,7 @@ def lm_head_candidates(weight: Int8Weight, device: torch.device, dtype: torch.dt
 
 class Int4PackCUDA(Kernel):
     name = "int4pack-cuda"
-    exact = False
+    exact = precise = False
 
     def __init__(self, weight: Int4Weight, device: torch.device):
         _, k = weight.shape
@@ -238,9 +249,9 @@ def candidates(weight: QuantizedWeight, device: torch.device, dtype: torch.dtype
     if isinstance(weight, Int4Weight):
         packed = _Int4Pack(weight)
         rows = native.pack_q4(weight) if native_ok else None
-        own = [Int4Native(rows, exact) for exact in (False, True)] if native_ok else []
+        own = [Int4Native(rows, acts) for acts in NATIVE_ACTS] if native_ok else []
         return own + [Int4PackCPU(packed, a) for a in acts]
-    own = [Int8Native(weight.q, scale, exact) for exact in (False, True)] if native_ok else []
+    own = [Int8Native(weight.q, scale, acts) for acts in NATIVE_ACTS] if native_ok else []
     per_channel = to_per_channel(weight)  # torch's int8 kernels take one scale per row: a grouped weight re-rounds
     return own + [Int8PackCPU(per_channel.q, per_channel.scale[:, 0], a) for a in acts]
 

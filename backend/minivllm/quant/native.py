@@ -75,7 +75,7 @@ def _register_fakes() -> None:
     def output_shape(x, w, *scale):
         return x.new_empty(x.shape[0], w.shape[0])
 
-    for op in ("q4_q8_linear", "i8_q8_linear", "q4_f32_linear", "i8_f32_linear"):
+    for op in ("q4_q8_linear", "i8_q8_linear", "q4_q8x2_linear", "i8_q8x2_linear", "q4_f32_linear", "i8_f32_linear"):
         torch.library.register_fake(f"minivllm_native::{op}")(output_shape)
 
 
@@ -99,6 +99,14 @@ def q4_q8_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
 
 def i8_q8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return torch.ops.minivllm_native.i8_q8_linear(x, q, scale)
+
+
+def q4_q8x2_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    return torch.ops.minivllm_native.q4_q8x2_linear(x, packed)
+
+
+def i8_q8x2_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return torch.ops.minivllm_native.i8_q8x2_linear(x, q, scale)
 
 
 def q4_f32_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:

@@ -32,12 +32,12 @@ inline __m256 halves8(const uint16_t* h, int64_t n) {
   return _mm256_cvtph_ps(_mm_maskload_epi32(reinterpret_cast<const int*>(h), mask));
 }
 
-// Runs f(tile, row) over all rows in tiles of ROW_TILE, then the remainder (ROW_TILE <= 4).
+// Runs f(tile, row) over rows [begin, end) in tiles of ROW_TILE, then the remainder (ROW_TILE <= 4).
 template <int ROW_TILE, typename F>
-void over_row_tiles(int64_t rows, F&& f) {
-  int64_t row = 0;
-  for (; row + ROW_TILE <= rows; row += ROW_TILE) f(std::integral_constant<int, ROW_TILE>{}, row);
-  switch (rows - row) {
+void over_row_tiles(int64_t begin, int64_t end, F&& f) {
+  int64_t row = begin;
+  for (; row + ROW_TILE <= end; row += ROW_TILE) f(std::integral_constant<int, ROW_TILE>{}, row);
+  switch (end - row) {
     case 3: f(std::integral_constant<int, 3>{}, row); break;
     case 2: f(std::integral_constant<int, 2>{}, row); break;
     case 1: f(std::integral_constant<int, 1>{}, row); break;

@@ -126,7 +126,7 @@ at::Tensor linear(const at::Tensor& x, W weights, int64_t n) {
     for (int64_t first = begin; first < end; first += kFeatureRun) {
       const int64_t count = std::min(kFeatureRun, end - first);
       local.prepare(first, count);
-      over_row_tiles<kRowTile>(rows, [&](auto rt, int64_t row) {
+      over_row_tiles<kRowTile>(0, rows, [&](auto rt, int64_t row) {
         run_rows<decltype(rt)::value>(local, first, count, xp, row, o, n);
       });
     }

@@ -5,6 +5,9 @@
 // the activation row to int8 per 32-block (as llama.cpp does) lets one AVX2 instruction
 // (`vpmaddubsw`) multiply-add 32 weight/activation pairs, so a decode step becomes memory-bound.
 //
+// int8x2 (`split`, the default's): each activation also keeps its rounding remainder as a second int8,
+// ~15 bits per block, for two integer products instead of one (quantize_rows).
+//
 // Every output row is computed from its own activation row only (quantization is per row and per
 // block), so a request gets the same bits alone and in any batch.
 //
@@ -35,6 +38,7 @@ using namespace minivllm_native;
 // int8 kernel reads them in input order, like its weights (shared with the embedding table).
 struct QuantizedActivations {
   const int8_t* q_ptr = nullptr;            // int8 [M, K]
+  const int8_t* r_ptr = nullptr;            // split only: int8 [M, K], the remainder, in q's layout
   const float* block_scale_ptr = nullptr;   // fp32 [M, K/32]: x ~= scale * q
   const float* pair_scale_ptr = nullptr;    // pair layout only: fp32 [M, K/64, 8], block0's scale x4, block1's x4
   const float* sum_ptr = nullptr;           // fp32 [M, sum_stride]: scale * sum(q), a Q4_1 minimum's partner
@@ -51,19 +55,27 @@ inline int64_t pair_position(int64_t j) {
 
 // The quantized rows live in a per-thread scratch buffer, reused across calls: five small tensor
 // allocations cost about as much as a small layer's whole product at one row.
-QuantizedActivations quantize_rows(const at::Tensor& x, bool pair_layout) {
+//
+// `split`: each value also keeps its rounding remainder, x = (d / 128) * (128 * q + r) with r in int8
+// too (|r| <= 64 + a rounding step): about 15 bits per block instead of 8, for two integer products
+// instead of one; the scales then hold d / 128 (a power of two: exact).
+QuantizedActivations quantize_rows(const at::Tensor& x, bool pair_layout, bool split) {
   const int64_t rows = x.size(0), k = x.size(1), blocks = k / kBlock, sum_stride = round_up8(blocks);
   const int64_t q_floats = (rows * k + 31) / 32 * 8;  // int8 values, in 32-byte units of floats
+  const int64_t r_floats = split ? q_floats : 0;
   const int64_t pair_floats = pair_layout ? rows * (blocks / 2) * 8 : 0;
   static thread_local std::vector<float> scratch;
-  scratch.resize(std::max<size_t>(scratch.size(), q_floats + rows * blocks + pair_floats + rows * sum_stride));
+  scratch.resize(std::max<size_t>(scratch.size(),
+                                  q_floats + r_floats + rows * blocks + pair_floats + rows * sum_stride));
   int8_t* q = reinterpret_cast<int8_t*>(scratch.data());
-  float* block_scale = scratch.data() + q_floats;
+  int8_t* remainder = split ? reinterpret_cast<int8_t*>(scratch.data() + q_floats) : nullptr;
+  float* block_scale = scratch.data() + q_floats + r_floats;
   float* pair_scale = block_scale + rows * blocks;
   float* sum = pair_scale + pair_floats;
   for (int64_t r = 0; r < rows; ++r) std::fill(sum + r * sum_stride + blocks, sum + (r + 1) * sum_stride, 0.f);
-  QuantizedActivations a{q, block_scale, pair_scale, sum, sum_stride};
+  QuantizedActivations a{q, remainder, block_scale, pair_scale, sum, sum_stride};
   const float* src = x.data_ptr<float>();
+  const int32_t unit = split ? 128 : 1;  // the combined integer's weight of q
   at::parallel_for(0, rows * blocks, 64, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {  // i: a block of one row (blocks never straddle rows)
       const float* v = src + i * kBlock;
@@ -73,14 +85,22 @@ QuantizedActivations quantize_rows(const at::Tensor& x, bool pair_layout) {
       const int64_t pair_start = (i / 2) * kPair, first = (i % 2) * kBlock;
       int32_t total = 0;
       for (int64_t j = 0; j < kBlock; ++j) {
-        const int32_t r = static_cast<int32_t>(std::nearbyint(v[j] * inv));
-        q[pair_layout ? pair_start + pair_position(first + j) : i * kBlock + j] = static_cast<int8_t>(r);
-        total += r;
+        const float scaled = v[j] * inv;
+        const int32_t r = static_cast<int32_t>(std::nearbyint(scaled));
+        const int64_t at = pair_layout ? pair_start + pair_position(first + j) : i * kBlock + j;
+        q[at] = static_cast<int8_t>(r);
+        total += unit * r;
+        if (split) {
+          const int32_t rest = std::clamp(static_cast<int32_t>(std::nearbyint((scaled - r) * 128.f)), -127, 127);
+          remainder[at] = static_cast<int8_t>(rest);
+          total += rest;
+        }
       }
-      block_scale[i] = d;
+      const float d_unit = d / static_cast<float>(unit);
+      block_scale[i] = d_unit;
       if (pair_layout)
-        for (int64_t lane = 0; lane < 4; ++lane) pair_scale[(i / 2) * 8 + (i % 2) * 4 + lane] = d;
-      sum[(i / blocks) * sum_stride + i % blocks] = d * static_cast<float>(total);
+        for (int64_t lane = 0; lane < 4; ++lane) pair_scale[(i / 2) * 8 + (i % 2) * 4 + lane] = d_unit;
+      sum[(i / blocks) * sum_stride + i % blocks] = d_unit * static_cast<float>(total);
     }
   });
   return a;
@@ -115,34 +135,36 @@ bool use_vnni(bool enable) {
   return use_vnni_kernels;
 }
 
-at::Tensor q4_q8_linear(const at::Tensor& x, const at::Tensor& w) {
+template <bool SPLIT>
+at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& w) {
   check_activations(x, kPair);
   const int64_t rows = x.size(0), blocks = x.size(1) / kBlock, n = w.size(0);
   check_q4_weight(w, blocks);
-  const QuantizedActivations a = quantize_rows(x, /*pair_layout=*/true);
+  const QuantizedActivations a = quantize_rows(x, /*pair_layout=*/true, SPLIT);
   at::Tensor out = at::empty({rows, n}, x.options());
   const uint8_t* weights = w.data_ptr<uint8_t>();
   float* o = out.data_ptr<float>();
   const bool vnni_on = use_vnni_kernels;
   at::parallel_for(0, n, kFeatureGrain, [&](int64_t begin, int64_t end) {
-    (vnni_on ? vnni::q4_features : avx2::q4_features)(weights, blocks, a, rows, o, n, begin, end);
+    (vnni_on ? vnni::q4_features<SPLIT> : avx2::q4_features<SPLIT>)(weights, blocks, a, rows, o, n, begin, end);
   });
   return out;
 }
 
-at::Tensor i8_q8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scale) {
+template <bool SPLIT>
+at::Tensor i8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scale) {
   check_activations(x, kBlock);
   const int64_t rows = x.size(0), blocks = x.size(1) / kBlock, n = w.size(0);
   const bool grouped = check_i8_weight(w, w_scale, x.size(1));
-  const QuantizedActivations a = quantize_rows(x, /*pair_layout=*/false);
+  const QuantizedActivations a = quantize_rows(x, /*pair_layout=*/false, SPLIT);
   at::Tensor out = at::empty({rows, n}, x.options());
   const int8_t* weights = w.data_ptr<int8_t>();
   const float* scales = w_scale.data_ptr<float>();
   float* o = out.data_ptr<float>();
   const bool vnni_on = use_vnni_kernels;
   at::parallel_for(0, n, kFeatureGrain, [&](int64_t begin, int64_t end) {
-    auto features = grouped ? (vnni_on ? vnni::i8_features<true> : avx2::i8_features<true>)
-                            : (vnni_on ? vnni::i8_features<false> : avx2::i8_features<false>);
+    auto features = grouped ? (vnni_on ? vnni::i8_features<true, SPLIT> : avx2::i8_features<true, SPLIT>)
+                            : (vnni_on ? vnni::i8_features<false, SPLIT> : avx2::i8_features<false, SPLIT>);
     features(weights, scales, blocks, a, rows, o, n, begin, end);
   });
   return out;
@@ -153,10 +175,14 @@ at::Tensor i8_q8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tens
 TORCH_LIBRARY(minivllm_native, m) {  // the fp32-activation kernels add to it (f32_matmul.cpp)
   m.def("q4_q8_linear(Tensor x, Tensor w) -> Tensor");
   m.def("i8_q8_linear(Tensor x, Tensor w, Tensor w_scale) -> Tensor");
+  m.def("q4_q8x2_linear(Tensor x, Tensor w) -> Tensor");
+  m.def("i8_q8x2_linear(Tensor x, Tensor w, Tensor w_scale) -> Tensor");
   m.def("use_vnni(bool enable) -> bool", &use_vnni);
 }
 
 TORCH_LIBRARY_IMPL(minivllm_native, CPU, m) {
-  m.impl("q4_q8_linear", &q4_q8_linear);
-  m.impl("i8_q8_linear", &i8_q8_linear);
+  m.impl("q4_q8_linear", &q4_linear<false>);
+  m.impl("i8_q8_linear", &i8_linear<false>);
+  m.impl("q4_q8x2_linear", &q4_linear<true>);
+  m.impl("i8_q8x2_linear", &i8_linear<true>);
 }

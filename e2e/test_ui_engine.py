@@ -31,15 +31,17 @@ def test_timeline_request_passes_every_state(page: Page) -> None:
 
 
 def test_heatmap_blocks_follow_the_request(page: Page, engine: dict) -> None:
-    set_decoding(page, preset="greedy", max_tokens=48)
-    rid = send_chat(page, "Explain what a block table is.")
+    # a long answer (~3 s at 70 tok/s): the block table is checked while the request still runs (a
+    # finished request holds no blocks; 48 tokens had finished before the click on a fast box)
+    set_decoding(page, preset="greedy", max_tokens=200)
+    rid = send_chat(page, "Write a long story about a baker who learns to make bread, in many paragraphs.")
     # while it runs, the request owns blocks (the heatmap colours them with the request's colour)
     during = wait_owns_blocks(page, rid)
     assert during["used"] >= during["per"][rid] > 0, during
-    shot(page.get_by_test_id("heatmap-panel"), "panel-heatmap-running.png")
     page.get_by_test_id(f"request-row-{rid}").click()
     expect(page.get_by_test_id("block-table")).to_be_visible()
     expect(page.get_by_test_id("block-table").locator(".block-chip").first).to_be_visible()
+    shot(page.get_by_test_id("heatmap-panel"), "panel-heatmap-running.png")
 
     wait_finished(page, rid)
     # after it finishes: nothing is in use, the request owns nothing, its full blocks stay cached

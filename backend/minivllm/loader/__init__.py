@@ -97,7 +97,9 @@ def _report_quantization(report: QuantReport) -> None:
         progress(report.dequantized_note)
     progress(f"weights: {report.mode}, {report.weight_bytes / 2**20:.0f} MiB "
               f"({report.ratio:.0%} of the {report.fp32_bytes / 2**20:.0f} MiB fp32 model)")
-    if report.kernel_choices:
+    if report.kernel_choices and not any(c.timings_ms for c in report.kernel_choices):
+        progress("kernels forced ($MINIVLLM_QUANT_KERNEL), not timed:")
+    elif report.kernel_choices:
         progress(f"kernels chosen by timing each candidate at load ({report.choose_seconds:.1f}s):")
     for line in report.kernel_lines():
         progress(f"  {line}")

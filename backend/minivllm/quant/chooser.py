@@ -5,11 +5,12 @@ which pick is right differs between CPUs, so nothing is assumed: layers are grou
 shape), each group's candidates are timed on its own weights at every row bucket, and the fastest
 wins. A candidate more than SLOW_CUTOFF times slower than the best is not timed at larger buckets
 (they only get worse). A layer runs one kernel at every row count, so a row gets the same result
-alone and in a batch: the fastest over all buckets among the precise ones (activations kept to ~15
-bits or more, `Kernel.precise`) if one is within PRECISION_MARGIN of the fastest overall, else the
-fastest; ties within PREFER_MARGIN go to the exact path (fp32 activations). `forced="fast"` drops
-the preference for precision (llama.cpp's arithmetic: int8 activations). The result is logged and
-stays off the hot path.
+alone and in a batch. The pool: the precise kernels (activations kept to ~15 bits or more,
+`Kernel.precise`) if one costs at most PRECISION_MARGIN over the fastest, else all of them
+(`forced="fast"`: always all; llama.cpp's arithmetic, int8 activations, wins on our CPUs). The
+winner: the exact path (fp32 activations) if it is within PREFER_MARGIN of the pool's best at every
+bucket, else the kernel whose worst bucket is least behind the pool's best there. The result is
+logged and stays off the hot path.
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ def _plan_from(timings: dict[int, dict[str, float]], layer: QuantLinear,
     PRECISION_MARGIN on average (geometric mean over buckets of its time over the best), else all.
     From the pool, the kernel whose worst bucket is least behind the pool's best there (a mean would
     let prefill buckets outvote single-stream decode: measured, an exact head 2.3x slower at one row
-    won on the mean), the exact one if that is within PREFER_MARGIN.
+    won on the mean); the exact one if it is within PREFER_MARGIN of the best at every bucket.
 
     A kernel per bucket let a row's result depend on how many rows shared its step (measured: with
     int8 activations alone and fp32 ones in a batch of 8, a request parted from its alone run by
@@ -136,8 +137,9 @@ def _plan_from(timings: dict[int, dict[str, float]], layer: QuantLinear,
     precise = [k.name for k in layer.candidates if k.precise and scores[k.name] <= best * PRECISION_MARGIN]
     pool = precise if prefer_precise and precise else list(scores)
     worst = {n: _worst(timings, n, pool) for n in pool}
-    least = min(worst.values())
-    exact = [k.name for k in layer.candidates if k.exact and k.name in pool and worst[k.name] <= least * PREFER_MARGIN]
+    # exact only if within the margin of the best at every bucket: comparing worst cases alone let an
+    # exact LM head 2.3x slower at one row tie with int8x2 (whose worst, 2.05x, is at 64 rows)
+    exact = [k.name for k in layer.candidates if k.exact and k.name in pool and worst[k.name] <= PREFER_MARGIN]
     return [(max(timings), exact[0] if exact else min(pool, key=worst.get))]
 
 

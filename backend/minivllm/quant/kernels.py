@@ -103,15 +103,26 @@ class Int8PackCPU(Kernel):
         return [self.q, self.scale]
 
 
-class Int4Native(Kernel):
-    """Our 4-bit kernel with activations in `acts` (NATIVE_ACTS). `packed`: native.pack_q4's rows,
-    which the variants of one weight share."""
+class _NativeKernel(Kernel):
+    """Our kernels: one op per activation precision (NATIVE_ACTS); the precisions share the weight."""
 
+    PREFIX = "?"
+    OPS: dict = {}
+
+    def _use(self, acts: str) -> None:
+        self.exact, self.precise = acts == "fp32", acts != "int8"
+        self.name, self.op = f"{self.PREFIX}/{acts}", self.OPS[acts]
+
+
+class Int4Native(_NativeKernel):
+    """Our 4-bit kernel with activations in `acts`. `packed`: native.pack_q4's rows."""
+
+    PREFIX = "int4avx2"
     OPS = {"int8": native.q4_q8_linear, "int8x2": native.q4_q8x2_linear, "fp32": native.q4_f32_linear}
 
     def __init__(self, packed: torch.Tensor, acts: str = "int8"):
-        self.packed, self.exact, self.precise = packed, acts == "fp32", acts != "int8"
-        self.name, self.op = f"int4avx2/{acts}", self.OPS[acts]
+        self.packed = packed
+        self._use(acts)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.op(x.float().contiguous(), self.packed).to(x.dtype)
@@ -120,16 +131,16 @@ class Int4Native(Kernel):
         return [self.packed]
 
 
-class Int8Native(Kernel):
-    """Our int8 kernel with activations in `acts` (NATIVE_ACTS). `scale`: [N] (per channel) or
-    [N, K/32] (per block, e.g. GGUF Q8_0 as stored: no re-rounding)."""
+class Int8Native(_NativeKernel):
+    """Our int8 kernel with activations in `acts`. `scale`: [N] (per channel) or [N, K/32] (per block,
+    e.g. GGUF Q8_0 as stored: no re-rounding)."""
 
+    PREFIX = "int8avx2"
     OPS = {"int8": native.i8_q8_linear, "int8x2": native.i8_q8x2_linear, "fp32": native.i8_f32_linear}
 
     def __init__(self, q: torch.Tensor, scale: torch.Tensor, acts: str = "int8"):
         self.q, self.scale = q, scale.float().contiguous()
-        self.exact, self.precise = acts == "fp32", acts != "int8"
-        self.name, self.op = f"int8avx2/{acts}", self.OPS[acts]
+        self._use(acts)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.op(x.float().contiguous(), self.q, self.scale).to(x.dtype)

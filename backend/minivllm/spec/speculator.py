@@ -82,7 +82,7 @@ class Speculator:
             return
         # a draft model's first run over a whole prompt is paid once per request, not per step
         # (priced as a round, it made drafting look too dear for good)
-        if self.method != "ngram" and self.proposer.longest_catch_up <= self.config.num_speculative_tokens + 1:
+        if self.proposer.longest_catch_up <= self.config.num_speculative_tokens + 1:  # n-gram: no rounds
             self.costs.observe_rounds(self.proposer.round_seconds)
 
     def _room(self, request: Request) -> int:

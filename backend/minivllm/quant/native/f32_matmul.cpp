@@ -26,12 +26,16 @@ constexpr int kRowTile = 4;       // rows sharing one dequantized weight block
 constexpr int64_t kFeatureRun = 4;  // features whose scales are converted together, then reused by every row tile
 
 // A 4-bit weight (fp16 d[K/32], fp16 m[K/32], nibbles) whose scales for a run of features are converted
-// to fp32 once (`prepare`), then read by broadcast loads in the inner loop.
+// to fp32 once (`prepare`, into the thread's scratch given by `bind`), then read by broadcast loads in the
+// inner loop.
 struct Q4Rows {
   const uint8_t* base;
   int64_t blocks;
-  float* d;  // [kFeatureRun][blocks], the current run's
-  float* m;
+  float* d = nullptr;  // [kFeatureRun][blocks], the current run's
+  float* m = nullptr;
+
+  int64_t scratch_floats() const { return 2 * kFeatureRun * blocks; }
+  void bind(float* scratch) { d = scratch, m = scratch + kFeatureRun * blocks; }
 
   void prepare(int64_t first, int64_t count) {
     for (int64_t i = 0; i < count; ++i) {
@@ -66,6 +70,8 @@ struct I8Rows {
   int64_t blocks;
   const float* scale;
 
+  int64_t scratch_floats() const { return 0; }
+  void bind(float*) {}
   void prepare(int64_t, int64_t) {}
   const int8_t* row(int64_t feature) const { return base + feature * blocks * kBlock; }
   __m256 vec(const int8_t* w, int64_t feature, int64_t, int64_t b, int v) const {
@@ -119,10 +125,10 @@ at::Tensor linear(const at::Tensor& x, W weights, int64_t n) {
   const float* xp = x.data_ptr<float>();
   float* o = out.data_ptr<float>();
   at::parallel_for(0, n, kFeatureGrain, [&](int64_t begin, int64_t end) {
-    static thread_local std::vector<float> scales;
-    scales.resize(std::max<size_t>(scales.size(), 2 * kFeatureRun * weights.blocks));
+    static thread_local std::vector<float> scratch;
+    scratch.resize(std::max<size_t>(scratch.size(), weights.scratch_floats()));
     W local = weights;
-    if constexpr (std::is_same_v<W, Q4Rows>) local.d = scales.data(), local.m = local.d + kFeatureRun * weights.blocks;
+    local.bind(scratch.data());
     for (int64_t first = begin; first < end; first += kFeatureRun) {
       const int64_t count = std::min(kFeatureRun, end - first);
       local.prepare(first, count);
@@ -138,7 +144,7 @@ at::Tensor q4_f32_linear(const at::Tensor& x, const at::Tensor& w) {
   check_activations(x, kPair);  // the scales convert eight blocks at a time, in pairs
   const int64_t blocks = x.size(1) / kBlock;
   check_q4_weight(w, blocks);
-  return linear(x, Q4Rows{w.data_ptr<uint8_t>(), blocks, nullptr, nullptr}, w.size(0));
+  return linear(x, Q4Rows{w.data_ptr<uint8_t>(), blocks}, w.size(0));
 }
 
 at::Tensor i8_f32_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scale) {

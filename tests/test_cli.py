@@ -180,6 +180,18 @@ def test_bench_structured_puts_the_schema_next_to_unconstrained(tmp_path):
     assert (tmp_path / "structured.png").stat().st_size > 0 and (tmp_path / "structured.json").exists()
 
 
+def test_bench_sampler_puts_ours_next_to_hf_generate(tmp_path):
+    proc = cli("bench", "sampler", "--quick", "--model", "random:tiny", "--concurrency", "1", "4",
+               "--output-dir", str(tmp_path), timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    for rows in (1, 4):  # every preset: our ms, HF's ms, the speed-up, the share of rows keeping HF's tokens
+        for preset in ("greedy", "temperature 0.7", "balanced", "creative"):
+            assert re.search(rf"^\s+{rows} {preset}\s+[\d.]+\s+[\d.]+\s+[\d.]+x\s+100%$", proc.stdout,
+                             re.MULTILINE), proc.stdout
+    assert re.search(r"machine: CPU capability \w+, \d+ threads, streaming bandwidth [\d.]+ GB/s", proc.stdout)
+    assert (tmp_path / "sampler.png").stat().st_size > 0 and (tmp_path / "sampler.json").exists()
+
+
 def test_bench_compile_puts_compiled_next_to_eager(tmp_path, monkeypatch):
     monkeypatch.setenv("MINIVLLM_ENFORCE_EAGER", "1")
     proc = cli("bench", "compile", "--quick", "--model", "random:tiny", "--concurrency", "1", "2")

@@ -105,6 +105,19 @@ def test_the_lm_head_gets_exact_top_logits_over_its_bf16_kernel(rows):
     assert all(k.q.data_ptr() == weight.q.data_ptr() for k in head.values())  # one int8 copy
 
 
+def test_an_exact_top_head_streams_its_table_once():
+    """The weight-read floor (`bench profile`) counts what a call reads: the fast kernel's table, then
+    64 rows per input row; the int8 table they share is not read twice."""
+    weight = quantize_int8("w", torch.randn(4096, 96) * 0.05)
+    head = {k.name: k for k in kernels.lm_head_candidates(weight, CPU, torch.float32)}
+    refined = head["int8avx2+exact64/int8x2"]
+    table = weight.q.numel() + weight.scale.numel() * 4
+    row_bytes = 96 + 4
+    assert refined.streamed_bytes(1) == refined.fast.streamed_bytes(1) + 64 * row_bytes
+    assert refined.streamed_bytes(8) - refined.streamed_bytes(1) == 7 * 64 * row_bytes
+    assert refined.fast.streamed_bytes(1) < table + 4096 * 4  # at most the table and a scale per row
+
+
 def test_dequant_kernel_is_exact_for_both_formats():
     for weight in (random_int4(64, 64), quantize_int8("w", torch.randn(48, 64))):
         x = torch.randn(5, 64)

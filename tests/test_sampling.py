@@ -8,16 +8,9 @@ import pytest
 import torch
 
 from minivllm.sampling.params import SamplingParams
-from minivllm.sampling.sampler import (
-    Sampler,
-    SamplingRow,
-    apply_min_p,
-    apply_penalties,
-    apply_top_k_top_p,
-    apply_top_k_top_p_min_p,
-    exponential_race,
-    pad_token_lists,
-)
+from minivllm.sampling import filters
+from minivllm.sampling.filters import apply_min_p, apply_top_k_top_p, apply_top_k_top_p_min_p, inverse_cdf_draw
+from minivllm.sampling.sampler import Sampler, SamplingRow, apply_penalties, pad_token_lists
 
 V = 32
 
@@ -185,12 +178,75 @@ def test_sampling_follows_temperature_scaled_softmax():
     assert torch.allclose(freq, expected, atol=0.015), (freq, expected)
 
 
-def test_exponential_race_distribution_with_generator():
-    probs = torch.tensor([[0.1, 0.6, 0.3]]).expand(6000, 3).contiguous()
+def test_inverse_cdf_draw_distribution_with_generator():
+    probs = torch.tensor([[0.1, 0.6, 0.0, 0.3]]).expand(6000, 4).contiguous()
     g = seeded(7)
-    tokens = exponential_race(probs, [g] + [None] * 5999)
-    freq = torch.bincount(tokens, minlength=3).double() / 6000
+    tokens = inverse_cdf_draw(probs, [g] + [None] * 5999)
+    freq = torch.bincount(tokens, minlength=4).double() / 6000
+    assert freq[2] == 0  # a token without probability is never drawn
     assert torch.allclose(freq, probs[0].double(), atol=0.03)
+
+
+def test_inverse_cdf_draw_keeps_the_chance_of_a_tiny_probability():
+    """float64 cumulative sums: a token of probability 1e-9 next to one of ~1 is still reachable (a
+    float32 sum would swallow it), and a draw at the very top of the range lands on a real token."""
+    probs = torch.tensor([[1.0, 1e-9, 0.0]])
+    cumulative = probs.double().cumsum(-1)
+    assert cumulative[0, 1] > cumulative[0, 0]
+    g = seeded(1)
+    assert inverse_cdf_draw(probs, [g]).tolist() == [0]
+    torch.manual_seed(0)
+    rigged = torch.tensor([[0.5, 0.5, 0.0, 0.0]])
+    original = filters._uniforms
+    filters._uniforms = lambda gens, device: torch.full((len(gens),), 1.0, dtype=torch.float64)
+    try:
+        assert inverse_cdf_draw(rigged, [None]).tolist() == [1]  # u * total == total: not the empty tail
+    finally:
+        filters._uniforms = original
+
+
+def test_a_seeded_draw_depends_on_its_own_generator_only():
+    probs = torch.softmax(torch.randn(5, 1000), -1)
+    alone = inverse_cdf_draw(probs[2:3], [seeded(11)])
+    torch.manual_seed(123)
+    in_batch = inverse_cdf_draw(probs, [None, None, seeded(11), None, seeded(5)])
+    assert in_batch[2] == alone[0]
+
+
+@pytest.mark.parametrize("temperature", [0.3, 1.0, 3.0])
+@pytest.mark.parametrize("top_p", [0.05, 0.5, 0.9, 0.999])
+def test_top_p_by_candidates_equals_the_sorted_nucleus(temperature, top_p, monkeypatch):
+    """The nucleus found among the top candidates (widening when it does not close there) is the one
+    a full sort gives, on a vocabulary large enough that flat rows need every widening step."""
+    monkeypatch.setattr(filters, "CANDIDATE_WIDTHS", (8, 64))
+    torch.manual_seed(5)
+    logits = torch.randn(6, 2000) * torch.tensor([[0.1], [1.0], [3.0], [8.0], [0.5], [2.0]]) / temperature
+    out = apply_top_k_top_p(logits, None, torch.full((6,), top_p))
+    for i in range(6):
+        probs = torch.softmax(logits[i].double(), -1)
+        ordered, order = probs.sort(descending=True)
+        size = int((ordered.cumsum(0) - ordered < top_p).sum())
+        expected = set(order[:size].tolist())
+        assert set(torch.isfinite(out[i]).nonzero().flatten().tolist()) == expected
+
+
+def test_top_p_keeps_every_token_tied_at_the_boundary():
+    logits = torch.tensor([[3.0, 1.0, 1.0, 1.0, -2.0]])
+    probs = torch.softmax(logits, -1)
+    p = float(probs[0, 0] + probs[0, 1] / 2)  # the nucleus ends inside the tie
+    out = apply_top_k_top_p(logits, None, torch.tensor([p]))
+    assert torch.isfinite(out).tolist() == [[True, True, True, True, False]]
+
+
+def test_top_k_beyond_the_candidates_then_top_p(monkeypatch):
+    monkeypatch.setattr(filters, "CANDIDATE_WIDTHS", (4,))
+    logits = torch.arange(100, dtype=torch.float32).flip(0).unsqueeze(0) / 10
+    out = apply_top_k_top_p(logits, torch.tensor([50]), torch.tensor([1.0]))
+    assert int(torch.isfinite(out).sum()) == 50
+    renorm = torch.softmax(logits[0, :50].double(), -1)
+    size = int((renorm.cumsum(0) - renorm < 0.8).sum())
+    out = apply_top_k_top_p(logits, torch.tensor([50]), torch.tensor([0.8]))
+    assert int(torch.isfinite(out).sum()) == size
 
 
 # --------------------------------------------------------------------------- greedy
@@ -408,3 +464,50 @@ def test_empty_batch_and_shape_check():
     assert out.token_ids == [] and out.logprobs == []
     with pytest.raises(ValueError):
         Sampler()(torch.randn(2, V), [row()])
+
+
+# --------------------------------------------------------------------------- against HF generate()'s processors
+
+
+@pytest.mark.parametrize("preset", ["temperature 0.7", "balanced", "creative"])
+@pytest.mark.parametrize("spread", [1.0, 4.0])
+def test_truncation_keeps_exactly_the_tokens_hf_warpers_keep(preset, spread):
+    """The oracle: HF's repetition penalty, temperature, top-k, top-p and min-p warpers, in generate()'s
+    order, leave finite exactly the tokens our sampler can draw; the penalised logits agree too."""
+    from minivllm.bench.sampler import PRESETS, hf_processors, padded_history
+
+    torch.manual_seed(21)
+    rows_n, vocab = 12, 5000
+    logits = torch.randn(rows_n, vocab) * spread * torch.linspace(0.5, 2.0, rows_n).unsqueeze(1)
+    history = [torch.randint(0, vocab, (int(n),)).tolist() for n in torch.randint(5, 300, (rows_n,))]
+    params = SamplingParams(**PRESETS[preset])
+    rows = [row(params, prompt=h) for h in history]
+    processed = Sampler().processed(logits, rows)
+    hf = hf_processors(params)
+    hf_penalised = hf[0](padded_history(history), logits.clone()) if params.repetition_penalty != 1.0 else logits
+    assert torch.allclose(processed, hf_penalised, atol=1e-6)
+    ours = torch.isfinite(Sampler.truncated(processed, rows))
+    theirs = torch.isfinite(hf(padded_history(history), logits.clone()))
+    assert torch.equal(ours, theirs)
+    truncates = params.top_k > 0 or params.top_p < 1.0 or params.min_p > 0.0
+    assert 0 < int(ours.sum()) < rows_n * vocab if truncates else bool(ours.all())
+
+
+def test_sparse_penalties_equal_the_dense_formula():
+    torch.manual_seed(22)
+    vocab = 50
+    logits = torch.randn(3, vocab)
+    prompt = pad_token_lists([[1, 2, 2, 7], [], [4]], vocab)
+    output = pad_token_lists([[2, 9, 9, 9], [3, 3], []], vocab)
+    rep, freq, pres = torch.tensor([1.3, 1.0, 2.0]), torch.tensor([0.5, 0.25, 0.0]), torch.tensor([0.1, 0.7, 0.0])
+    original = logits.clone()
+    out = apply_penalties(logits, prompt, output, rep, freq, pres)
+    expected = logits.clone()
+    for r, (p_ids, o_ids) in enumerate([([1, 2, 2, 7], [2, 9, 9, 9]), ([], [3, 3]), ([4], [])]):
+        for t in set(p_ids) | set(o_ids):
+            v = logits[r, t]
+            v = v / rep[r] if v > 0 else v * rep[r]
+            count = o_ids.count(t)
+            expected[r, t] = v - freq[r] * count - pres[r] * (count > 0)
+    assert torch.allclose(out, expected, atol=1e-6)
+    assert torch.equal(logits, original)  # out of place

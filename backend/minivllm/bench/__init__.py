@@ -33,6 +33,10 @@ def run_bench(args) -> int:
         from minivllm.bench.compiled import bench_compile
 
         return bench_compile(engine, args)
+    if args.kind == "sampler":
+        from minivllm.bench.sampler import bench_sampler
+
+        return bench_sampler(engine, args)
     if args.kind == "structured":
         from minivllm.bench.structured import bench_structured
 

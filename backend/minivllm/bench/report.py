@@ -63,7 +63,7 @@ def plot_throughput(results: list[RunResult], path: Path, title: str) -> Path:
 
 
 def plot_paired_bars(levels: list[int], pairs: tuple[tuple[str, list[float]], tuple[str, list[float]]], path: Path,
-                     title: str, decorate=None) -> Path:
+                     title: str, decorate=None, ylabel: str = "decode tokens/s (median)") -> Path:
     """Two bars per concurrency level (one setup against another, medians already taken); `decorate(ax, xs)`
     may draw more before the legend."""
     import matplotlib
@@ -78,7 +78,7 @@ def plot_paired_bars(levels: list[int], pairs: tuple[tuple[str, list[float]], tu
     if decorate is not None:
         decorate(ax, xs)
     ax.set_xticks(xs, [f"{level} concurrent" for level in levels])
-    ax.set_ylabel("decode tokens/s (median)")
+    ax.set_ylabel(ylabel)
     ax.legend()
     ax.grid(axis="y", alpha=0.3)
     fig.suptitle(title, fontsize=9)

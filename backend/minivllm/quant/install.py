@@ -100,7 +100,7 @@ def streamed_bytes(model: nn.Module, rows: int) -> int:
     total = 0
     for module in model.modules():
         if isinstance(module, QuantLinear):
-            total += sum(t.numel() * t.element_size() for t in module.kernel_for(rows).tensors())
+            total += module.kernel_for(rows).streamed_bytes(rows)
         elif isinstance(module, PackedLinear):
             total += module.weight.numel() * module.weight.element_size()
     return total

@@ -54,6 +54,10 @@ class Kernel:
         """What this path keeps alive (for memory accounting)."""
         raise NotImplementedError
 
+    def streamed_bytes(self, rows: int) -> int:
+        """Bytes of weights one call over `rows` rows reads: by default everything it keeps."""
+        return sum(t.numel() * t.element_size() for t in self.tensors())
+
 
 class Int4PackCPU(Kernel):
     def __init__(self, packed: "_Int4Pack", act_dtype: torch.dtype):
@@ -195,6 +199,12 @@ class ExactTopLogits(Kernel):
 
     def tensors(self) -> list[torch.Tensor]:
         return self.fast.tensors() + [self.weight.q, self.weight.scale]
+
+    def streamed_bytes(self, rows: int) -> int:
+        """The fast kernel's weights, then TOP weight rows per row (not the table a second time)."""
+        q, scale = self.weight.q, self.weight.scale
+        per_weight_row = q.shape[1] * q.element_size() + scale[0].numel() * scale.element_size()
+        return self.fast.streamed_bytes(rows) + rows * min(self.TOP, q.shape[0]) * per_weight_row
 
 
 def lm_head_candidates(weight: Int8Weight, device: torch.device, dtype: torch.dtype) -> list[Kernel]:

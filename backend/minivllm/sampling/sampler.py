@@ -11,9 +11,10 @@ Processing order (as vLLM):
 3. frequency / presence penalties over output tokens:
    ``logits -= frequency * count + presence * (count > 0)``.
    Then ``logit_bias`` is added, and a structured-output grammar masks what it does not allow.
-4. greedy rows: argmax. Sampled rows: temperature, top-k, top-p, min-p, softmax, then a draw
-   by the exponential race ``argmax(probs / E)``, ``E ~ Exponential(1)``; a seeded row draws
-   ``E`` from its own ``torch.Generator`` so its tokens do not depend on the rest of the batch.
+4. greedy rows: argmax. Sampled rows: temperature, top-k, top-p, min-p, softmax, then an
+   inverse-CDF draw with one uniform per row (`filters.py`: no vocabulary sort, no per-token
+   noise); a seeded row draws its uniform from its own ``torch.Generator`` so its tokens do not
+   depend on the rest of the batch.
 
 Reported log-probs are always those of the raw model distribution (``log_softmax`` of the
 unprocessed logits).
@@ -27,6 +28,8 @@ from typing import Sequence
 import torch
 
 from minivllm.structured.grammar import GrammarMatcher, allocate_bitmask, apply_bitmask
+
+from .filters import apply_top_k_top_p_min_p, inverse_cdf_draw
 
 from .params import SamplingParams
 
@@ -71,10 +74,10 @@ def pad_token_lists(seqs: Sequence[Sequence[int]], pad: int, device: torch.devic
 
 
 def token_counts(padded_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Per-row occurrence counts ``[R, vocab_size]`` of a padded id tensor (pad id = vocab_size)."""
+    """Per-row occurrence counts ``[R, vocab_size + 1]`` of a padded id tensor (pad id = vocab_size,
+    counted in the last column)."""
     counts = torch.zeros(padded_ids.shape[0], vocab_size + 1, dtype=torch.float32, device=padded_ids.device)
-    counts.scatter_add_(1, padded_ids, torch.ones_like(padded_ids, dtype=torch.float32))
-    return counts[:, :vocab_size]
+    return counts.scatter_add_(1, padded_ids, torch.ones_like(padded_ids, dtype=torch.float32))
 
 
 def apply_penalties(
@@ -89,85 +92,23 @@ def apply_penalties(
 
     ``logits``: ``[R, V]``; ``prompt_ids`` / ``output_ids``: ``[R, Lp]`` / ``[R, Lo]`` padded with
     ``V``; penalty tensors: ``[R]``. Repetition penalty looks at prompt + output tokens,
-    frequency / presence at output tokens only.
+    frequency / presence at output tokens only. Only the tokens a row has seen change, so the work
+    is gathered at their ids and scattered back (a dozen passes over [R, V] cost more than sampling).
     """
     vocab = logits.shape[1]
-    out_counts = token_counts(output_ids, vocab)
-    seen = (token_counts(prompt_ids, vocab) > 0) | (out_counts > 0)
+    ids = torch.cat([prompt_ids, output_ids], dim=1)
+    real = ids < vocab
+    seen_any = real.any(dim=1, keepdim=True)
+    # a pad stands for the row's first real id: it then writes that token's (identical) penalised value
+    first = ids.gather(1, real.to(torch.uint8).argmax(dim=1, keepdim=True))
+    ids = torch.where(real, ids, torch.where(seen_any, first, 0))
+    count = token_counts(output_ids, vocab).gather(1, ids)
+    values = logits.gather(1, ids)
     rep = repetition_penalties.to(logits.dtype).unsqueeze(1)
-    penalised = torch.where(logits > 0, logits / rep, logits * rep)
-    logits = torch.where(seen, penalised, logits)
-    logits = logits - frequency_penalties.to(logits.dtype).unsqueeze(1) * out_counts
-    logits = logits - presence_penalties.to(logits.dtype).unsqueeze(1) * (out_counts > 0).to(logits.dtype)
-    return logits
-
-
-def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None) -> torch.Tensor:
-    """Mask logits outside the top-k / the top-p nucleus to ``-inf`` (out of place).
-
-    ``k``: ``[R]`` int tensor (use the vocab size for "off"); ``p``: ``[R]`` float tensor (1.0 =
-    off); either may be None. Top-p keeps the smallest set of highest-probability tokens whose
-    mass reaches ``p`` (computed after top-k), always at least one token. Ties at the k-th
-    value are all kept.
-    """
-    if k is None and p is None:
-        return logits
-    vocab = logits.shape[1]
-    logits_sort, logits_idx = logits.sort(dim=-1, descending=False)
-    if k is not None:
-        kth = (vocab - k.to(torch.long).clamp(1, vocab)).unsqueeze(1)
-        threshold = logits_sort.gather(1, kth)
-        logits_sort.masked_fill_(logits_sort < threshold, _NEG_INF)
-    if p is not None:
-        probs_sort = logits_sort.softmax(dim=-1)
-        cum = probs_sort.cumsum(dim=-1)  # ascending: mass of this token and everything below
-        drop = cum <= (1.0 - p.to(cum.dtype)).unsqueeze(1)
-        drop[:, -1] = False
-        logits_sort.masked_fill_(drop, _NEG_INF)
-    return torch.empty_like(logits).scatter_(1, logits_idx, logits_sort)
-
-
-def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
-    """Mask tokens whose probability is below ``min_p * max_prob`` (out of place)."""
-    probs = logits.softmax(dim=-1)
-    top = probs.amax(dim=-1, keepdim=True)
-    drop = probs < min_p.to(probs.dtype).unsqueeze(1) * top
-    return logits.masked_fill(drop, _NEG_INF)
-
-
-def apply_top_k_top_p_min_p(
-    logits: torch.Tensor,
-    k: torch.Tensor | None,
-    p: torch.Tensor | None,
-    min_p: torch.Tensor | None,
-) -> torch.Tensor:
-    """top-k, then top-p, then min-p; any of them may be None (= off for every row)."""
-    logits = apply_top_k_top_p(logits, k, p)
-    if min_p is not None:
-        logits = apply_min_p(logits, min_p)
-    return logits
-
-
-def exponential_race(probs: torch.Tensor, generators: Sequence[torch.Generator | None]) -> torch.Tensor:
-    """Sample one token per row: ``argmax(probs / E)``, ``E ~ Exponential(1)``.
-
-    Row ``i`` draws its noise from ``generators[i]`` when given (its result then depends only on
-    that generator and the row), the other rows share one draw from torch's default generator.
-    """
-    noise = torch.empty_like(probs)
-    shared = [i for i, g in enumerate(generators) if g is None]
-    if len(shared) == len(generators):
-        noise.exponential_()
-    else:
-        if shared:
-            idx = torch.tensor(shared, dtype=torch.long, device=probs.device)
-            noise[idx] = torch.empty(len(shared), probs.shape[1], dtype=probs.dtype, device=probs.device).exponential_()
-        for i, g in enumerate(generators):
-            if g is not None:
-                noise[i].exponential_(generator=g)
-    # exponential_ can return exactly 0 in float32; keep 0/0 from producing NaN.
-    noise.clamp_min_(torch.finfo(noise.dtype).tiny)
-    return (probs / noise).argmax(dim=-1)
+    penalised = torch.where(values > 0, values / rep, values * rep)
+    penalised = penalised - frequency_penalties.to(logits.dtype).unsqueeze(1) * count
+    penalised = penalised - presence_penalties.to(logits.dtype).unsqueeze(1) * (count > 0).to(logits.dtype)
+    return logits.scatter(1, ids, torch.where(seen_any, penalised, values))
 
 
 # --------------------------------------------------------------------------- sampler
@@ -215,9 +156,14 @@ class Sampler:
         logits = self._apply_penalties(self._apply_min_tokens(logits, rows), rows)
         return self._apply_grammars(self._apply_logit_bias(logits, rows), rows)
 
-    @staticmethod
-    def probabilities(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    @classmethod
+    def probabilities(cls, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         """Stage 4 up to the draw, for sampled rows: temperature, top-k, top-p, min-p, softmax."""
+        return cls.truncated(logits, rows).softmax(dim=-1)
+
+    @staticmethod
+    def truncated(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        """Temperature, then top-k, top-p and min-p as ``-inf`` masks (`filters.py`)."""
         device = logits.device
         vocab = logits.shape[1]
         params = [r.params for r in rows]
@@ -233,7 +179,7 @@ class Sampler:
             p = torch.tensor([x.top_p for x in params], dtype=torch.float32, device=device)
         if any(x.min_p > 0.0 for x in params):
             mp = torch.tensor([x.min_p for x in params], dtype=torch.float32, device=device)
-        return apply_top_k_top_p_min_p(logits, k, p, mp).softmax(dim=-1)
+        return apply_top_k_top_p_min_p(logits, k, p, mp)
 
     # ------------------------------------------------------------------ stages
     @staticmethod
@@ -307,8 +253,8 @@ class Sampler:
 
     @classmethod
     def _sample(cls, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-        """Temperature, top-k, top-p, min-p, softmax, exponential race for non-greedy rows."""
-        return exponential_race(cls.probabilities(logits, rows), [r.generator for r in rows])
+        """Temperature, top-k, top-p, min-p, softmax, an inverse-CDF draw for non-greedy rows."""
+        return inverse_cdf_draw(cls.probabilities(logits, rows), [r.generator for r in rows])
 
 
 def allowed_fractions(processed: torch.Tensor, rows: list[SamplingRow]) -> list[float | None] | None:

@@ -91,7 +91,7 @@ def test_the_lm_head_gets_exact_top_logits_over_its_bf16_kernel(rows):
     weight = quantize_int8("w", torch.randn(4096, 96) * 0.05)
     x = torch.randn(rows, 96) * 3
     head = {k.name: k for k in kernels.lm_head_candidates(weight, CPU, torch.float32)}
-    ours = {"int8avx2+exact64/int8", "int8avx2+exact64/int8x2", "int8avx2/fp32"}
+    ours = {"int8avx2+exact64/int8", "int8avx2/int8x2", "int8avx2/fp32"}
     assert set(head) - ours == {"int8pack+exact64/bf16", "int8pack/fp32"}
     fast = kernels.Int8PackCPU(weight.q, weight.scale[:, 0], torch.bfloat16)
     refined, exact, rounded = head["int8pack+exact64/bf16"](x), head["int8pack/fp32"](x), fast(x)
@@ -102,6 +102,9 @@ def test_the_lm_head_gets_exact_top_logits_over_its_bf16_kernel(rows):
     rest = torch.ones_like(refined, dtype=torch.bool).scatter_(1, top, False)
     assert torch.equal(refined[rest], rounded[rest])
     assert torch.equal(head["int8pack+exact64/bf16"](x[:1]), refined[:1])
+    precise = head["int8avx2/int8x2"](x)  # no exact-top pass: ~15-bit activations are within ~1e-4 already
+    assert (precise - exact).abs().max() <= 1e-3 * exact.abs().max()
+    assert precise.argmax(-1).tolist() == exact.argmax(-1).tolist()
     assert all(k.q.data_ptr() == weight.q.data_ptr() for k in head.values())  # one int8 copy
 
 
@@ -110,7 +113,7 @@ def test_an_exact_top_head_streams_its_table_once():
     64 rows per input row; the int8 table they share is not read twice."""
     weight = quantize_int8("w", torch.randn(4096, 96) * 0.05)
     head = {k.name: k for k in kernels.lm_head_candidates(weight, CPU, torch.float32)}
-    refined = head["int8avx2+exact64/int8x2"]
+    refined = head["int8avx2+exact64/int8"]
     table = weight.q.numel() + weight.scale.numel() * 4
     row_bytes = 96 + 4
     assert refined.streamed_bytes(1) == refined.fast.streamed_bytes(1) + 64 * row_bytes
@@ -293,3 +296,18 @@ def test_cuda_kernels_match_the_dequantized_weight(rows):
         for kernel in kernels.candidates(weight, device, torch.bfloat16):
             y = kernel(x).float()
             assert (y - ref).abs().max() <= 0.03 * ref.abs().max(), kernel.name
+
+
+def test_the_weight_memory_counts_an_mkl_packed_copy_at_its_weights_size():
+    """An MKL-packed copy is an opaque tensor whose numel() overstates what it holds ~2.7x (the fp32
+    model read 7,097 MiB instead of ~2.1 GB): each copy counts as its weight, as RSS grows."""
+    from minivllm.model.packed_linear import PackedLinear, packing_supported
+    from minivllm.quant.install import stored_bytes
+
+    layer = PackedLinear(576, 3072, bias=False)
+    if not packing_supported(layer.weight):
+        pytest.skip("torch was built without MKL here: no packed copies to count")
+    plain = stored_bytes(layer)
+    assert plain == 3072 * 576 * 4
+    layer.pack((4, 8))
+    assert stored_bytes(layer) == 3 * plain

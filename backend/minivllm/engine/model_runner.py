@@ -17,7 +17,7 @@ from minivllm.engine.prompt_logprobs import PromptLogprobsRows, target_logprobs
 from minivllm.model.attention import AttentionMetadata, KVCache, PrefillChunk
 from minivllm.arith import ceil_div
 from minivllm.console import progress
-from minivllm.cache import cache_dir
+from minivllm.cache import compiler_cache_dir
 from minivllm.model.compiled import warm_up_shapes
 from minivllm.model.llama import LlamaModel
 
@@ -60,7 +60,7 @@ class ModelRunner:
             progress(f"compiling decode step {i}/{len(shapes)} ({rows} row{'s' if rows > 1 else ''}) ...")
             work = [SeqWork([0], (width - 1) * self.block_size, [0] * width) for _ in range(rows)]
             self.execute(work, [])
-        progress(f"{compiled.describe()}: ready in {time.perf_counter() - started:.1f}s (cache {cache_dir()})")
+        progress(f"{compiled.describe()}: ready in {time.perf_counter() - started:.1f}s (cache {compiler_cache_dir()})")
         return self
 
     def execute(self, single: list[SeqWork], chunks: list[SeqWork],

@@ -26,7 +26,6 @@ import types
 
 import torch
 
-from minivllm.cache import cache_dir
 from minivllm.console import progress
 
 RECOMPILE_LIMIT = 64  # graphs per code object: row ranges x widths stay far below this
@@ -66,7 +65,6 @@ class CompiledLayers:
     has failed."""
 
     def __init__(self, group: int = 1, backend: str = "inductor"):
-        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "inductor"))
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         self.backend, self.group = backend, group
         # Guards on our modules' attributes cost ~0.26 ms a call (measured: dynamo's cache lookup, 0.35 ->
@@ -134,17 +132,14 @@ def use_compilation(model: torch.nn.Module, device: torch.device | str, enforce_
 
 def decode_row_counts(model: torch.nn.Module, max_rows: int) -> list[int]:
     """Row counts that reach every graph a decode step can need: 1, 2, and each side of every row
-    count where a layer switches kernel (a quantized layer's plan, an MKL-packed layer's buckets)."""
-    from minivllm.model.packed_linear import MIN_PACKED_ROWS
+    count where a quantized layer switches kernel (an MKL-packed layer picks its bucket inside one
+    opaque operator: no graph of its own)."""
     from minivllm.quant.linear import QuantLinear
 
     edges: set[int] = set()
     for module in model.modules():
         if isinstance(module, QuantLinear):
             edges |= {rows for rows, _ in module.plan[:-1]}
-        packs = getattr(module, "packs", None)
-        if packs:
-            edges |= set(packs) | {MIN_PACKED_ROWS - 1}
     counts = {1, 2, max_rows} | {e + d for e in edges for d in (-1, 0, 1)}
     return sorted(r for r in counts if 1 <= r <= max_rows)
 

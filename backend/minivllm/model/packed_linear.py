@@ -45,25 +45,31 @@ class PackedLinear(nn.Linear):
             self.packs = {b: torch.ops.mkl._mkl_reorder_linear_weight(self.weight.detach(), b) for b in buckets}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.shape[0]
         packs = getattr(self, "packs", None)
-        if not packs or rows < MIN_PACKED_ROWS or rows > max(packs):
+        if not packs:
             return F.linear(x, self.weight)
-        bucket = min(b for b in packs if b >= rows)
-        padded = F.pad(x, (0, 0, 0, bucket - rows)) if bucket != rows else x
-        return mkl_packed_linear(padded, packs[bucket], self.weight, bucket)[:rows]
+        return packed_linear(x, list(packs.values()), list(packs), self.weight)
 
 
-@torch.library.custom_op("minivllm::mkl_packed_linear", mutates_args=())
-def mkl_packed_linear(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, rows: int) -> torch.Tensor:
-    """MKL's packed GEMM as an opaque operator: inductor's own lowering of `mkl::_mkl_linear` only
-    accepts a packed weight frozen into the graph as a constant, and the compiled decode step takes
-    every layer's weights as inputs (one graph for all layers)."""
-    return torch.ops.mkl._mkl_linear(x, packed, weight, None, rows)
+@torch.library.custom_op("minivllm::packed_linear", mutates_args=())
+def packed_linear(x: torch.Tensor, packs: list[torch.Tensor], buckets: list[int], weight: torch.Tensor) -> torch.Tensor:
+    """x @ weight.T through the packed copy of the smallest bucket that holds x's rows (padded up to
+    it), else plainly. One opaque operator, the bucket picked inside: a compiled graph then stays
+    dynamic in the row count, where branching in Python gave each bucket a graph of its own (15 decode
+    graphs in fp32, a cold compile of ~190 s). Inductor's own lowering of `mkl::_mkl_linear` would
+    also need the packed weight frozen into the graph as a constant, and the compiled step takes every
+    layer's weights as inputs (one graph for all layers)."""
+    rows = x.shape[0]
+    fitting = [(b, pack) for b, pack in zip(buckets, packs) if b >= rows]
+    if rows < MIN_PACKED_ROWS or not fitting:
+        return F.linear(x, weight)
+    bucket, pack = min(fitting, key=lambda item: item[0])
+    padded = F.pad(x, (0, 0, 0, bucket - rows)) if bucket != rows else x
+    return torch.ops.mkl._mkl_linear(padded, pack, weight, None, bucket)[:rows]
 
 
-@mkl_packed_linear.register_fake
-def _(x, packed, weight, rows):
+@packed_linear.register_fake
+def _(x, packs, buckets, weight):
     return x.new_empty(x.shape[0], weight.shape[0])
 
 

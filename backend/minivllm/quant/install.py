@@ -76,16 +76,21 @@ def stored_bytes(model: nn.Module) -> int:
     """Bytes of every distinct tensor the model keeps for weights (shared storage counted once)."""
     seen: dict[int, int] = {}
     tensors = [p for p in model.parameters()]
+    packed = 0
     for module in model.modules():
         if isinstance(module, (QuantLinear, QuantEmbedding)):
             tensors += module.stored_tensors()
-        tensors += list(getattr(module, "packs", {}).values())  # MKL-packed fp32 copies
+        # an MKL-packed fp32 copy is opaque, and its numel() says 2.7x what it holds: RSS grows by about
+        # its weight's size (measured: 7.3 MiB per copy of a 6.75 MiB [3072x576] weight)
+        if getattr(module, "packs", None):
+            packed += len(module.packs) * _nbytes(module.weight)
     for t in tensors:
-        try:
-            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        except NotImplementedError:  # an opaque MKL-packed weight has no storage to share
-            seen[id(t)] = t.numel() * t.element_size()
-    return sum(seen.values())
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return sum(seen.values()) + packed
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
 
 
 def fp32_bytes(cfg) -> int:

@@ -208,9 +208,10 @@ class ExactTopLogits(Kernel):
 
 
 def lm_head_candidates(weight: Int8Weight, device: torch.device, dtype: torch.dtype) -> list[Kernel]:
-    """The LM head's candidates: every rounding kernel gets its top logits made exact (from the
-    weight as given: a GGUF Q8_0 table keeps its per-block scales)."""
-    return [k if k.exact else ExactTopLogits(k, weight) for k in candidates(weight, device, dtype)]
+    """The LM head's candidates: every coarse kernel (bf16, int8 activations) gets its top logits made
+    exact (from the weight as given: a GGUF Q8_0 table keeps its per-block scales). A precise kernel
+    (int8x2: logits within ~1e-4) needs no such pass: it would cost a topk over the vocabulary per row."""
+    return [k if k.precise else ExactTopLogits(k, weight) for k in candidates(weight, device, dtype)]
 
 
 class Int4PackCUDA(Kernel):

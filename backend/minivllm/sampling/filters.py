@@ -126,13 +126,14 @@ def inverse_cdf_draw(probs: torch.Tensor, generators: Sequence[torch.Generator |
     target = _uniforms(generators, probs.device) * block_mass.sum(dim=-1)
     block, rest = _search(block_mass, target)
     inside = padded[torch.arange(rows, device=probs.device), block].to(torch.float64)
-    token, _ = _search(inside, rest)
-    token = (block * DRAW_BLOCK + token).clamp_max(vocab - 1)
-    stray = probs.gather(1, token.unsqueeze(1)).squeeze(1) <= 0
-    if bool(stray.any()):  # the target rounded onto a block's edge: the last token with any probability
-        vocab_order = torch.arange(vocab, device=probs.device)
-        token[stray] = torch.where(probs[stray] > 0, vocab_order, 0).amax(dim=-1)
-    return token
+    # the block's mass was summed in float32: rescale to its float64 sum so the target stays inside it
+    chosen_mass = block_mass.gather(1, block.unsqueeze(1)).squeeze(1).clamp_min(torch.finfo(torch.float64).tiny)
+    token, _ = _search(inside, rest * inside.sum(dim=-1) / chosen_mass)
+    stray = inside.gather(1, token.unsqueeze(1)).squeeze(1) <= 0
+    if bool(stray.any()):  # a target rounded onto the block's end: its last token with any probability
+        in_block = torch.arange(DRAW_BLOCK, device=probs.device)
+        token[stray] = torch.where(inside[stray] > 0, in_block, 0).amax(dim=-1)
+    return block * DRAW_BLOCK + token
 
 
 def _search(weights: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

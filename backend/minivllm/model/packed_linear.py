@@ -42,7 +42,7 @@ class PackedLinear(nn.Linear):
 
     def pack(self, buckets: tuple[int, ...]) -> None:
         with torch.no_grad():
-            self.packs = {b: torch.ops.mkl._mkl_reorder_linear_weight(self.weight.detach(), b) for b in buckets}
+            self.packs = {b: torch.ops.mkl._mkl_reorder_linear_weight(self.weight.detach(), b) for b in sorted(buckets)}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         packs = getattr(self, "packs", None)
@@ -60,10 +60,10 @@ def packed_linear(x: torch.Tensor, packs: list[torch.Tensor], buckets: list[int]
     also need the packed weight frozen into the graph as a constant, and the compiled step takes every
     layer's weights as inputs (one graph for all layers)."""
     rows = x.shape[0]
-    fitting = [(b, pack) for b, pack in zip(buckets, packs) if b >= rows]
-    if rows < MIN_PACKED_ROWS or not fitting:
+    fitting = next(((b, pack) for b, pack in zip(buckets, packs) if b >= rows), None)  # buckets ascend
+    if rows < MIN_PACKED_ROWS or fitting is None:
         return F.linear(x, weight)
-    bucket, pack = min(fitting, key=lambda item: item[0])
+    bucket, pack = fitting
     padded = F.pad(x, (0, 0, 0, bucket - rows)) if bucket != rows else x
     return torch.ops.mkl._mkl_linear(padded, pack, weight, None, bucket)[:rows]
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from minivllm.quant.chooser import GroupChoice, choose_kernels, describe
-from minivllm.quant.formats import Int8Weight, QuantizedWeight
+from minivllm.quant.formats import Int8Weight, QuantizedWeight, weight_bytes
 from minivllm.quant.kernels import lm_head_candidates
 from minivllm.quant.linear import QuantEmbedding, QuantLinear
 
@@ -83,14 +83,10 @@ def stored_bytes(model: nn.Module) -> int:
         # an MKL-packed fp32 copy is opaque, and its numel() says 2.7x what it holds: RSS grows by about
         # its weight's size (measured: 7.3 MiB per copy of a 6.75 MiB [3072x576] weight)
         if getattr(module, "packs", None):
-            packed += len(module.packs) * _nbytes(module.weight)
+            packed += len(module.packs) * weight_bytes(module.weight)
     for t in tensors:
         seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
     return sum(seen.values()) + packed
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
 
 
 def fp32_bytes(cfg) -> int:
@@ -107,5 +103,5 @@ def streamed_bytes(model: nn.Module, rows: int) -> int:
         if isinstance(module, QuantLinear):
             total += module.kernel_for(rows).streamed_bytes(rows)
         elif isinstance(module, PackedLinear):
-            total += module.weight.numel() * module.weight.element_size()
+            total += weight_bytes(module.weight)
     return total

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from minivllm.arith import ceil_div
 from minivllm.quant import native
-from minivllm.quant.formats import Int4Weight, Int8Weight, QuantizedWeight, to_per_channel
+from minivllm.quant.formats import Int4Weight, Int8Weight, QuantizedWeight, to_per_channel, weight_bytes
 
 NATIVE_ACTS = ("int8", "int8x2", "fp32")  # our kernels' activation precisions, coarsest first
 CPU_INT4_ROW_MULTIPLE = 16  # torch's CPU int4 packing needs N % 16 == 0: pad with zero rows
@@ -56,7 +56,7 @@ class Kernel:
 
     def streamed_bytes(self, rows: int) -> int:
         """Bytes of weights one call over `rows` rows reads: by default everything it keeps."""
-        return sum(t.numel() * t.element_size() for t in self.tensors())
+        return sum(weight_bytes(t) for t in self.tensors())
 
 
 class Int4PackCPU(Kernel):

@@ -55,9 +55,10 @@ def truncation_threshold(logits: torch.Tensor, k: torch.Tensor | None, p: torch.
          else k.to(device=logits.device, dtype=torch.long).clamp(1, vocab))
     threshold = torch.full((rows,), _NEG_INF, dtype=logits.dtype, device=logits.device)
     limited = k < vocab
-    if bool(limited.any()) or p is not None:
+    any_limited = bool(limited.any())
+    if any_limited or p is not None:
         # one topk serves top-k and top-p's first look (it is most of the cost at a few rows)
-        k_max = int(k[limited].max()) if bool(limited.any()) else 0
+        k_max = int(k[limited].max()) if any_limited else 0
         top = logits.topk(min(vocab, max(k_max, CANDIDATE_WIDTHS[0] if p is not None else 0)), dim=-1).values
         kth = top.gather(1, (k.clamp_max(top.shape[1]) - 1).unsqueeze(1)).squeeze(1)
         threshold = torch.where(limited, kth, threshold)

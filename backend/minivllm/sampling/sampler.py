@@ -30,7 +30,6 @@ import torch
 from minivllm.structured.grammar import GrammarMatcher, allocate_bitmask, apply_bitmask
 
 from .filters import apply_top_k_top_p_min_p, inverse_cdf_draw
-
 from .params import SamplingParams
 
 _NEG_INF = float("-inf")

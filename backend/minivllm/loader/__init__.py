@@ -23,6 +23,7 @@ from minivllm.loader.hf_loader import ModelNotFoundError
 from minivllm.loader.weights import CorruptCheckpointError, build_model
 from minivllm.model.config import LlamaConfig, UnsupportedModelError
 from minivllm.model.llama import LlamaModel
+from minivllm.quant import choice_cache
 from minivllm.quant.gguf_tensors import read_gguf_tensors
 from minivllm.quant.install import QuantReport
 from minivllm.quant.policy import QuantConfig
@@ -99,6 +100,9 @@ def _report_quantization(report: QuantReport) -> None:
               f"({report.ratio:.0%} of the {report.fp32_bytes / 2**20:.0f} MiB fp32 model)")
     if report.kernel_choices and not any(c.timings_ms for c in report.kernel_choices):
         progress("kernels forced ($MINIVLLM_QUANT_KERNEL), not timed:")
+    elif report.kernel_choices and all(c.cached for c in report.kernel_choices):
+        progress(f"kernels as timed on this machine before ({choice_cache.path()}; "
+                 f"{choice_cache.RETIME_ENV}=1 times them again):")
     elif report.kernel_choices:
         progress(f"kernels chosen by timing each candidate at load ({report.choose_seconds:.1f}s):")
     for line in report.kernel_lines():

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import torch
 
+from minivllm.loader import gguf_cache
 from minivllm.loader.weights import CorruptCheckpointError, hf_tensor_names
 from minivllm.model.config import LlamaConfig
 
@@ -46,15 +47,11 @@ def _name_map_source(cfg: LlamaConfig) -> SimpleNamespace:
 
 
 def load_gguf_config(path: Path):
-    from transformers import AutoConfig
-
     try:
-        return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+        return gguf_cache.load_config(path)
     except Exception as exc:  # the reader raises many types for a damaged file
         raise CorruptCheckpointError(f"cannot read GGUF file {path}: {exc}") from exc
 
 
 def load_gguf_tokenizer(path: Path):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    return gguf_cache.load_tokenizer(path)

@@ -10,8 +10,8 @@ activation conversions of the quantized kernels) become a few fused C++ loops.
 
 Only steps whose every row is one sequence's single token take this path (decode steps, the steady
 state of a chat); steps with multi-token chunks (prefill, speculative verification) run eagerly,
-since their per-chunk shapes would need a graph each. Shapes: the first graph is for one row, the
-next for one row at any block-table width, then one for any larger row count (dynamo's automatic
+since their per-chunk shapes would need a graph each. Shapes: the first graph is for one row at any
+block-table width (marked dynamic up front), then one for any larger row count (dynamo's automatic
 dynamic shapes), plus one per kernel row range where a layer's kernel depends on the row count.
 `ModelRunner.warmed_up` drives those compiles at start-up, so a running server never compiles.
 
@@ -87,8 +87,9 @@ class CompiledLayers:
         """Runs the whole groups among the first `num_layers` layers; returns x and how many layers
         ran (an early exit's remainder runs eagerly: a smaller group would be another graph)."""
         done = num_layers - num_layers % self.group
+        layers = tuple(layers)  # slicing a ModuleList builds a ModuleList (~0.1 ms of module registration)
         for i in range(0, done, self.group):
-            x = self(tuple(layers[i:i + self.group]), x, rope, tuple(kv_cache.k[i:i + self.group]),
+            x = self(layers[i:i + self.group], x, rope, tuple(kv_cache.k[i:i + self.group]),
                      tuple(kv_cache.v[i:i + self.group]), meta)
         return x, done
 
@@ -144,14 +145,22 @@ def decode_row_counts(model: torch.nn.Module, max_rows: int) -> list[int]:
     return sorted(r for r in counts if 1 <= r <= max_rows)
 
 
+def mark_widths_dynamic(meta) -> None:
+    """Tells dynamo up front that a decode step's block-table width varies (the tables, and the mask
+    as wide as their tokens), so its first graph is already the one for any width: learnt from a
+    second width instead, the first graph was fixed to one width and traced twice (a third of the
+    start-up's compile work). A hint only: sets an attribute on this step's tensors."""
+    if meta.decode_block_tables is not None:
+        torch._dynamo.maybe_mark_dynamic(meta.decode_block_tables, 1)
+        torch._dynamo.maybe_mark_dynamic(meta.decode_mask, 3)
+
+
 def warm_up_shapes(model: torch.nn.Module, max_rows: int, max_width: int) -> list[tuple[int, int]]:
-    """(rows, block-table width) per warm-up step: one row at two widths first (so the one-row graph
-    learns that the width varies), then every row count of `decode_row_counts`. Widths start at 2:
-    the runner pads every table to 2 or more, since dynamo gives a size of 1 a graph of its own."""
+    """(rows, block-table width) per warm-up step: every row count of `decode_row_counts`, at widths
+    from 2 up (the runner pads every table to 2 or more, since dynamo gives a size of 1 a graph of
+    its own)."""
     widths = [min(w, max_width) for w in (2, 3, 4)]
-    shapes = [(1, widths[0]), (1, widths[1])]
-    shapes += [(rows, widths[i % 3]) for i, rows in enumerate(decode_row_counts(model, max_rows)) if rows > 1]
-    return shapes
+    return [(rows, widths[i % 3]) for i, rows in enumerate(decode_row_counts(model, max_rows))]
 
 
 def graph_count() -> int:

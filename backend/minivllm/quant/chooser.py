@@ -3,9 +3,10 @@
 A wrong pick can cost 10x (torch's CPU int4 kernel with fp32 activations on an AVX2-only CPU), and
 which pick is right differs between CPUs, so nothing is assumed: layers are grouped by (format,
 shape), each group's candidates are timed on its own weights at every row bucket, and the fastest
-wins. A candidate more than SLOW_CUTOFF times slower than the best is not timed at larger buckets
-(they only get worse). A layer runs one kernel at every row count, so a row gets the same result
-alone and in a batch. The pool: the precise kernels (activations kept to ~15 bits or more,
+wins; the choice is kept per machine (choice_cache), so later loads skip the timing and never swap
+two near-equal kernels between starts. A candidate more than SLOW_CUTOFF times slower than the best
+is not timed at larger buckets (they only get worse). A layer runs one kernel at every row count,
+so a row gets the same result alone and in a batch. The pool: the precise kernels (activations kept to ~15 bits or more,
 `Kernel.precise`) if one costs at most PRECISION_MARGIN over the fastest, else all of them
 (`forced="fast"`: always all; llama.cpp's arithmetic, int8 activations, wins on our CPUs). The
 winner: the exact path (fp32 activations) if it is within PREFER_MARGIN of the pool's best at every
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from minivllm.quant import choice_cache
 from minivllm.quant.linear import QuantLinear
 
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 256)  # decode batches up to 64 sequences; 256: prefill chunks
@@ -43,6 +45,7 @@ class GroupChoice:
     layers: int
     plan: list[tuple[int, str]]  # (max rows, kernel name)
     timings_ms: dict[int, dict[str, float]]  # bucket -> kernel -> ms per call
+    cached: bool = False  # the plan this machine's earlier timing chose (choice_cache)
 
 
 def choose_kernels(layers: list[QuantLinear], forced: str | None = None,
@@ -54,17 +57,33 @@ def choose_kernels(layers: list[QuantLinear], forced: str | None = None,
         groups[f"{layer.format} [{layer.out_features}x{layer.in_features}]"].append(layer)
     choices = []
     for key, members in groups.items():
+        cached = False
         if forced not in (None, FAST):
             plan, timings = [(buckets[-1], _forced_name(forced, members[0]))], {}
         else:
-            rows = [b for b in buckets if b <= HEAD_MAX_ROWS] if members[0].name == "lm_head" else buckets
-            timings = _time_group(members, tuple(rows))
-            plan = _plan_from(timings, members[0], prefer_precise=forced != FAST)
+            plan, timings, cached = _timed_plan(key, members, buckets, forced)
         for layer in members:
             layer.set_plan(plan)
             layer.drop_unused()
-        choices.append(GroupChoice(key, len(members), plan, timings))
+        choices.append(GroupChoice(key, len(members), plan, timings, cached))
     return choices
+
+
+def _timed_plan(key: str, members: list[QuantLinear], buckets: tuple[int, ...], forced: str | None):
+    """The plan this machine chose before for this group (choice_cache), else a timing's, kept for
+    the next load. Returns (plan, timings, whether it came from the cache)."""
+    layer = members[0]
+    head = layer.name == "lm_head"
+    names = [k.name for k in layer.candidates]
+    device = next(iter(layer.candidates[0].tensors())).device
+    entry = choice_cache.entry_key(device, f"{key}{' head' if head else ''} {buckets}", names, forced)
+    stored = choice_cache.lookup(entry)
+    if stored is not None and all(name in names for _, name in stored[0]):
+        return *stored, True
+    timings = _time_group(members, tuple(b for b in buckets if b <= HEAD_MAX_ROWS or not head))
+    plan = _plan_from(timings, layer, prefer_precise=forced != FAST)
+    choice_cache.store(entry, plan, timings)
+    return plan, timings, False
 
 
 def _forced_name(forced: str, layer: QuantLinear) -> str:

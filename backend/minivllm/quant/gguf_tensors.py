@@ -52,17 +52,16 @@ def rotary_unpermute_index(rows: int, heads: int) -> torch.Tensor:
 
 
 def read_gguf_tensors(path: Path, num_heads: int, num_kv_heads: int) -> GGUFTensors:
-    from gguf import GGUFReader
+    from minivllm.loader.gguf_cache import tensor_records
 
     out = GGUFTensors({})
-    for tensor in GGUFReader(str(path)).tensors:
-        name = hf_name(tensor.name)
+    for record in tensor_records(path):
+        name = hf_name(record.name)
         if name is None:
             continue
-        kind = tensor.tensor_type.name
-        out.types[name] = kind
-        value = _convert(tensor, kind)
-        if kind not in ("Q4_1", "Q8_0", "F32", "F16", "BF16"):
+        out.types[name] = record.kind
+        value = _convert(record)
+        if record.kind not in ("Q4_1", "Q8_0", "F32", "F16", "BF16"):
             out.dequantized.append(name)
         heads = num_heads if name.endswith("q_proj.weight") else num_kv_heads if name.endswith("k_proj.weight") else 0
         if heads:
@@ -72,18 +71,19 @@ def read_gguf_tensors(path: Path, num_heads: int, num_kv_heads: int) -> GGUFTens
     return out
 
 
-def _convert(tensor, kind: str) -> torch.Tensor | QuantizedWeight:
-    rows = int(np.prod(tensor.shape[1:]))  # ggml lists dimensions innermost first
-    cols = int(tensor.shape[0])
-    if kind == "Q4_1":
-        return q4_1_blocks(np.asarray(tensor.data), rows, cols)
-    if kind == "Q8_0":
-        return q8_0_blocks(np.asarray(tensor.data), rows, cols)
-    if kind in ("F32", "F16"):
-        return torch.from_numpy(np.array(tensor.data, dtype=np.float32)).reshape(rows, cols).squeeze(0)
-    from gguf import quants
+def _convert(record) -> torch.Tensor | QuantizedWeight:
+    rows = int(np.prod(record.shape[1:]))  # ggml lists dimensions innermost first
+    cols = int(record.shape[0])
+    values = record.values()
+    if record.kind == "Q4_1":
+        return q4_1_blocks(values, rows, cols)
+    if record.kind == "Q8_0":
+        return q8_0_blocks(values, rows, cols)
+    if record.kind in ("F32", "F16"):
+        return torch.from_numpy(np.array(values, dtype=np.float32)).reshape(rows, cols).squeeze(0)
+    from gguf import GGMLQuantizationType, quants
 
-    values = quants.dequantize(np.asarray(tensor.data), tensor.tensor_type)
+    values = quants.dequantize(values, GGMLQuantizationType[record.kind])
     return torch.from_numpy(np.array(values, dtype=np.float32)).reshape(rows, cols).squeeze(0)
 
 

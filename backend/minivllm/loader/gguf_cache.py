@@ -1,0 +1,144 @@
+"""What a GGUF file's metadata converts to, kept in the cache folder so later loads skip the conversion.
+
+Why: the `gguf` package parses every metadata field when it opens a file, and a Llama vocabulary is
+~100,000 strings read one by one (3.5 s for the embedded model on 2 cores); transformers opens the
+file again for the config and again for the tokenizer, so a load parsed it three times (~12 s of a
+~15 s load). The converted config and tokenizer are saved with transformers' own `save_pretrained`,
+and the tensor table (name, GGML type, shape, byte offset) as JSON, so the tensors are read from a
+memory map of the file at those offsets with no parse at all.
+
+An entry is keyed by the file's resolved path, size and modification time and by the versions of the
+libraries that converted it, and appears atomically (written under a temporary name, then renamed):
+a changed file, a library upgrade or an interrupted write never serves stale data. A cache folder
+that cannot be written costs only the speed-up.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+
+from minivllm.cache import cache_dir
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1  # bump when what an entry holds changes
+TENSOR_TABLE = "tensors.json"
+
+
+@dataclass
+class TensorRecord:
+    """One tensor of a GGUF file: its GGML type name, its shape (innermost dimension first, as ggml
+    lists it) and its bytes (a view of the memory-mapped file)."""
+
+    name: str
+    kind: str
+    shape: list[int]
+    raw: np.ndarray  # uint8
+
+    def values(self) -> np.ndarray:
+        """The stored values as the gguf reader shapes them: floats for F32/F16, else rows of bytes."""
+        if self.kind == "F32":
+            return self.raw.view(np.float32)
+        if self.kind == "F16":
+            return self.raw.view(np.float16)
+        rows = int(np.prod(self.shape[1:])) if len(self.shape) > 1 else 1
+        return self.raw.reshape(rows, -1)
+
+
+def entry_dir(path: Path) -> Path:
+    """This file's folder in the cache (it may not exist yet)."""
+    stat = path.stat()
+    versions = "|".join(f"{lib} {metadata.version(lib)}" for lib in ("gguf", "transformers"))
+    key = f"{FORMAT}|{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{versions}"
+    return cache_dir() / "gguf" / f"{path.stem}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+
+def load_config(path: Path):
+    """The HF config transformers derives from the file (AutoConfig), from the cache when it holds it."""
+    from transformers import AutoConfig
+
+    return _cached(entry_dir(path) / "config", "config.json",
+                   lambda: AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name), AutoConfig.from_pretrained)
+
+
+def load_tokenizer(path: Path):
+    """The tokenizer (with its chat template) transformers builds from the file, from the cache when it
+    holds it."""
+    from transformers import AutoTokenizer
+
+    return _cached(entry_dir(path) / "tokenizer", "tokenizer_config.json",
+                   lambda: AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name),
+                   AutoTokenizer.from_pretrained)
+
+
+def tensor_records(path: Path) -> list[TensorRecord]:
+    """Every tensor of the file, its bytes mapped from the file. The first load takes the table from
+    the gguf reader and keeps it; later loads read it back."""
+    table_path = entry_dir(path) / TENSOR_TABLE
+    table = _read_json(table_path)
+    if table is None:
+        table = _read_table(path)
+        _store(table_path, lambda target: target.write_text(json.dumps(table)))
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    if table and table[-1]["offset"] + table[-1]["bytes"] > data.size:
+        raise ValueError(f"{path} is shorter than its tensor table says")
+    return [TensorRecord(t["name"], t["kind"], t["shape"], data[t["offset"]:t["offset"] + t["bytes"]]) for t in table]
+
+
+def _read_table(path: Path) -> list[dict]:
+    from gguf import GGUFReader
+
+    table = [{"name": t.name, "kind": t.tensor_type.name, "shape": [int(s) for s in t.shape],
+              "offset": int(t.data_offset), "bytes": int(t.n_bytes)} for t in GGUFReader(str(path)).tensors]
+    return sorted(table, key=lambda t: t["offset"])
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:  # a damaged entry: read the file again, and replace the entry
+        log.warning("ignoring %s (%s)", path, exc)
+        return None
+
+
+def _cached(folder: Path, marker: str, convert, reload):
+    """`reload(folder)` when the folder holds `marker`, else `convert()`, saved there."""
+    if (folder / marker).is_file():
+        try:
+            return reload(str(folder))
+        except Exception as exc:  # noqa: BLE001 - a damaged entry: convert again, and replace it below
+            log.warning("ignoring the cached conversion in %s (%s)", folder, exc)
+    value = convert()
+    _store(folder, lambda target: value.save_pretrained(str(target)))
+    return value
+
+
+def _store(target: Path, write) -> None:
+    """Makes `target` (a file or a folder) what `write(staging)` writes, atomically: written under a
+    temporary name beside it, then renamed onto it."""
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+        if target.suffix:  # a file: written inside the staging folder, moved out of it
+            write(staging / target.name)
+            os.replace(staging / target.name, target)
+            staging.rmdir()
+            return
+        write(staging)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(staging, target)
+    except OSError as exc:
+        log.warning("cannot cache %s (%s); the next load converts the file again", target, exc)

@@ -1,0 +1,106 @@
+"""The kernel choices timed on this machine, kept for the next load.
+
+Why: two candidates within a few percent of each other (our fp32- and int8x2-activation kernels on a
+[576x576] weight) swapped places from one start to the next on a noisy box. Then the same request
+gave other tokens after a restart, and the compiled step, whose graph names its kernels, missed its
+cache and compiled again (~20 s). A choice made once per machine is stable, and the next load skips
+the timing (~2 s).
+
+An entry is keyed by what the timing depends on: the CPU (model name, torch's capability, threads)
+or the GPU, torch's version, the chooser's rules and the group's candidates. MINIVLLM_RETIME_KERNELS=1
+times again and replaces the entry. A cache that cannot be read or written costs only the timing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import tempfile
+from pathlib import Path
+
+import torch
+
+from minivllm.cache import cache_dir
+
+log = logging.getLogger(__name__)
+
+RULES = 1  # bump when the chooser's rules or buckets change what a timing means
+RETIME_ENV = "MINIVLLM_RETIME_KERNELS"
+
+
+def path() -> Path:
+    return cache_dir() / "kernel-choices.json"
+
+
+def machine(device: torch.device) -> str:
+    """What a timing on this machine depends on, as one string."""
+    if device.type == "cuda":
+        where = torch.cuda.get_device_name(device)
+    else:
+        where = f"{_cpu_model()} {torch.backends.cpu.get_cpu_capability()} threads={torch.get_num_threads()}"
+    return f"rules {RULES} | torch {torch.__version__} | {where}"
+
+
+def entry_key(device: torch.device, group: str, candidates: list[str], mode: str | None) -> str:
+    text = f"{machine(device)} | {group} | {','.join(candidates)} | {mode or 'precise'}"
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def lookup(key: str) -> tuple[list[tuple[int, str]], dict[int, dict[str, float]]] | None:
+    """The stored (plan, timings) for this key, unless MINIVLLM_RETIME_KERNELS asks to time again or
+    the entry is malformed (then the caller times again and replaces it)."""
+    if os.environ.get(RETIME_ENV, "").lower() in ("1", "true", "yes", "on"):
+        return None
+    entry = _read().get(key)
+    if entry is None:
+        return None
+    try:
+        return _decode(entry)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        log.warning("ignoring a malformed kernel choice in %s (%r)", path(), exc)
+        return None
+
+
+def store(key: str, plan: list[tuple[int, str]], timings_ms: dict[int, dict[str, float]]) -> None:
+    entries = _read()
+    entries[key] = {"plan": [list(step) for step in plan],
+                    "timings_ms": {str(rows): t for rows, t in timings_ms.items()}}
+    try:
+        target = path()
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, staging = tempfile.mkstemp(prefix=".kernel-choices-", dir=target.parent)
+        with os.fdopen(fd, "w") as f:
+            json.dump(entries, f)
+        os.replace(staging, target)  # atomic: a reader sees the old file or the new one
+    except OSError as exc:
+        log.warning("cannot keep the kernel choices in %s (%s); the next load times them again", path(), exc)
+
+
+def _decode(entry: dict) -> tuple[list[tuple[int, str]], dict[int, dict[str, float]]]:
+    plan = [(int(rows), str(name)) for rows, name in entry["plan"]]
+    timings = {int(rows): {str(n): float(ms) for n, ms in t.items()} for rows, t in entry["timings_ms"].items()}
+    return plan, timings
+
+
+def _read() -> dict:
+    try:
+        entries = json.loads(path().read_text())
+        return entries if isinstance(entries, dict) else {}
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        log.warning("ignoring %s (%s)", path(), exc)
+        return {}
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

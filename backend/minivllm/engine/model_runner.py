@@ -56,10 +56,12 @@ class ModelRunner:
             torch._dynamo.maybe_mark_dynamic(pool, 1)
         shapes = warm_up_shapes(self.model, max_rows, (max_model_len - 1) // self.block_size + 1)
         started = time.perf_counter()
+        compiled.steady = False
         for i, (rows, width) in enumerate(shapes, 1):
             progress(f"compiling decode step {i}/{len(shapes)} ({rows} row{'s' if rows > 1 else ''}) ...")
             work = [SeqWork([0], (width - 1) * self.block_size, [0] * width) for _ in range(rows)]
             self.execute(work, [])
+        compiled.steady = True
         progress(f"{compiled.describe()}: ready in {time.perf_counter() - started:.1f}s (cache {compiler_cache_dir()})")
         return self
 

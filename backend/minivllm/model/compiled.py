@@ -13,7 +13,8 @@ state of a chat); steps with multi-token chunks (prefill, speculative verificati
 since their per-chunk shapes would need a graph each. Shapes: the first graph is for one row at any
 block-table width (marked dynamic up front), then one for any larger row count (dynamo's automatic
 dynamic shapes), plus one per kernel row range where a layer's kernel depends on the row count.
-`ModelRunner.warmed_up` drives those compiles at start-up, so a running server never compiles.
+`ModelRunner.warmed_up` drives those compiles at start-up, so a running server never compiles, and
+then lets dynamo check only the guards that tell those graphs apart (`CompiledLayers.steady`).
 
 A failure (no C++ compiler, an operator inductor cannot lower) disables compilation for the process
 with one warning naming the cause, and the step goes on eagerly: it never takes the server down.
@@ -73,6 +74,10 @@ class CompiledLayers:
         self.step = torch.compile(_own_copy(run_layers), backend=backend, dynamic=None,
                                   options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
         self.error: str | None = None
+        # After warm-up (ModelRunner.warmed_up) dynamo checks only the guards that told its graphs apart
+        # there (the row count): every graph a step can need exists then, and nothing else guarded
+        # changes. -0.6 ms a step at 1 row, -1.7 at 8 (of 10.5 / 36, measured A/B in one process).
+        self.steady = False
 
     @property
     def active(self) -> bool:
@@ -88,9 +93,10 @@ class CompiledLayers:
         ran (an early exit's remainder runs eagerly: a smaller group would be another graph)."""
         done = num_layers - num_layers % self.group
         layers = tuple(layers)  # slicing a ModuleList builds a ModuleList (~0.1 ms of module registration)
-        for i in range(0, done, self.group):
-            x = self(layers[i:i + self.group], x, rope, tuple(kv_cache.k[i:i + self.group]),
-                     tuple(kv_cache.v[i:i + self.group]), meta)
+        with torch.compiler.set_stance("default", skip_guard_eval_unsafe=self.steady):
+            for i in range(0, done, self.group):
+                x = self(layers[i:i + self.group], x, rope, tuple(kv_cache.k[i:i + self.group]),
+                         tuple(kv_cache.v[i:i + self.group]), meta)
         return x, done
 
     def __call__(self, layers, x, rope, k_pools, v_pools, meta):

@@ -83,7 +83,9 @@ def test_cli_reports_a_missing_build_before_loading_the_model(tmp_path, monkeypa
 
 def test_comparison_table_has_both_sides_and_ratios():
     c = LevelComparison(8, 40, 64, ours_decode_tok_s=100.0, ours_prompt_tok_s=None, llamacpp_decode_tok_s=400.0,
-                        llamacpp_prompt_tok_s=1000.0, llamacpp_command="llama-batched-bench ...")
+                        llamacpp_prompt_tok_s=1000.0, llamacpp_command="llama-batched-bench ...",
+                        ours_rss_bytes=700 * 2**20, llamacpp_peak_rss_bytes=150 * 2**20)
     header, _, line = format_comparison([c])
-    assert "mini-vllm decode tok/s" in header and "llama.cpp decode tok/s" in header
+    assert "mini-vllm decode tok/s" in header and "llama.cpp decode tok/s" in header and "RSS MiB" in header
     assert "0.25x" in line and "400.0" in line and "100.0" in line and "-" in line
+    assert line.endswith("700 / 150")

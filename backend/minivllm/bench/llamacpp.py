@@ -21,12 +21,13 @@ import os
 import re
 import shlex
 import statistics
-import subprocess
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from minivllm.arith import ceil_div
+from minivllm.bench.rss import own_peak_rss_bytes, run_with_peak_rss
+from minivllm.engine.memory_budget import process_rss_bytes
 
 BENCH_BINARY = "llama-batched-bench"
 ENV_DIR = "MINIVLLM_LLAMACPP_DIR"
@@ -99,6 +100,7 @@ class BatchedBenchResult:
     rows: list[BatchedBenchRow]
     settings: dict[str, str] = field(default_factory=dict)  # n_kv_max, n_batch, flash_attn, n_threads, ...
     output: str = ""
+    peak_rss_bytes: int = 0  # the llama.cpp process's largest resident set
 
     def by_level(self) -> dict[int, BatchedBenchRow]:
         return {r.b: r for r in self.rows}
@@ -158,7 +160,7 @@ def run_batched_bench(binary: Path | str, gguf_path: Path | str, prompt_tokens: 
     """Run llama-batched-bench once for these levels and parse its table (decode tok/s = S_TG, prompt tok/s = S_PP
     per level). No `-pps`: each parallel sequence processes its own prompt, like independent requests."""
     cmd = batched_bench_command(binary, gguf_path, prompt_tokens, gen_tokens, parallel_levels, threads)
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
+    proc, peak_rss = run_with_peak_rss(cmd, timeout_s)
     output = proc.stdout + "\n" + proc.stderr  # the table goes to stdout, the logs to stderr: not interleaved
     tail = "\n".join(proc.stderr.splitlines()[-25:])
     if proc.returncode != 0:
@@ -168,7 +170,7 @@ def run_batched_bench(binary: Path | str, gguf_path: Path | str, prompt_tokens: 
     if missing:
         raise RuntimeError(f"llama-batched-bench printed no row for {missing} parallel sequences "
                            f"(context too small?):\n{tail}")
-    return BatchedBenchResult(cmd, rows, settings, proc.stdout)
+    return BatchedBenchResult(cmd, rows, settings, proc.stdout, peak_rss)
 
 
 # ---- mini-vllm at the same levels -----------------------------------------------------------------------
@@ -184,6 +186,8 @@ class LevelComparison:
     llamacpp_decode_tok_s: float
     llamacpp_prompt_tok_s: float
     llamacpp_command: str
+    ours_rss_bytes: int = 0  # this process's resident set at the end of this level (what ps shows while serving)
+    llamacpp_peak_rss_bytes: int = 0  # its resident set stays at its peak once loaded
 
     @property
     def decode_ratio(self) -> float | None:
@@ -290,6 +294,7 @@ def bench_llamacpp(engine, args) -> int:
             progress(f"{level} concurrent: mini-vllm, {level} chat prompts (mean {prompt_len} tokens) "
                      f"x {max_tokens} tokens")
             ours, ours_prompt_rate = run_ours(engine, batch, max_tokens, level)
+            ours_rss = process_rss_bytes()
             cmd = batched_bench_command(binary, gguf, prompt_len, max_tokens, [level], threads)
             progress(f"{level} concurrent: {shlex.join(cmd)}")
             start = time.perf_counter()
@@ -299,7 +304,8 @@ def bench_llamacpp(engine, args) -> int:
             ours_runs.append(ours)
             llama_runs.append({"level": level, "command": theirs.command, "settings": theirs.settings, **asdict(row)})
             comparisons.append(LevelComparison(level, prompt_len, max_tokens, ours.decode_tokens_per_s,
-                                               ours_prompt_rate, row.s_tg, row.s_pp, shlex.join(theirs.command)))
+                                               ours_prompt_rate, row.s_tg, row.s_pp, shlex.join(theirs.command),
+                                               ours_rss, theirs.peak_rss_bytes))
     finally:
         if original_prefix_caching:
             engine.reconfigure(enable_prefix_caching=True)
@@ -307,6 +313,7 @@ def bench_llamacpp(engine, args) -> int:
     title = (f"{engine.loaded.name}: mini-vllm ({ours_weights}) vs llama.cpp ({gguf.name}), "
              f"{max_tokens} new tokens per sequence, {threads} threads")
     print_comparison(comparisons, title)
+    print(memory_line(comparisons, engine))
     settings = llama_runs[0]["settings"] if llama_runs else {}
     extra = {"comparison": [asdict(c) | {"decode_ratio": c.decode_ratio, "prompt_ratio": c.prompt_ratio}
                             for c in comparisons],
@@ -324,13 +331,29 @@ def format_comparison(comparisons: list[LevelComparison]) -> list[str]:
     from minivllm.bench.common import fmt
 
     header = (f"{'level':>5} | {'mini-vllm decode tok/s':>22} | {'llama.cpp decode tok/s':>22} | {'ratio':>6} | "
-              f"{'mini-vllm prompt tok/s':>22} | {'llama.cpp prompt tok/s':>22} | {'ratio':>6}")
+              f"{'mini-vllm prompt tok/s':>22} | {'llama.cpp prompt tok/s':>22} | {'ratio':>6} | "
+              f"{'RSS MiB (ours / llama.cpp peak)':>31}")
     lines = [header, "-" * len(header)]
     for c in comparisons:
         lines.append(f"{c.level:>5} | {fmt(c.ours_decode_tok_s):>22} | {c.llamacpp_decode_tok_s:>22.1f} | "
                      f"{fmt(c.decode_ratio, digits=2):>5}x | {fmt(c.ours_prompt_tok_s):>22} | "
-                     f"{c.llamacpp_prompt_tok_s:>22.1f} | {fmt(c.prompt_ratio, digits=2):>5}x")
+                     f"{c.llamacpp_prompt_tok_s:>22.1f} | {fmt(c.prompt_ratio, digits=2):>5}x | "
+                     f"{_mib(c.ours_rss_bytes) + ' / ' + _mib(c.llamacpp_peak_rss_bytes):>31}")
     return lines
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.0f}" if n else "-"
+
+
+def memory_line(comparisons: list[LevelComparison], engine) -> str:
+    """What the RSS column holds: ours is this one process after each level, llama.cpp's the peak of a process
+    per level whose KV context is sized to that level."""
+    weights, pool = engine.loaded.quant.weight_bytes, engine.kv_cache.num_bytes
+    return (f"RSS (what ps shows): mini-vllm is this one process, after each level (peak so far "
+            f"{_mib(own_peak_rss_bytes())} MiB, start-up included): weights {_mib(weights)} MiB, KV pool "
+            f"{_mib(pool)} MiB, the rest torch, the tokenizer and compiled code; llama.cpp is a new process a level "
+            f"(its peak), its KV context sized to the level")
 
 
 def print_comparison(comparisons: list[LevelComparison], title: str) -> None:

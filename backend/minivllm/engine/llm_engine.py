@@ -27,6 +27,7 @@ from minivllm.engine import wire
 from minivllm.engine.config import EngineConfig
 from minivllm.engine.errors import EngineBusyError
 from minivllm.engine.malloc_tuning import keep_freed_memory_for_reuse
+from minivllm.engine.heap import release_free_heap
 from minivllm.engine.memory_budget import check_pool_fits
 from minivllm.engine.model_runner import ModelRunner
 from minivllm.engine.step_inputs import runner_inputs
@@ -91,6 +92,7 @@ class LLMEngine:
         self.limits = RequestLimits(self.max_model_len, cfg.vocab_size, num_blocks, config.block_size,
                                     config.max_num_seqs, config.max_num_batched_tokens, config.max_stop_strings,
                                     config.max_stop_chars)
+        release_free_heap()  # loading's and warm-up's temporaries: ~300 MiB of RSS otherwise
 
     def reconfigure(self, **changes) -> None:
         """Rebuild the KV pool / scheduler with new settings; only while idle. Transactional: a size

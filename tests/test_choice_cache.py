@@ -76,7 +76,7 @@ def test_retime_env_and_another_machine_time_again(monkeypatch):
     (again,) = choose_kernels(layers(), buckets=BUCKETS)
     assert not again.cached and len(calls) == 2
     monkeypatch.delenv(choice_cache.RETIME_ENV)
-    monkeypatch.setattr(choice_cache, "_cpu_model", lambda: "another CPU")
+    monkeypatch.setattr(choice_cache, "cpu_model", lambda: "another CPU")
     (elsewhere,) = choose_kernels(layers(), buckets=BUCKETS)
     assert not elsewhere.cached and len(calls) == 3
     assert len(json.loads(choice_cache.path().read_text())) == 2  # one entry per machine

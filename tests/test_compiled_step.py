@@ -25,9 +25,18 @@ def tiny():
     """A tiny fp32 model (MKL-packed linears) and a compiled engine around it, warmed up."""
     loaded = load_model("random:tiny", quantization="none", max_model_len=256)
     loaded.model.compiled = CompiledLayers(layers_per_graph(len(loaded.model.layers)))
+    before = graph_count()
     engine = make_engine(loaded, max_num_seqs=MAX_ROWS, block_size=16, num_blocks=96)
     assert loaded.model.compiled.active, loaded.model.compiled.error
+    engine.warm_up_graphs = graph_count() - before
     return loaded, engine
+
+
+def test_one_graph_serves_every_row_count_and_width(tiny):
+    """Row count and width are dynamic from the first trace, a row count of 1 included: the warm-up
+    (1, 2 and 4 rows at three widths) compiles one graph, and a start-up traces it once."""
+    _, engine = tiny
+    assert engine.warm_up_graphs == 1
 
 
 def _logits(loaded, engine, single, chunks, compiled: bool) -> torch.Tensor:

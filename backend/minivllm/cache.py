@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import tempfile
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 
 def cache_dir() -> Path:
@@ -24,3 +29,29 @@ def compiler_cache_dir() -> str:
     from torch._inductor.runtime.cache_dir_utils import cache_dir as inductor_cache_dir
 
     return inductor_cache_dir()
+
+
+def read_json_entries(path: Path) -> dict:
+    """A cache file's {key: entry} mapping; {} when it is missing or damaged (then the caller measures
+    again and rewrites it whole)."""
+    try:
+        entries = json.loads(path.read_text())
+        return entries if isinstance(entries, dict) else {}
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        log.warning("ignoring %s (%s)", path, exc)
+        return {}
+
+
+def write_json_atomic(path: Path, entries: dict) -> None:
+    """Writes the file under a temporary name, then renames it: a reader sees the old file or the new
+    one. A folder that cannot be written costs only the caching (a warning)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, staging = tempfile.mkstemp(prefix=f".{path.stem}-", dir=path.parent)
+        with os.fdopen(fd, "w") as f:
+            json.dump(entries, f)
+        os.replace(staging, path)
+    except OSError as exc:
+        log.warning("cannot write %s (%s); the next start measures again", path, exc)

@@ -26,8 +26,7 @@ from minivllm.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from minivllm.engine import wire
 from minivllm.engine.config import EngineConfig
 from minivllm.engine.errors import EngineBusyError
-from minivllm.engine.malloc_tuning import keep_freed_memory_for_reuse
-from minivllm.engine.heap import release_free_heap
+from minivllm.engine.malloc_tuning import keep_freed_memory_for_reuse, release_free_heap
 from minivllm.engine.memory_budget import check_pool_fits
 from minivllm.engine.model_runner import ModelRunner
 from minivllm.engine.step_inputs import runner_inputs
@@ -52,8 +51,7 @@ Subscription = tuple[ev.Snapshot | None, list[ev.AnyEvent] | None, str | None]
 class LLMEngine:
     def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None, bus: EventBus | None = None,
                  speculative: SpeculativeConfig | None = None, draft: LoadedModel | None = None):
-        """`speculative`: speculative decoding's setup (None: off); `draft`: its draft model, loaded
-        by `spec.factory.load_draft`."""
+        """`speculative`: speculative decoding's setup (None: off); `draft`: its draft model."""
         config = config or EngineConfig()
         self.loaded = loaded
         self.speculative, self.draft, self.tokenizer = speculative, draft, loaded.tokenizer

@@ -18,7 +18,7 @@ from minivllm.model.attention import AttentionMetadata, KVCache, PrefillChunk
 from minivllm.arith import ceil_div
 from minivllm.console import progress
 from minivllm.cache import compiler_cache_dir
-from minivllm.model.compiled import mark_widths_dynamic, warm_up_shapes
+from minivllm.model.compiled import warm_up_shapes
 from minivllm.model.llama import LlamaModel
 
 
@@ -107,8 +107,6 @@ class ModelRunner:
             prefills=self._prefill_chunks(chunks, offset=len(single)),
             block_size=self.block_size, dtype=self.dtype,
         )
-        if self.model.compiled is not None:
-            mark_widths_dynamic(meta)
         return (torch.tensor(ids, dtype=torch.long, device=dev),
                 torch.tensor(pos, dtype=torch.long, device=dev), meta,
                 torch.tensor(rows, dtype=torch.long, device=dev), wanted)

@@ -10,11 +10,12 @@ activation conversions of the quantized kernels) become a few fused C++ loops.
 
 Only steps whose every row is one sequence's single token take this path (decode steps, the steady
 state of a chat); steps with multi-token chunks (prefill, speculative verification) run eagerly,
-since their per-chunk shapes would need a graph each. Shapes: the first graph is for one row at any
-block-table width (marked dynamic up front), then one for any larger row count (dynamo's automatic
-dynamic shapes), plus one per kernel row range where a layer's kernel depends on the row count.
-`ModelRunner.warmed_up` drives those compiles at start-up, so a running server never compiles, and
-then lets dynamo check only the guards that tell those graphs apart (`CompiledLayers.steady`).
+since their per-chunk shapes would need a graph each. Shapes: one graph for every row count and
+block-table width (both marked dynamic up front, `mark_sizes_dynamic`), plus one per kernel row
+range where a layer's kernel depends on the row count. `ModelRunner.warmed_up` drives the compile at
+start-up and checks the row counts that could need another graph, so a running server never
+compiles, and then lets dynamo check only the guards that tell its graphs apart
+(`CompiledLayers.steady`).
 
 A failure (no C++ compiler, an operator inductor cannot lower) disables compilation for the process
 with one warning naming the cause, and the step goes on eagerly: it never takes the server down.
@@ -26,8 +27,10 @@ import os
 import types
 
 import torch
+import torch.fx.experimental._config as fx_config
 
 from minivllm.console import progress
+from minivllm.model import vec_isa_cache
 
 RECOMPILE_LIMIT = 64  # graphs per code object: row ranges x widths stay far below this
 
@@ -75,8 +78,8 @@ class CompiledLayers:
                                   options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
         self.error: str | None = None
         # After warm-up (ModelRunner.warmed_up) dynamo checks only the guards that told its graphs apart
-        # there (the row count): every graph a step can need exists then, and nothing else guarded
-        # changes. -0.6 ms a step at 1 row, -1.7 at 8 (of 10.5 / 36, measured A/B in one process).
+        # there (none with one graph; a kernel plan's row edges): every graph a step can need exists
+        # then, and nothing else guarded changes. -0.6 ms a step at 1 row, -1.7 at 8 (of 10.5 / 36, measured A/B in one process).
         self.steady = False
 
     @property
@@ -93,7 +96,9 @@ class CompiledLayers:
         ran (an early exit's remainder runs eagerly: a smaller group would be another graph)."""
         done = num_layers - num_layers % self.group
         layers = tuple(layers)  # slicing a ModuleList builds a ModuleList (~0.1 ms of module registration)
-        with torch.compiler.set_stance("default", skip_guard_eval_unsafe=self.steady):
+        mark_sizes_dynamic(x, rope, meta)
+        with torch.compiler.set_stance("default", skip_guard_eval_unsafe=self.steady), \
+                fx_config.patch(backed_size_oblivious=True):
             for i in range(0, done, self.group):
                 x = self(layers[i:i + self.group], x, rope, tuple(kv_cache.k[i:i + self.group]),
                          tuple(kv_cache.v[i:i + self.group]), meta)
@@ -131,6 +136,7 @@ def use_compilation(model: torch.nn.Module, device: torch.device | str, enforce_
         model.eager_reason = "compilation is implemented for CPUs only; CUDA graphs are not captured yet"
     else:
         try:
+            vec_isa_cache.use_kept_probe()
             model.compiled = CompiledLayers(layers_per_graph(len(model.layers)))
         except Exception as exc:  # noqa: BLE001 - e.g. a Python torch.compile does not support
             model.eager_reason = f"torch.compile unavailable: {type(exc).__name__}: {exc}"
@@ -151,14 +157,18 @@ def decode_row_counts(model: torch.nn.Module, max_rows: int) -> list[int]:
     return sorted(r for r in counts if 1 <= r <= max_rows)
 
 
-def mark_widths_dynamic(meta) -> None:
-    """Tells dynamo up front that a decode step's block-table width varies (the tables, and the mask
-    as wide as their tokens), so its first graph is already the one for any width: learnt from a
-    second width instead, the first graph was fixed to one width and traced twice (a third of the
-    start-up's compile work). A hint only: sets an attribute on this step's tensors."""
-    if meta.decode_block_tables is not None:
-        torch._dynamo.maybe_mark_dynamic(meta.decode_block_tables, 1)
-        torch._dynamo.maybe_mark_dynamic(meta.decode_mask, 3)
+def mark_sizes_dynamic(x: torch.Tensor, rope: tuple[torch.Tensor, ...], meta) -> None:
+    """Tells dynamo up front that a decode step's row count and block-table width vary, so its first
+    graph is the one for every step. Learnt from later calls instead, the first graph was fixed to
+    one row and one width and each was traced again (2-3 graphs: 8-9 s of a warm start, 54 s cold,
+    instead of 5-6 s and 34 s). With `backed_size_oblivious` (set around the calls) a size of 1 is
+    not special either; the code in the graph avoids the views that would ask whether a row count is
+    1 (`RotaryEmbedding.rotate`, `gather_blocks`, `decode_attention`). A hint only: it sets an
+    attribute on this step's tensors."""
+    for tensor in (x, *rope, meta.slot_mapping, meta.decode_block_tables, meta.decode_mask):
+        torch._dynamo.maybe_mark_dynamic(tensor, 0)
+    torch._dynamo.maybe_mark_dynamic(meta.decode_block_tables, 1)
+    torch._dynamo.maybe_mark_dynamic(meta.decode_mask, 3)
 
 
 def warm_up_shapes(model: torch.nn.Module, max_rows: int, max_width: int) -> list[tuple[int, int]]:

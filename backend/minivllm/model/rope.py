@@ -54,7 +54,8 @@ class RotaryEmbedding(torch.nn.Module):
         angles = torch.cat((freqs, freqs), dim=-1)  # HF layout: first half / second half, not interleaved
         self.register_buffer("cos", angles.cos(), persistent=False)
         # rotate_half(x) * sin == swap_halves(x) * [-sin, +sin]: the sign lives in the table, so a
-        # rotation is one flip and three elementwise ops instead of slices, neg and cat.
+        # rotation is one roll and three elementwise ops instead of slices, neg and cat. A roll, not
+        # a reshape and flip: reshaping a row slice asks whether the row count is 1 (compiled.py).
         signed_sin = angles.sin()
         signed_sin[:, : head_dim // 2].neg_()
         self.register_buffer("signed_sin", signed_sin, persistent=False)
@@ -69,6 +70,5 @@ class RotaryEmbedding(torch.nn.Module):
     def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
         """x: [tokens, heads, head_dim]; rotates every head of every token by its own position.
         Bit-identical to HF's `x * cos + rotate_half(x) * sin` (negation is exact)."""
-        tokens, heads, dim = x.shape
-        swapped = x.reshape(tokens, heads, 2, dim // 2).flip(2).view(tokens, heads, dim)
+        swapped = x.roll(x.shape[-1] // 2, -1)
         return x * cos + swapped * signed_sin

@@ -14,16 +14,14 @@ times again and replaces the entry. A cache that cannot be read or written costs
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import platform
-import tempfile
 from pathlib import Path
 
 import torch
 
-from minivllm.cache import cache_dir
+from minivllm.cache import cache_dir, read_json_entries, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +38,7 @@ def machine(device: torch.device) -> str:
     if device.type == "cuda":
         where = torch.cuda.get_device_name(device)
     else:
-        where = f"{_cpu_model()} {torch.backends.cpu.get_cpu_capability()} threads={torch.get_num_threads()}"
+        where = f"{cpu_model()} {torch.backends.cpu.get_cpu_capability()} threads={torch.get_num_threads()}"
     return f"rules {RULES} | torch {torch.__version__} | {where}"
 
 
@@ -68,15 +66,7 @@ def store(key: str, plan: list[tuple[int, str]], timings_ms: dict[int, dict[str,
     entries = _read()
     entries[key] = {"plan": [list(step) for step in plan],
                     "timings_ms": {str(rows): t for rows, t in timings_ms.items()}}
-    try:
-        target = path()
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, staging = tempfile.mkstemp(prefix=".kernel-choices-", dir=target.parent)
-        with os.fdopen(fd, "w") as f:
-            json.dump(entries, f)
-        os.replace(staging, target)  # atomic: a reader sees the old file or the new one
-    except OSError as exc:
-        log.warning("cannot keep the kernel choices in %s (%s); the next load times them again", path(), exc)
+    write_json_atomic(path(), entries)
 
 
 def _decode(entry: dict) -> tuple[list[tuple[int, str]], dict[int, dict[str, float]]]:
@@ -86,17 +76,10 @@ def _decode(entry: dict) -> tuple[list[tuple[int, str]], dict[int, dict[str, flo
 
 
 def _read() -> dict:
-    try:
-        entries = json.loads(path().read_text())
-        return entries if isinstance(entries, dict) else {}
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as exc:
-        log.warning("ignoring %s (%s)", path(), exc)
-        return {}
+    return read_json_entries(path())
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from minivllm.engine import heap, llm_engine
+from minivllm.engine import llm_engine, malloc_tuning
 from minivllm.engine.memory_budget import process_rss_bytes
 
 MIB = 2**20
 
 
-@pytest.mark.skipif(heap._malloc_trim() is None, reason="this C library has no malloc_trim (not glibc)")
+@pytest.mark.skipif(malloc_tuning._libc_function("malloc_trim") is None, reason="this C library has no malloc_trim (not glibc)")
 def test_freed_heap_pages_are_handed_back():
     # 64 KiB blocks come from the heap (below glibc's mmap threshold); 1 KiB objects kept between them
     # (past pymalloc's 512 bytes, so from the heap too) pin its top: freeing the blocks alone leaves
@@ -21,7 +21,7 @@ def test_freed_heap_pages_are_handed_back():
         pins.append(bytearray(b"y" * 1024))
     del blocks
     before = process_rss_bytes()  # measured: ~545 MiB here, ~365 after the release
-    assert heap.release_free_heap()
+    assert malloc_tuning.release_free_heap()
     assert before - process_rss_bytes() > 100 * MIB
     assert len(pins) == 3000
 

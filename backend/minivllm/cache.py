@@ -31,17 +31,22 @@ def compiler_cache_dir() -> str:
     return inductor_cache_dir()
 
 
-def read_json_entries(path: Path) -> dict:
-    """A cache file's {key: entry} mapping; {} when it is missing or damaged (then the caller measures
-    again and rewrites it whole)."""
+def read_json(path: Path):
+    """A cache file's JSON value; None when it is missing or damaged (then the caller measures or
+    converts again and rewrites it whole)."""
     try:
-        entries = json.loads(path.read_text())
-        return entries if isinstance(entries, dict) else {}
+        return json.loads(path.read_text())
     except FileNotFoundError:
-        return {}
+        return None
     except (OSError, ValueError) as exc:
         log.warning("ignoring %s (%s)", path, exc)
-        return {}
+        return None
+
+
+def read_json_entries(path: Path) -> dict:
+    """A cache file's {key: entry} mapping; {} when it is missing, damaged or not a mapping."""
+    entries = read_json(path)
+    return entries if isinstance(entries, dict) else {}
 
 
 def write_json_atomic(path: Path, entries: dict) -> None:

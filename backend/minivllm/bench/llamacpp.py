@@ -313,7 +313,7 @@ def bench_llamacpp(engine, args) -> int:
     title = (f"{engine.loaded.name}: mini-vllm ({ours_weights}) vs llama.cpp ({gguf.name}), "
              f"{max_tokens} new tokens per sequence, {threads} threads")
     print_comparison(comparisons, title)
-    print(memory_line(comparisons, engine))
+    print(memory_line(engine))
     settings = llama_runs[0]["settings"] if llama_runs else {}
     extra = {"comparison": [asdict(c) | {"decode_ratio": c.decode_ratio, "prompt_ratio": c.prompt_ratio}
                             for c in comparisons],
@@ -346,7 +346,7 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:.0f}" if n else "-"
 
 
-def memory_line(comparisons: list[LevelComparison], engine) -> str:
+def memory_line(engine) -> str:
     """What the RSS column holds: ours is this one process after each level, llama.cpp's the peak of a process
     per level whose KV context is sized to that level."""
     weights, pool = engine.loaded.quant.weight_bytes, engine.kv_cache.num_bytes

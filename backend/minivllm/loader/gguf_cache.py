@@ -15,6 +15,7 @@ that cannot be written costs only the speed-up.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from minivllm.cache import cache_dir
+from minivllm.cache import cache_dir, read_json
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +59,14 @@ class TensorRecord:
 def entry_dir(path: Path) -> Path:
     """This file's folder in the cache (it may not exist yet)."""
     stat = path.stat()
-    versions = "|".join(f"{lib} {metadata.version(lib)}" for lib in ("gguf", "transformers"))
-    key = f"{FORMAT}|{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{versions}"
+    key = f"{FORMAT}|{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{_converter_versions()}"
     return cache_dir() / "gguf" / f"{path.stem}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+
+@functools.cache
+def _converter_versions() -> str:
+    """The libraries whose conversion an entry holds (looked up once: a metadata scan each time)."""
+    return "|".join(f"{lib} {metadata.version(lib)}" for lib in ("gguf", "transformers"))
 
 
 def load_config(path: Path):
@@ -85,7 +91,7 @@ def tensor_records(path: Path) -> list[TensorRecord]:
     """Every tensor of the file, its bytes mapped from the file. The first load takes the table from
     the gguf reader and keeps it; later loads read it back."""
     table_path = entry_dir(path) / TENSOR_TABLE
-    table = _read_json(table_path)
+    table = read_json(table_path)
     if table is None:
         table = _read_table(path)
         _store(table_path, lambda target: target.write_text(json.dumps(table)))
@@ -101,16 +107,6 @@ def _read_table(path: Path) -> list[dict]:
     table = [{"name": t.name, "kind": t.tensor_type.name, "shape": [int(s) for s in t.shape],
               "offset": int(t.data_offset), "bytes": int(t.n_bytes)} for t in GGUFReader(str(path)).tensors]
     return sorted(table, key=lambda t: t["offset"])
-
-
-def _read_json(path: Path):
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:  # a damaged entry: read the file again, and replace the entry
-        log.warning("ignoring %s (%s)", path, exc)
-        return None
 
 
 def _cached(folder: Path, marker: str, convert, reload):

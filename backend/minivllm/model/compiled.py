@@ -79,7 +79,8 @@ class CompiledLayers:
         self.error: str | None = None
         # After warm-up (ModelRunner.warmed_up) dynamo checks only the guards that told its graphs apart
         # there (none with one graph; a kernel plan's row edges): every graph a step can need exists
-        # then, and nothing else guarded changes. -0.6 ms a step at 1 row, -1.7 at 8 (of 10.5 / 36, measured A/B in one process).
+        # then, and nothing else guarded changes. -0.6 ms a step at 1 row, -1.7 at 8 (of 10.5 / 36,
+        # measured A/B in one process).
         self.steady = False
 
     @property
@@ -96,13 +97,19 @@ class CompiledLayers:
         ran (an early exit's remainder runs eagerly: a smaller group would be another graph)."""
         done = num_layers - num_layers % self.group
         layers = tuple(layers)  # slicing a ModuleList builds a ModuleList (~0.1 ms of module registration)
-        mark_sizes_dynamic(x, rope, meta)
-        with torch.compiler.set_stance("default", skip_guard_eval_unsafe=self.steady), \
-                fx_config.patch(backed_size_oblivious=True):
+        with self._calling(x, rope, meta):
             for i in range(0, done, self.group):
                 x = self(layers[i:i + self.group], x, rope, tuple(kv_cache.k[i:i + self.group]),
                          tuple(kv_cache.v[i:i + self.group]), meta)
         return x, done
+
+    def _calling(self, x, rope, meta):
+        """The settings around a step's calls: in steady state only the guard skipping; before it (the
+        warm-up, or tests that turn it off) what shapes the compile, which the steady path never does."""
+        if self.steady:
+            return torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
+        mark_sizes_dynamic(x, rope, meta)
+        return fx_config.patch(backed_size_oblivious=True)
 
     def __call__(self, layers, x, rope, k_pools, v_pools, meta):
         if self.error is None:
@@ -173,8 +180,7 @@ def mark_sizes_dynamic(x: torch.Tensor, rope: tuple[torch.Tensor, ...], meta) ->
 
 def warm_up_shapes(model: torch.nn.Module, max_rows: int, max_width: int) -> list[tuple[int, int]]:
     """(rows, block-table width) per warm-up step: every row count of `decode_row_counts`, at widths
-    from 2 up (the runner pads every table to 2 or more, since dynamo gives a size of 1 a graph of
-    its own)."""
+    from 2 up (the runner pads every table to 2 or more)."""
     widths = [min(w, max_width) for w in (2, 3, 4)]
     return [(rows, widths[i % 3]) for i, rows in enumerate(decode_row_counts(model, max_rows))]
 

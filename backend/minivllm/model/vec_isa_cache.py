@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from minivllm.cache import cache_dir, read_json_entries, write_json_atomic
-from minivllm.quant.choice_cache import cpu_model
+from minivllm.quant.choice_cache import cpu_model, cpuinfo_field
 
 
 def path() -> Path:
@@ -40,14 +40,12 @@ def use_kept_probe() -> bool:
 
     if config.cpp.vec_isa_ok is not None:  # the user's choice (TORCHINDUCTOR_VEC_ISA_OK)
         return False
-    key = machine_key()
-    if read_json_entries(path()).get(key) == "all":
+    key, entries = machine_key(), read_json_entries(path())
+    if entries.get(key) == "all":
         config.cpp.vec_isa_ok = True
         return True
     if _every_isa_passes():
-        entries = read_json_entries(path())
-        entries[key] = "all"
-        write_json_atomic(path(), entries)
+        write_json_atomic(path(), entries | {key: "all"})
     return False
 
 
@@ -63,10 +61,4 @@ def _every_isa_passes() -> bool:
 
 
 def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return hashlib.sha256(line.encode()).hexdigest()[:16]
-    except OSError:
-        pass
-    return ""
+    return hashlib.sha256(cpuinfo_field("flags").encode()).hexdigest()[:16]

@@ -80,10 +80,15 @@ def _read() -> dict:
 
 
 def cpu_model() -> str:
+    return cpuinfo_field("model name") or platform.processor() or platform.machine()
+
+
+def cpuinfo_field(name: str) -> str:
+    """The first CPU's `name` line of /proc/cpuinfo ("" where there is none)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+            if line.startswith(name):
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return ""

@@ -20,11 +20,23 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from minivllm.model import attention
 from minivllm.model.attention import AttentionMetadata, PrefillChunk, paged_attention
+from minivllm.quant import native
 
 HEADS, KV_HEADS, HEAD_DIM = 6, 2, 16
 SCALE = HEAD_DIM**-0.5
 ATOL = 1e-5
+
+
+@pytest.fixture(params=["native", "portable"])
+def decode_path(request, monkeypatch):
+    """Decode attention's two implementations: the native kernel reading the pool through the block
+    tables (wherever the native kernels build: CI's machines do), and the portable gather + SDPA."""
+    if request.param == "native" and native.available() is not None:
+        pytest.skip(f"native kernels unavailable here: {native.available()}")
+    monkeypatch.setattr(attention, "USE_NATIVE_DECODE", request.param == "native")
+    return request.param
 
 
 # ---- the attention op ------------------------------------------------------------------------------
@@ -41,11 +53,11 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> to
 class Pool:
     """A KV pool full of garbage with a shuffled allocator (block ids come out non-contiguous)."""
 
-    def __init__(self, num_blocks: int, block_size: int, seed: int):
+    def __init__(self, num_blocks: int, block_size: int, seed: int, dtype: torch.dtype = torch.float32):
         gen = torch.Generator().manual_seed(seed)
         shape = (num_blocks, block_size, KV_HEADS, HEAD_DIM)
-        self.k = torch.randn(shape, generator=gen) * 100
-        self.v = torch.randn(shape, generator=gen) * 100
+        self.k = (torch.randn(shape, generator=gen) * 100).to(dtype)
+        self.v = (torch.randn(shape, generator=gen) * 100).to(dtype)
         self.block_size = block_size
         self.free = list(range(num_blocks))
         random.Random(seed).shuffle(self.free)
@@ -143,7 +155,7 @@ def test_chunked_prefill_on_cached_prefix(block_size, splits):
 
 
 @pytest.mark.parametrize("block_size", [1, 16, 32])
-def test_batched_decode_with_ragged_contexts(block_size):
+def test_batched_decode_with_ragged_contexts(block_size, decode_path):
     """Decodes of several sequences in one call: different lengths, tables padded with block 0."""
     pool = Pool(num_blocks=400, block_size=block_size, seed=5)
     seqs = [Seq(pool, n, seed=100 + n) for n in (1, 16, 17, 32, 33, 64, 65)]
@@ -155,7 +167,7 @@ def test_batched_decode_with_ragged_contexts(block_size):
 
 
 @pytest.mark.parametrize("block_size", [1, 16, 32])
-def test_decode_steps_follow_the_sequence(block_size):
+def test_decode_steps_follow_the_sequence(block_size, decode_path):
     """Token after token: each decode step sees exactly the tokens before it, across block boundaries."""
     pool = Pool(num_blocks=120, block_size=block_size, seed=9)
     full = Seq(pool, 40, seed=21)
@@ -168,7 +180,7 @@ def test_decode_steps_follow_the_sequence(block_size):
 
 
 @pytest.mark.parametrize("block_size", [1, 16, 32])
-def test_mixed_batch_of_decodes_and_prefills(block_size):
+def test_mixed_batch_of_decodes_and_prefills(block_size, decode_path):
     """One call holding decodes, a prefill from scratch and chunks on cached prefixes."""
     pool = Pool(num_blocks=300, block_size=block_size, seed=13)
     decodes = [Seq(pool, n, seed=200 + n) for n in (9, 33, 48)]
@@ -185,6 +197,41 @@ def test_mixed_batch_of_decodes_and_prefills(block_size):
     torch.testing.assert_close(outs[3].double(), fresh.expected, atol=ATOL, rtol=0)
     torch.testing.assert_close(outs[4].double(), chunked.expected[21:], atol=ATOL, rtol=0)
     torch.testing.assert_close(outs[5].double(), tail.expected[16:], atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_narrow_pool_rounds_keys_and_values_once(dtype, decode_path):
+    """--kv-cache-dtype: K/V are rounded to the pool's dtype when written and widened when read, so a
+    decode is exact attention over the rounded K/V (queries and sums stay fp32). A prefill chunk
+    attends to its own new K/V before rounding, as vLLM's does."""
+    pool = Pool(num_blocks=200, block_size=16, seed=3, dtype=dtype)
+    decodes = [Seq(pool, n, seed=400 + n) for n in (5, 40, 71)]
+    fresh = Seq(pool, 23, seed=500)
+    for s in decodes:
+        prefill_whole(pool, s, s.length - 1)
+    outs = run_step(pool, decodes, [(fresh, 0, 23)])
+    for s, out in zip(decodes, outs):
+        rounded = reference_attention(s.q, s.k.to(dtype), s.v.to(dtype))
+        torch.testing.assert_close(out.double(), rounded[-1:], atol=ATOL, rtol=0)
+        assert not torch.allclose(out.double(), s.expected[-1:], atol=ATOL, rtol=0), "nothing was rounded"
+    torch.testing.assert_close(outs[3].double(), fresh.expected, atol=ATOL, rtol=0)
+    assert pool.k.dtype == dtype
+
+
+def test_native_decode_rejects_a_table_that_points_outside_the_pool():
+    """A wrong block table or context length is an error, never a read outside the pool."""
+    if native.available() is not None:
+        pytest.skip(f"native kernels unavailable here: {native.available()}")
+    pool = Pool(num_blocks=4, block_size=16, seed=1)
+    q = torch.randn(1, HEADS, HEAD_DIM)
+    attend = torch.ops.minivllm_native.paged_decode_attention
+    with pytest.raises(RuntimeError, match="block id 9 outside the pool's 4 blocks"):
+        attend(q, pool.k, pool.v, torch.tensor([[1, 9]]), torch.tensor([20]), SCALE)
+    with pytest.raises(RuntimeError, match="context length 40 outside 1..32"):
+        attend(q, pool.k, pool.v, torch.tensor([[1, 2]]), torch.tensor([40]), SCALE)
+    # the padded tail of a table is never read: any id may stand there
+    out = attend(q, pool.k, pool.v, torch.tensor([[1, 99]]), torch.tensor([16]), SCALE)
+    assert torch.isfinite(out).all()
 
 
 # ---- the whole model through the runner -------------------------------------------------------------
@@ -207,18 +254,24 @@ def hf_logits(hf, ids: list[int]) -> torch.Tensor:
         return hf(torch.tensor([ids])).logits[0].float()
 
 
-@pytest.mark.parametrize("block_size", [1, 16, 32])
-def test_runner_mixed_batch_matches_hf(tiny, block_size):
+# the KV pool's dtype (--kv-cache-dtype) -> the logits' tolerance against HF in fp32. A narrower pool
+# rounds K/V once (fp16 keeps 11 significant bits, bf16 8): measured here, logits of magnitude ~0.5,
+# max errors 2e-7 (fp32), 4e-5 (fp16), 3e-4 (bf16)
+KV_DTYPE_ATOL = {torch.float32: 1e-4, torch.float16: 1e-4, torch.bfloat16: 1e-3}
+
+
+@pytest.mark.parametrize("block_size,kv_dtype", [(1, torch.float32), (16, torch.float32), (32, torch.float32),
+                                                 (16, torch.float16), (16, torch.bfloat16)])
+def test_runner_mixed_batch_matches_hf(tiny, block_size, kv_dtype):
     """Several sequences at different stages share each forward pass; every logits row equals HF's
-    logits for that sequence alone at that position."""
+    logits for that sequence alone at that position (within the rounding of a narrower KV pool)."""
     from minivllm.engine.model_runner import ModelRunner, SeqWork
     from minivllm.model.attention import KVCache
 
     hf, loaded = tiny
     cfg = loaded.config
     num_blocks = 400 // block_size + 40
-    kv = KVCache(cfg.num_hidden_layers, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim,
-                 torch.float32)
+    kv = KVCache(cfg.num_hidden_layers, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim, kv_dtype)
     runner = ModelRunner(loaded.model, kv)
     gen = torch.Generator().manual_seed(block_size)
     lengths = {"a": 45, "b": 73, "c": 21, "d": 35}
@@ -238,7 +291,7 @@ def test_runner_mixed_batch_matches_hf(tiny, block_size):
         return SeqWork(seqs[name][start:start + n], start, tables[name], num_logits=int(logits))
 
     def check(name: str, row: torch.Tensor) -> None:
-        torch.testing.assert_close(row, expected[name][done[name] - 1], atol=1e-4, rtol=0)
+        torch.testing.assert_close(row, expected[name][done[name] - 1], atol=KV_DTYPE_ATOL[kv_dtype], rtol=0)
 
     # step 1: a prefill from scratch for a (complete) and the first chunk of b (no logits)
     out = runner.execute([], [work("a", 40), work("b", 30, logits=False)])
@@ -278,14 +331,15 @@ def test_runner_copy_on_write_block_copy(tiny):
     torch.testing.assert_close(out[1], hf_logits(hf, prompt + [41])[-1], atol=1e-4, rtol=0)
 
 
-def test_compiled_decode_attention_equals_sdpa_and_a_row_keeps_its_bits_in_any_batch_and_padding():
-    """Inside the compiled step decode attention is products and sums (attention_by_sums), fused by
+def test_compiled_decode_attention_equals_sdpa_and_a_row_keeps_its_bits_in_any_batch_and_padding(monkeypatch):
+    """The portable path (no native kernels). Inside the compiled step decode attention is products and sums (attention_by_sums), fused by
     inductor; eagerly it is SDPA. Both agree; a sequence's output is bit-identical in any batch of 2+
     rows (one dynamic graph) and with its block table padded wider (the masked tail adds exact
     zeros). A single row has a graph of its own (dynamo specialises a size of 1), whose loops may sum
     in another order: last-bit differences only."""
     from minivllm.model.attention import decode_attention, decode_context_mask
 
+    monkeypatch.setattr(attention, "USE_NATIVE_DECODE", False)
     torch.manual_seed(0)
     block_size, blocks, kv_heads, heads, dim = 16, 40, 3, 9, 64
     k_pool, v_pool = torch.randn(blocks, block_size, kv_heads, dim), torch.randn(blocks, block_size, kv_heads, dim)
@@ -295,7 +349,7 @@ def test_compiled_decode_attention_equals_sdpa_and_a_row_keeps_its_bits_in_any_b
 
     def attend(queries, block_tables, context_lens):
         mask = decode_context_mask(context_lens, block_tables.shape[1] * block_size, torch.float32)
-        return decode_attention(queries, k_pool, v_pool, block_tables, mask, dim ** -0.5)
+        return decode_attention(queries, k_pool, v_pool, block_tables, context_lens, mask, dim ** -0.5)
 
     compiled = torch.compile(attend, dynamic=True)
     batch = compiled(q, tables, lens)
@@ -307,3 +361,36 @@ def test_compiled_decode_attention_equals_sdpa_and_a_row_keeps_its_bits_in_any_b
     for row in range(len(lens)):
         alone = compiled(q[row:row + 1], tables[row:row + 1], lens[row:row + 1])
         assert torch.allclose(alone, batch[row:row + 1], rtol=0, atol=2e-6)
+
+
+def test_native_decode_in_the_compiled_step_keeps_a_rows_bits_in_any_batch_and_padding():
+    """The native kernel is one opaque operator in the compiled graph: compiled == eager bit for bit,
+    and a sequence's output is the same alone, in any batch and with a wider padded table (one task
+    per sequence and KV head, summed in one order)."""
+    if native.available() is not None:
+        pytest.skip(f"native kernels unavailable here: {native.available()}")
+    from minivllm.model.attention import decode_attention, decode_context_mask
+
+    torch.manual_seed(0)
+    block_size, blocks, kv_heads, heads, dim = 16, 40, 3, 9, 64
+    k_pool, v_pool = torch.randn(blocks, block_size, kv_heads, dim), torch.randn(blocks, block_size, kv_heads, dim)
+    lens = torch.tensor([37, 150, 5, 96, 64, 121, 17, 80])
+    tables = torch.stack([torch.randperm(blocks)[:12] for _ in lens])
+    q = torch.randn(len(lens), heads, dim)
+
+    def attend(queries, block_tables, context_lens):
+        mask = decode_context_mask(context_lens, block_tables.shape[1] * block_size, torch.float32)
+        return decode_attention(queries, k_pool, v_pool, block_tables, context_lens, mask, dim ** -0.5)
+
+    batch = attend(q, tables, lens)
+    compiled = torch.compile(attend, dynamic=True)
+    assert torch.equal(compiled(q, tables, lens), batch)
+    for rows in ([0, 2], [5, 6, 7], [1]):
+        assert torch.equal(attend(q[rows], tables[rows], lens[rows]), batch[rows])
+    assert torch.equal(attend(q[[2]], tables[[2], :1], lens[[2]]), batch[[2]])  # 5 tokens: one block
+    rows_with_gaps = torch.randn(len(lens), heads + 6, dim)  # queries as a view of a wider QKV row
+    rows_with_gaps[:, :heads] = q
+    assert torch.equal(attend(rows_with_gaps[:, :heads], tables, lens), batch)
+    portable = attention.gathered_decode_attention(
+        q, k_pool, v_pool, tables, decode_context_mask(lens, 12 * block_size, torch.float32), dim ** -0.5)
+    torch.testing.assert_close(batch, portable, atol=1e-5, rtol=0)

@@ -8,6 +8,7 @@ import threading
 import time
 
 import msgspec
+import torch
 import pytest
 from litestar.testing import TestClient
 
@@ -250,6 +251,7 @@ BAD_INPUT = [
     ("PUT /api/config", {"max_num_seqs": -1}, "max_num_seqs", ">= 1"),
     ("PUT /api/config", {"max_num_batched_tokens": 0}, "max_num_batched_tokens", ">= 1"),
     ("PUT /api/config", {"enable_prefix_caching": "yes"}, "enable_prefix_caching", "Expected `bool"),
+    ("PUT /api/config", {"kv_cache_dtype": "int3"}, "kv_cache_dtype", "'float32'"),
     ("PUT /api/config", b"{", None, "malformed JSON"),
     ("/api/recordings", b'{"type": "nonsense"}', "line", "not a valid recording"),
 ]
@@ -491,6 +493,25 @@ def test_state_and_config(client):
     after = client.get("/api/config").json()
     assert (after["num_blocks"], after["block_size"]) == (32, 8)
     assert client.post("/v1/completions", json={"prompt": "Hello", **GREEDY}).status_code == 200
+
+
+def test_the_kv_cache_dtype_is_a_setting(tmp_path):
+    """--kv-cache-dtype through PUT /api/config: a pool sized by memory holds twice the blocks in
+    float16; one sized by a block count keeps the count in half the bytes. Either serves requests."""
+    engine = tiny_engine(num_blocks=None, kv_cache_memory="1MiB")
+    fp32_blocks, fp32_bytes = engine.block_manager.num_blocks, engine.kv_cache.num_bytes
+    with TestClient(tiny_app(tmp_path, engine=engine)) as c:
+        assert c.get("/api/config").json()["kv_cache_dtype"] == "float32"
+        r = c.put("/api/config", json={"kv_cache_dtype": "float16"})
+        assert r.status_code == 200, r.text
+        assert (r.json()["kv_cache_dtype"], r.json()["num_blocks"]) == ("float16", 2 * fp32_blocks)
+        assert engine.kv_cache.k[0].dtype == torch.float16 and engine.kv_cache.num_bytes == fp32_bytes
+        assert c.post("/v1/completions", json={"prompt": "Hello", **GREEDY}).status_code == 200
+        r = c.put("/api/config", json={"kv_cache_dtype": "bfloat16", "num_blocks": 40})
+        assert (r.json()["kv_cache_dtype"], r.json()["num_blocks"]) == ("bfloat16", 40)
+        assert engine.kv_cache.num_bytes == fp32_bytes * 40 // (2 * fp32_blocks)
+        assert c.post("/v1/completions", json={"prompt": "Hello", **GREEDY}).status_code == 200
+        assert c.put("/api/config", json={"kv_cache_dtype": "auto"}).json()["kv_cache_dtype"] == "float32"
 
 
 def test_the_kv_pool_cap_bounds_what_the_settings_may_ask_for(tmp_path):

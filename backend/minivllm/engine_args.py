@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from minivllm.engine.config import EngineConfig
+from minivllm.engine.config import KV_CACHE_DTYPES, EngineConfig
 from minivllm.quant.policy import INT4_GROUP_SIZES, QUANTIZATION_CHOICES, QuantConfig
 
 
@@ -29,6 +29,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="run every step eagerly: no torch.compile of decode steps (which needs a C++ compiler "
                         "and compiles for seconds at start-up, cached under $MINIVLLM_CACHE_DIR or ~/.cache/minivllm)")
     e.add_argument("--kv-cache-memory", default="512MiB", help="KV pool size, e.g. 2GiB (ignored with --num-blocks)")
+    e.add_argument("--kv-cache-dtype", default="auto", choices=list(KV_CACHE_DTYPES),
+                   help="the KV pool's element type: auto (the model's dtype) or a narrower one (float16, bfloat16: "
+                        "twice the tokens in the same memory, half the bytes decode attention reads)")
     e.add_argument("--num-blocks", type=int, default=None)
     e.add_argument("--max-kv-cache-memory", default=None,
                    help="the largest KV pool the dashboard's engine settings may ask for, e.g. 4GiB "
@@ -52,7 +55,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
                         max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                         enable_prefix_caching=not args.no_prefix_caching,
                         max_kv_cache_memory=getattr(args, "max_kv_cache_memory", None),
-                        max_stop_strings=args.max_stop_strings, max_stop_chars=args.max_stop_chars)
+                        max_stop_strings=args.max_stop_strings, max_stop_chars=args.max_stop_chars,
+                        kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"))
 
 
 def quant_config(args: argparse.Namespace) -> QuantConfig:

@@ -278,6 +278,7 @@ def bench_llamacpp(engine, args) -> int:
     ours_weights = _weights_description(engine)
     print(f"model: {gguf}\n  mini-vllm weights: {ours_weights}; llama.cpp: the GGUF tensors as stored, its own kernels")
     print(f"llama.cpp: {binary}")
+    print(f"KV cache: mini-vllm {info.kv_cache_dtype} (--kv-cache-dtype), llama.cpp f16 (its default)")
     _warn_if_busy()
 
     original_prefix_caching = engine.config.enable_prefix_caching
@@ -318,7 +319,8 @@ def bench_llamacpp(engine, args) -> int:
     extra = {"comparison": [asdict(c) | {"decode_ratio": c.decode_ratio, "prompt_ratio": c.prompt_ratio}
                             for c in comparisons],
              "llamacpp": llama_runs, "llamacpp_settings": settings, "cpu_capability": cpu_capability(),
-             "threads": threads, "dtype": info.dtype, "weights": ours_weights, "gguf": str(gguf)}
+             "threads": threads, "dtype": info.dtype, "kv_cache_dtype": info.kv_cache_dtype, "weights": ours_weights,
+             "gguf": str(gguf)}
     from minivllm.bench.report import save_json
 
     save_json(ours_runs, out_dir / "llamacpp.json", extra)

@@ -5,8 +5,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
+import torch
+
 from minivllm.model.attention import KVCache
 from minivllm.model.config import LlamaConfig
+
+# --kv-cache-dtype: the KV pool's element type (vLLM's option). auto: the model's activation dtype. A
+# narrower pool holds twice the tokens in the same memory and halves what decode attention reads.
+KV_CACHE_DTYPES = {"auto": None, "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
 
@@ -44,6 +50,7 @@ class EngineConfig:
     # in every dashboard snapshot: its size is bounded.
     max_stop_strings: int = 64
     max_stop_chars: int = 4096
+    kv_cache_dtype: str = "auto"  # one of KV_CACHE_DTYPES
 
     def with_changes(self, **changes) -> "EngineConfig":
         return replace(self, **changes)
@@ -54,6 +61,16 @@ class EngineConfig:
             raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's "
                              f"max_position_embeddings {model.max_position_embeddings}")
         return self.max_model_len or limit
+
+    def kv_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
+        """The KV pool's element type for a model computing in `model_dtype`."""
+        return KV_CACHE_DTYPES[self.kv_cache_dtype] or model_dtype
+
+    def kv_pool(self, model: LlamaConfig, model_dtype: torch.dtype) -> tuple[int, torch.dtype, int]:
+        """(blocks, element type, bytes) of the KV pool these settings give a model."""
+        dtype = self.kv_dtype(model_dtype)
+        blocks = self.resolved_num_blocks(model, dtype)
+        return blocks, dtype, blocks * self.bytes_per_block(model, dtype)
 
     def bytes_per_block(self, model: LlamaConfig, dtype) -> int:
         return KVCache.bytes_per_block(model.num_hidden_layers, self.block_size, model.num_key_value_heads,
@@ -74,3 +91,6 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"{name} must be >= 1, got {value}", name)
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                              f"got {self.kv_cache_dtype!r}", "kv_cache_dtype")

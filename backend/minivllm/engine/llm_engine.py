@@ -71,12 +71,11 @@ class LLMEngine:
 
     def _build(self, config: EngineConfig) -> None:
         config.validate()
-        cfg, dtype = self.loaded.config, self.loaded.dtype
-        self.config = config
+        cfg, self.config = self.loaded.config, config
         self.max_model_len = config.resolved_max_model_len(cfg)
-        num_blocks = config.resolved_num_blocks(cfg, dtype)
+        num_blocks, kv_dtype, _ = config.kv_pool(cfg, self.loaded.dtype)
         self.kv_cache = KVCache(cfg.num_hidden_layers, num_blocks, config.block_size,
-                                cfg.num_key_value_heads, cfg.head_dim, dtype, self.loaded.device)
+                                cfg.num_key_value_heads, cfg.head_dim, kv_dtype, self.loaded.device)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         sched_cfg = SchedulerConfig(config.max_num_batched_tokens, config.max_num_seqs, self.max_model_len)
         self.scheduler = Scheduler(sched_cfg, self.block_manager, self.telemetry.set_status)
@@ -98,9 +97,8 @@ class LLMEngine:
         old configuration back."""
         old, new = self.config, self.config.with_changes(**changes)
         new.validate()  # a setting that can never apply is a 400 even while requests run
-        num_blocks = new.resolved_num_blocks(self.loaded.config, self.loaded.dtype)
+        num_blocks, _, new_bytes = new.kv_pool(self.loaded.config, self.loaded.dtype)
         new.resolved_max_model_len(self.loaded.config)
-        new_bytes = num_blocks * new.bytes_per_block(self.loaded.config, self.loaded.dtype)
         check_pool_fits(new_bytes, self.kv_cache.num_bytes, torch.device(self.loaded.device), num_blocks,
                         new.max_kv_cache_memory)
         if self.has_unfinished_requests():
@@ -122,6 +120,7 @@ class LLMEngine:
             max_num_batched_tokens=self.config.max_num_batched_tokens, max_num_seqs=self.config.max_num_seqs,
             enable_prefix_caching=self.config.enable_prefix_caching,
             dtype=str(self.loaded.dtype).removeprefix("torch."), device=str(self.loaded.device),
+            kv_cache_dtype=str(self.kv_cache.k[0].dtype).removeprefix("torch."),
             quantization=quant.mode, weight_bytes=quant.weight_bytes, weight_fp32_bytes=quant.fp32_bytes,
             kernels=quant.kernel_lines(), compilation=self.loaded.model.compilation(),
             speculative=self.speculative.describe() if self.speculative else None)

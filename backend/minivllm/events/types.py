@@ -228,6 +228,7 @@ class EngineInfo(msgspec.Struct):
     kernels: list[str] = []  # one line per layer group: which kernel serves which row counts
     speculative: str | None = None  # the speculative-decoding setup in words; None: off
     compilation: str = "eager"  # how decode steps run: compiled (torch.compile) or eager, and why
+    kv_cache_dtype: str = "float32"  # the KV pool's element type (--kv-cache-dtype, resolved)
 
 
 class SeqState(msgspec.Struct):

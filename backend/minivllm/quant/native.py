@@ -22,7 +22,8 @@ from minivllm.quant.formats import Int4Weight
 
 log = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).with_name("native") / name for name in ("q8_matmul.cpp", "f32_matmul.cpp")]
+SOURCES = [Path(__file__).with_name("native") / name
+           for name in ("q8_matmul.cpp", "f32_matmul.cpp", "paged_attention.cpp")]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
 BLOCK = 32  # the activation quantization block
 PAIR = 2 * BLOCK  # the 4-bit kernel steps two blocks at a time: it needs K % 64 == 0
@@ -77,6 +78,8 @@ def _register_fakes() -> None:
 
     for op in ("q4_q8_linear", "i8_q8_linear", "q4_q8x2_linear", "i8_q8x2_linear", "q4_f32_linear", "i8_f32_linear"):
         torch.library.register_fake(f"minivllm_native::{op}")(output_shape)
+    torch.library.register_fake("minivllm_native::paged_decode_attention")(
+        lambda q, k_pool, v_pool, block_tables, context_lens, scale: q.new_empty(q.shape))
 
 
 def pack_q4(weight: Int4Weight) -> torch.Tensor:

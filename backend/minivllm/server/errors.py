@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import re
+import typing
 
 import msgspec
 from litestar import Request, Response
@@ -46,8 +47,9 @@ _PATH = re.compile(r"at `\$\.([A-Za-z_][\w]*)")
 _UNKNOWN = re.compile(r"^Object contains unknown field `([^`]*)`(?: - at `\$\.?([^`]*)`)?")
 
 
-def decode_error(exc: msgspec.DecodeError | msgspec.ValidationError) -> APIError:
-    """msgspec's message names the offending field as `$.field`: report it as the param."""
+def decode_error(exc: msgspec.DecodeError | msgspec.ValidationError, kind: type | None = None) -> APIError:
+    """msgspec's message names the offending field as `$.field`: report it as the param. A value
+    outside a field's fixed choices gets the choices listed (msgspec names only the bad value)."""
     text = str(exc)
     if isinstance(exc, msgspec.ValidationError):
         unknown = _UNKNOWN.match(text)
@@ -55,8 +57,23 @@ def decode_error(exc: msgspec.DecodeError | msgspec.ValidationError) -> APIError
             name = ".".join(filter(None, (unknown.group(2), unknown.group(1))))
             return bad_request(f"Unrecognized request argument supplied: {name}", name)
         m = _PATH.search(text)
+        choices = _literal_choices(kind, m.group(1)) if m and kind and "Invalid enum value" in text else None
+        if choices:
+            text += "; expected one of " + ", ".join(repr(c) for c in choices)
         return bad_request(f"invalid request body: {text}", m.group(1) if m else None)
     return bad_request(f"malformed JSON body: {text}")
+
+
+def _literal_choices(kind: type, field: str) -> tuple | None:
+    """The values a `Literal[...]` (or `Literal[...] | None`) field of `kind` allows, else None."""
+    try:
+        hint = typing.get_type_hints(kind).get(field)
+    except Exception:  # noqa: BLE001 - an unresolvable annotation: no list, the plain message stays
+        return None
+    for candidate in (hint, *typing.get_args(hint)):
+        if typing.get_origin(candidate) is typing.Literal:
+            return typing.get_args(candidate)
+    return None
 
 
 @functools.cache
@@ -70,7 +87,7 @@ def decode_body(body: bytes, kind: type):
     try:
         return _decoder(kind).decode(body)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise decode_error(exc) from None
+        raise decode_error(exc, kind) from None
 
 
 _PARAM = re.compile(r"\{[^}]+\}")

@@ -328,6 +328,7 @@ export interface EngineInfo {
   dtype: string;
   enable_prefix_caching: boolean;
   kernels?: string[];
+  kv_cache_dtype?: string;
   max_model_len: number;
   max_num_batched_tokens: number;
   max_num_seqs: number;
@@ -376,6 +377,7 @@ export interface BlockState {
 export interface ConfigUpdate {
   block_size?: number | null;
   enable_prefix_caching?: boolean | null;
+  kv_cache_dtype?: ("auto" | "bfloat16" | "float16" | "float32") | null;
   max_num_batched_tokens?: number | null;
   max_num_seqs?: number | null;
   num_blocks?: number | null;

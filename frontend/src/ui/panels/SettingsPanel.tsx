@@ -4,26 +4,38 @@
 import { useEffect, useState } from "react";
 import { ApiError, getConfig, putConfig } from "../../api/client";
 import type { ConfigUpdate, EngineInfo } from "../../core/wire";
-import { NumberField, Toggle } from "../components/fields";
+import { NumberField, Select, Toggle } from "../components/fields";
 import { SpeculativeSection } from "./SpeculativeSection";
 import { WeightsSection } from "./WeightsSection";
 
 type Form = Required<{ [K in keyof ConfigUpdate]: NonNullable<ConfigUpdate[K]> }>;
+type KvCacheDtype = Form["kv_cache_dtype"];
 
-function formOf(c: EngineInfo): Form {
+// The pool's element types a user picks between ("auto" is the server's default: the model's dtype,
+// shown resolved). A narrower type holds twice the tokens in the same memory.
+const KV_DTYPES: readonly { value: KvCacheDtype; label: string }[] = [
+  { value: "float32", label: "float32" },
+  { value: "float16", label: "float16 (half the memory a token)" },
+  { value: "bfloat16", label: "bfloat16 (half the memory a token)" },
+];
+
+export function formOf(c: EngineInfo): Form {
   return {
     num_blocks: c.num_blocks,
     block_size: c.block_size,
     max_num_batched_tokens: c.max_num_batched_tokens,
     max_num_seqs: c.max_num_seqs,
     enable_prefix_caching: c.enable_prefix_caching,
+    // a server from before the option ran its pool in the model's dtype
+    kv_cache_dtype: (KV_DTYPES.find((d) => d.value === c.kv_cache_dtype)?.value ?? c.dtype) as KvCacheDtype,
   };
 }
 
 export function changedFields(current: EngineInfo, form: Form): ConfigUpdate {
+  const now = formOf(current);
   const out: ConfigUpdate = {};
   for (const k of Object.keys(form) as (keyof Form)[]) {
-    if (form[k] !== current[k]) (out as Record<string, unknown>)[k] = form[k];
+    if (form[k] !== now[k]) (out as Record<string, unknown>)[k] = form[k];
   }
   return out;
 }
@@ -52,7 +64,7 @@ export function SettingsPanel(props: { liveConfig: EngineInfo | null }) {
       cancelled = true;
     };
     // re-read when the engine is rebuilt (the live snapshot's config changes)
-  }, [live?.num_blocks, live?.block_size, live?.max_num_batched_tokens, live?.max_num_seqs, live?.enable_prefix_caching]); // eslint-disable-line react-hooks/exhaustive-deps
+  }, [live?.num_blocks, live?.block_size, live?.max_num_batched_tokens, live?.max_num_seqs, live?.enable_prefix_caching, live?.kv_cache_dtype]); // eslint-disable-line react-hooks/exhaustive-deps
 
   if (config === null || form === null) {
     return <div className="empty" role="status" data-testid="settings-empty">Engine settings load from <code>/api/config</code> once the server is reachable.</div>;
@@ -71,7 +83,7 @@ export function SettingsPanel(props: { liveConfig: EngineInfo | null }) {
       const c = next && typeof next === "object" && "num_blocks" in next ? next : await getConfig();
       setConfig(c);
       setForm(formOf(c));
-      setStatus({ kind: "ok", text: `Applied: ${c.num_blocks} blocks × ${c.block_size} tokens, budget ${c.max_num_batched_tokens}, max ${c.max_num_seqs} sequences.` });
+      setStatus({ kind: "ok", text: `Applied: ${c.num_blocks} blocks × ${c.block_size} tokens (${c.kv_cache_dtype ?? c.dtype}), budget ${c.max_num_batched_tokens}, max ${c.max_num_seqs} sequences.` });
     } catch (err) {
       const text = err instanceof ApiError && err.status === 409
         ? `The engine is busy (${err.message}). Settings apply when no request is running.`
@@ -94,6 +106,7 @@ export function SettingsPanel(props: { liveConfig: EngineInfo | null }) {
           <NumberField label="Block size (tokens)" value={form.block_size} min={1} onChange={(v) => set("block_size", v)} testId="settings-block-size" />
           <NumberField label="Token budget per step" value={form.max_num_batched_tokens} min={1} onChange={(v) => set("max_num_batched_tokens", v)} testId="settings-max-batched-tokens" hint="max_num_batched_tokens" />
           <NumberField label="Max running sequences" value={form.max_num_seqs} min={1} onChange={(v) => set("max_num_seqs", v)} testId="settings-max-seqs" />
+          <Select label="KV cache dtype" value={form.kv_cache_dtype} options={KV_DTYPES} onChange={(v) => set("kv_cache_dtype", v)} testId="settings-kv-dtype" />
         </div>
         <Toggle label="Prefix caching" checked={form.enable_prefix_caching} onChange={(v) => set("enable_prefix_caching", v)} testId="settings-prefix-caching" />
         <div className="row gap">

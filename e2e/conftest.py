@@ -40,6 +40,7 @@ ENGINE = {
     "max_num_batched_tokens": 256,
     "max_num_seqs": 8,
     "enable_prefix_caching": True,
+    "kv_cache_dtype": "float32",
 }
 
 SERVER_START_TIMEOUT_S = 300

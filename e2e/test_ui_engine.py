@@ -297,3 +297,22 @@ def test_settings_shrink_the_kv_pool(page: Page, api: httpx.Client, engine: dict
     wait_finished(page, rid)
     assert heatmap(page)["blocks"] == smaller
     assert rid in timeline(page)
+
+
+def test_settings_switch_the_kv_cache_to_float16(page: Page, api: httpx.Client, engine: dict) -> None:
+    """The KV cache dtype select: float16 keeps the (explicit) block count in half the bytes, the
+    rebuilt engine (its decode step compiled again for the new pool) serves a chat."""
+    page.get_by_test_id("tab-settings").click()
+    select = page.get_by_test_id("settings-kv-dtype")
+    expect(select).to_have_value("float32")
+    select.select_option("float16")
+    page.get_by_test_id("settings-apply").click()
+    expect(page.get_by_test_id("settings-status")).to_contain_text(
+        f"Applied: {engine['num_blocks']} blocks × {engine['block_size']} tokens (float16)", timeout=180_000)
+    assert api.get("/api/config").json()["kv_cache_dtype"] == "float16"
+    expect(select).to_have_value("float16")
+    page.get_by_test_id("tab-chat").click()
+    set_decoding(page, preset="greedy", max_tokens=16)
+    rid = send_chat(page, "Say hello.")
+    wait_finished(page, rid)
+    assert rid in timeline(page)

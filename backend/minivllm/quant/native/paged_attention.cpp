@@ -7,8 +7,8 @@
 // from the pool, in the pool's own precision (fp32, fp16 or bf16; converted in registers).
 //
 // One task is one (sequence, KV head): its query heads (the GQA group) share every K/V row it loads.
-// Two passes: scores for the whole context into the thread's scratch, a softmax over them, then one
-// sweep over V. Summation order is fixed per task, so a sequence gets the same bits alone and in any
+// Two passes: scores for the whole context into the thread's scratch (eight tokens at a time against
+// each query head), a softmax over them, then per head the weighted sum of V in register accumulators. Summation order is fixed per task, so a sequence gets the same bits alone and in any
 // batch.
 
 #include <ATen/Parallel.h>
@@ -79,47 +79,89 @@ inline float exp_shifted(float* scores, int64_t len) {
   return 1.0f / sum;
 }
 
-// Calls f(t, row) for each token t < len with its K or V row of this KV head, block by block (a division
-// per token would cost more than the token's products).
+// Calls f(first, rows, n) for each block's run of n <= block_size tokens [first, first + n) of this KV
+// head, `rows` pointing at the first one's K or V row (consecutive tokens are g.kv_heads * g.dim apart).
 template <typename T, typename F>
-inline void over_rows(const T* pool, const int64_t* table, int64_t len, int64_t kv_head, const Geometry& g, F&& f) {
+inline void over_blocks(const T* pool, const int64_t* table, int64_t len, int64_t kv_head, const Geometry& g, F&& f) {
   const int64_t token_stride = g.kv_heads * g.dim;
-  for (int64_t first = 0, b = 0; first < len; first += g.block_size, ++b) {
-    const T* row = pool + table[b] * g.block_size * token_stride + kv_head * g.dim;
-    const int64_t last = std::min(len, first + g.block_size);
-    for (int64_t t = first; t < last; ++t, row += token_stride) f(t, row);
+  for (int64_t first = 0, b = 0; first < len; first += g.block_size, ++b)
+    f(first, pool + table[b] * g.block_size * token_stride + kv_head * g.dim, std::min(g.block_size, len - first));
+}
+
+// [sum(a[0]), ..., sum(a[7])]: eight dot products' accumulators reduced and transposed at once.
+inline __m256 sums8(const __m256* a) {
+  const __m256 s0123 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+  const __m256 s4567 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31));
+}
+
+// Scores of n consecutive tokens (rows `stride` apart) against every query head of the group. Eight
+// tokens at a time share each query load and one reduction; the block's last few go one by one.
+template <typename T>
+void score_rows(const float* q, const T* rows, int64_t n, int64_t stride, const Geometry& g, float* out, int64_t len) {
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    for (int64_t h = 0; h < g.group; ++h) {
+      __m256 acc[8];
+      for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
+      for (int64_t d = 0; d < g.dim; d += 8) {
+        const __m256 qv = _mm256_loadu_ps(q + h * g.dim + d);
+        for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(qv, load8(rows + (j + i) * stride + d), acc[i]);
+      }
+      _mm256_storeu_ps(out + h * len + j, sums8(acc));
+    }
   }
+  for (; j < n; ++j) {
+    for (int64_t h = 0; h < g.group; ++h) {
+      __m256 acc = _mm256_setzero_ps();
+      for (int64_t d = 0; d < g.dim; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * g.dim + d), load8(rows + j * stride + d), acc);
+      out[h * len + j] = hsum(acc);
+    }
+  }
+}
+
+// out[0, 8N) = sum over tokens of p[t] * V[t][d0, d0 + 8N): N accumulators held in registers for the
+// whole context (the V rows of one task stay in L1/L2 across the group's heads).
+template <int N, typename T>
+void weigh_values(const float* p, const T* v_pool, const int64_t* table, int64_t len, int64_t kv_head, int64_t d0,
+                  const Geometry& g, float norm, float* out) {
+  __m256 acc[N];
+  for (int i = 0; i < N; ++i) acc[i] = _mm256_setzero_ps();
+  const int64_t stride = g.kv_heads * g.dim;
+  over_blocks(v_pool, table, len, kv_head, g, [&](int64_t first, const T* rows, int64_t n) {
+    for (int64_t j = 0; j < n; ++j) {
+      const __m256 weight = _mm256_set1_ps(p[first + j]);
+      for (int i = 0; i < N; ++i) acc[i] = _mm256_fmadd_ps(weight, load8(rows + j * stride + d0 + 8 * i), acc[i]);
+    }
+  });
+  for (int i = 0; i < N; ++i) _mm256_storeu_ps(out + 8 * i, _mm256_mul_ps(acc[i], _mm256_set1_ps(norm)));
 }
 
 // One (sequence, KV head): q [group][dim] already scaled, out [group][dim] (this sequence's heads).
 template <typename T>
 void attend(const float* q, const T* k_pool, const T* v_pool, const int64_t* table, int64_t len,
             int64_t kv_head, const Geometry& g, float* scores, float* out) {
-  over_rows(k_pool, table, len, kv_head, g, [&](int64_t t, const T* k) {
-    for (int64_t h = 0; h < g.group; ++h) {
-      const float* qh = q + h * g.dim;
-      __m256 even = _mm256_setzero_ps(), odd = _mm256_setzero_ps();  // two chains: half the FMA latency
-      for (int64_t d = 0; d < g.dim; d += 16) {
-        even = _mm256_fmadd_ps(_mm256_loadu_ps(qh + d), load8(k + d), even);
-        if (d + 8 < g.dim) odd = _mm256_fmadd_ps(_mm256_loadu_ps(qh + d + 8), load8(k + d + 8), odd);
-      }
-      scores[h * len + t] = hsum(_mm256_add_ps(even, odd));
-    }
+  const int64_t stride = g.kv_heads * g.dim;
+  over_blocks(k_pool, table, len, kv_head, g, [&](int64_t first, const T* rows, int64_t n) {
+    score_rows(q, rows, n, stride, g, scores + first, len);
   });
-  std::vector<float> norm(g.group);
-  for (int64_t h = 0; h < g.group; ++h) norm[h] = exp_shifted(scores + h * len, len);
-  std::fill(out, out + g.group * g.dim, 0.0f);
-  over_rows(v_pool, table, len, kv_head, g, [&](int64_t t, const T* v) {
-    for (int64_t d = 0; d < g.dim; d += 8) {
-      const __m256 vv = load8(v + d);
-      for (int64_t h = 0; h < g.group; ++h) {
-        float* o = out + h * g.dim + d;
-        _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_set1_ps(scores[h * len + t]), vv, _mm256_loadu_ps(o)));
+  for (int64_t h = 0; h < g.group; ++h) {
+    const float norm = exp_shifted(scores + h * len, len);
+    for (int64_t d0 = 0; d0 < g.dim; d0 += 64) {  // dim % 8 == 0: chunks of 8 vectors, then the rest
+      const float* p = scores + h * len;
+      float* o = out + h * g.dim + d0;
+      switch (std::min<int64_t>(8, (g.dim - d0) / 8)) {
+        case 8: weigh_values<8>(p, v_pool, table, len, kv_head, d0, g, norm, o); break;
+        case 7: weigh_values<7>(p, v_pool, table, len, kv_head, d0, g, norm, o); break;
+        case 6: weigh_values<6>(p, v_pool, table, len, kv_head, d0, g, norm, o); break;
+        case 5: weigh_values<5>(p, v_pool, table, len, kv_head, d0, g, norm, o); break;
+        case 4: weigh_values<4>(p, v_pool, table, len, kv_head, d0, g, norm, o); break;
+        case 3: weigh_values<3>(p, v_pool, table, len, kv_head, d0, g, norm, o); break;
+        case 2: weigh_values<2>(p, v_pool, table, len, kv_head, d0, g, norm, o); break;
+        default: weigh_values<1>(p, v_pool, table, len, kv_head, d0, g, norm, o); break;
       }
     }
-  });
-  for (int64_t h = 0; h < g.group; ++h)
-    for (int64_t d = 0; d < g.dim; ++d) out[h * g.dim + d] *= norm[h];
+  }
 }
 
 void check_inputs(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,

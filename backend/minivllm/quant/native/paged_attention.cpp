@@ -6,9 +6,10 @@
 // of ~200 tokens that was ~0.6 ms a layer, about a fifth of the step. Here each K/V row is read once,
 // from the pool, in the pool's own precision (fp32, fp16 or bf16; converted in registers).
 //
-// One task is one (sequence, KV head): its query heads (the GQA group) share every K/V row it loads.
-// Two passes: scores for the whole context into the thread's scratch (eight tokens at a time against
-// each query head), a softmax over them, then per head the weighted sum of V in register accumulators. Summation order is fixed per task, so a sequence gets the same bits alone and in any
+// One task is one sequence (or, with few sequences, one of its KV heads): each KV head's query heads
+// (the GQA group) share every K/V row it loads. Two passes: scores for the whole context into the
+// thread's scratch (eight tokens at a time against each query head), a softmax over them, then the
+// weighted sums of V, block by block, in register accumulators. Summation order is fixed per task, so a sequence gets the same bits alone and in any
 // batch.
 
 #include <ATen/Parallel.h>
@@ -79,13 +80,18 @@ inline float exp_shifted(float* scores, int64_t len) {
   return 1.0f / sum;
 }
 
-// Calls f(first, rows, n) for each block's run of n <= block_size tokens [first, first + n) of this KV
-// head, `rows` pointing at the first one's K or V row (consecutive tokens are g.kv_heads * g.dim apart).
+// Calls f(first, rows, n) for each block's run of n <= block_size tokens [first, first + n), `rows`
+// pointing at the first one's K or V row (all its heads; consecutive tokens are kv_heads * dim apart).
 template <typename T, typename F>
-inline void over_blocks(const T* pool, const int64_t* table, int64_t len, int64_t kv_head, const Geometry& g, F&& f) {
-  const int64_t token_stride = g.kv_heads * g.dim;
-  for (int64_t first = 0, b = 0; first < len; first += g.block_size, ++b)
-    f(first, pool + table[b] * g.block_size * token_stride + kv_head * g.dim, std::min(g.block_size, len - first));
+inline void over_blocks(const T* pool, const int64_t* table, int64_t len, const Geometry& g, F&& f) {
+  const int64_t token_stride = g.kv_heads * g.dim, block_bytes = g.block_size * token_stride * sizeof(T);
+  for (int64_t first = 0, b = 0; first < len; first += g.block_size, ++b) {
+    if (first + g.block_size < len) {  // the next block into L2 while this one computes: blocks are scattered
+      const char* next = reinterpret_cast<const char*>(pool + table[b + 1] * g.block_size * token_stride);
+      for (int64_t line = 0; line < block_bytes; line += 64) _mm_prefetch(next + line, _MM_HINT_T1);
+    }
+    f(first, pool + table[b] * g.block_size * token_stride, std::min(g.block_size, len - first));
+  }
 }
 
 // [sum(a[0]), ..., sum(a[7])]: eight dot products' accumulators reduced and transposed at once.
@@ -120,48 +126,58 @@ void score_rows(const float* q, const T* rows, int64_t n, int64_t stride, const 
   }
 }
 
-// out[0, 8N) = sum over tokens of p[t] * V[t][d0, d0 + 8N): N accumulators held in registers for the
-// whole context (the V rows of one task stay in L1/L2 across the group's heads).
+// o[0, 8N) += sum over a block's n tokens of p[j] * V[j][d0, d0 + 8N), N accumulators in registers
+// across the block (loaded from and stored back to `o`, which stays in L1).
 template <int N, typename T>
-void weigh_values(const float* p, const T* v_pool, const int64_t* table, int64_t len, int64_t kv_head, int64_t d0,
-                  const Geometry& g, float norm, float* out) {
+inline void weigh_block(const float* p, const T* rows, int64_t n, int64_t stride, int64_t d0, float* o) {
   __m256 acc[N];
-  for (int i = 0; i < N; ++i) acc[i] = _mm256_setzero_ps();
-  const int64_t stride = g.kv_heads * g.dim;
-  over_blocks(v_pool, table, len, kv_head, g, [&](int64_t first, const T* rows, int64_t n) {
-    for (int64_t j = 0; j < n; ++j) {
-      const __m256 weight = _mm256_set1_ps(p[first + j]);
-      for (int i = 0; i < N; ++i) acc[i] = _mm256_fmadd_ps(weight, load8(rows + j * stride + d0 + 8 * i), acc[i]);
-    }
-  });
-  for (int i = 0; i < N; ++i) _mm256_storeu_ps(out + 8 * i, _mm256_mul_ps(acc[i], _mm256_set1_ps(norm)));
+  for (int i = 0; i < N; ++i) acc[i] = _mm256_loadu_ps(o + 8 * i);
+  for (int64_t j = 0; j < n; ++j) {
+    const __m256 weight = _mm256_set1_ps(p[j]);
+    for (int i = 0; i < N; ++i) acc[i] = _mm256_fmadd_ps(weight, load8(rows + j * stride + d0 + 8 * i), acc[i]);
+  }
+  for (int i = 0; i < N; ++i) _mm256_storeu_ps(o + 8 * i, acc[i]);
 }
 
-// One (sequence, KV head): q [group][dim] already scaled, out [group][dim] (this sequence's heads).
 template <typename T>
-void attend(const float* q, const T* k_pool, const T* v_pool, const int64_t* table, int64_t len,
-            int64_t kv_head, const Geometry& g, float* scores, float* out) {
-  const int64_t stride = g.kv_heads * g.dim;
-  over_blocks(k_pool, table, len, kv_head, g, [&](int64_t first, const T* rows, int64_t n) {
-    score_rows(q, rows, n, stride, g, scores + first, len);
-  });
-  for (int64_t h = 0; h < g.group; ++h) {
-    const float norm = exp_shifted(scores + h * len, len);
-    for (int64_t d0 = 0; d0 < g.dim; d0 += 64) {  // dim % 8 == 0: chunks of 8 vectors, then the rest
-      const float* p = scores + h * len;
-      float* o = out + h * g.dim + d0;
-      switch (std::min<int64_t>(8, (g.dim - d0) / 8)) {
-        case 8: weigh_values<8>(p, v_pool, table, len, kv_head, d0, g, norm, o); break;
-        case 7: weigh_values<7>(p, v_pool, table, len, kv_head, d0, g, norm, o); break;
-        case 6: weigh_values<6>(p, v_pool, table, len, kv_head, d0, g, norm, o); break;
-        case 5: weigh_values<5>(p, v_pool, table, len, kv_head, d0, g, norm, o); break;
-        case 4: weigh_values<4>(p, v_pool, table, len, kv_head, d0, g, norm, o); break;
-        case 3: weigh_values<3>(p, v_pool, table, len, kv_head, d0, g, norm, o); break;
-        case 2: weigh_values<2>(p, v_pool, table, len, kv_head, d0, g, norm, o); break;
-        default: weigh_values<1>(p, v_pool, table, len, kv_head, d0, g, norm, o); break;
-      }
+void weigh_row(const float* p, const T* rows, int64_t n, int64_t stride, const Geometry& g, float* o) {
+  for (int64_t d0 = 0; d0 < g.dim; d0 += 64) {  // dim % 8 == 0: chunks of 8 vectors, then the rest
+    switch (std::min<int64_t>(8, (g.dim - d0) / 8)) {
+      case 8: weigh_block<8>(p, rows, n, stride, d0, o + d0); break;
+      case 7: weigh_block<7>(p, rows, n, stride, d0, o + d0); break;
+      case 6: weigh_block<6>(p, rows, n, stride, d0, o + d0); break;
+      case 5: weigh_block<5>(p, rows, n, stride, d0, o + d0); break;
+      case 4: weigh_block<4>(p, rows, n, stride, d0, o + d0); break;
+      case 3: weigh_block<3>(p, rows, n, stride, d0, o + d0); break;
+      case 2: weigh_block<2>(p, rows, n, stride, d0, o + d0); break;
+      default: weigh_block<1>(p, rows, n, stride, d0, o + d0); break;
     }
   }
+}
+
+// One sequence's KV heads [h0, h1): q holds their query heads ((h1 - h0) * group of them, in order),
+// already scaled; out likewise. K and V are read block by block, every KV head of the range while the
+// block is in L1: a token's row holds all its heads side by side, so a task that takes every head
+// reads its blocks front to back.
+// Each output sums its tokens in order, whatever the range: the same bits however heads are split.
+template <typename T>
+void attend(const float* q, const T* k_pool, const T* v_pool, const int64_t* table, int64_t len, int64_t h0,
+            int64_t h1, const Geometry& g, float* scores, float* out) {
+  const int64_t stride = g.kv_heads * g.dim, heads = (h1 - h0) * g.group;  // scores: [query head][token]
+  over_blocks(k_pool, table, len, g, [&](int64_t first, const T* rows, int64_t n) {
+    for (int64_t kv = h0; kv < h1; ++kv)
+      score_rows(q + (kv - h0) * g.group * g.dim, rows + kv * g.dim, n, stride, g,
+                 scores + (kv - h0) * g.group * len + first, len);
+  });
+  std::vector<float> norm(heads);
+  for (int64_t i = 0; i < heads; ++i) norm[i] = exp_shifted(scores + i * len, len);
+  std::fill(out, out + heads * g.dim, 0.0f);
+  over_blocks(v_pool, table, len, g, [&](int64_t first, const T* rows, int64_t n) {
+    for (int64_t i = 0; i < heads; ++i)  // query head i reads KV head h0 + i / group
+      weigh_row(scores + i * len + first, rows + (h0 + i / g.group) * g.dim, n, stride, g, out + i * g.dim);
+  });
+  for (int64_t i = 0; i < heads; ++i)
+    for (int64_t d = 0; d < g.dim; ++d) out[i * g.dim + d] *= norm[i];
 }
 
 void check_inputs(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
@@ -198,7 +214,11 @@ template <typename T>
 void run(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool, const at::Tensor& block_tables,
          const at::Tensor& context_lens, float scale, at::Tensor& out) {
   const Geometry g{k_pool.size(1), k_pool.size(2), q.size(2), q.size(1) / k_pool.size(2), block_tables.size(1)};
-  const int64_t tasks = q.size(0) * g.kv_heads, max_len = g.max_blocks * g.block_size;
+  const int64_t seqs = q.size(0), max_len = g.max_blocks * g.block_size;
+  // A task takes every KV head of a sequence (sequential reads) once there are sequences enough to
+  // keep the threads busy; with fewer, one head each, so a lone long sequence still uses every thread.
+  const int64_t heads_per_task = seqs >= 2 * at::get_num_threads() ? g.kv_heads : 1;
+  const int64_t splits = g.kv_heads / heads_per_task;
   const float* qp = q.data_ptr<float>();
   const T* kp = k_pool.data_ptr<T>();
   const T* vp = v_pool.data_ptr<T>();
@@ -206,16 +226,17 @@ void run(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool
   const int64_t* lens = context_lens.data_ptr<int64_t>();
   float* op = out.data_ptr<float>();
   const int64_t q_seq = q.stride(0), q_head = q.stride(1), q_dim = q.stride(2);
-  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(g.group * max_len), scaled(g.group * g.dim);
+  at::parallel_for(0, seqs * splits, 1, [&](int64_t begin, int64_t end) {
+    const int64_t heads = heads_per_task * g.group;
+    std::vector<float> scores(heads * max_len), scaled(heads * g.dim);
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t seq = task / g.kv_heads, kv_head = task % g.kv_heads;
-      for (int64_t h = 0; h < g.group; ++h) {  // this group's query heads, scaled, packed
-        const float* src = qp + seq * q_seq + (kv_head * g.group + h) * q_head;
-        for (int64_t d = 0; d < g.dim; ++d) scaled[h * g.dim + d] = src[d * q_dim] * scale;
+      const int64_t seq = task / splits, h0 = task % splits * heads_per_task;
+      for (int64_t i = 0; i < heads; ++i) {  // this task's query heads, scaled, packed
+        const float* src = qp + seq * q_seq + (h0 * g.group + i) * q_head;
+        for (int64_t d = 0; d < g.dim; ++d) scaled[i * g.dim + d] = src[d * q_dim] * scale;
       }
-      const int64_t first = (seq * g.kv_heads + kv_head) * g.group * g.dim;
-      attend(scaled.data(), kp, vp, tables + seq * g.max_blocks, lens[seq], kv_head, g, scores.data(), op + first);
+      attend(scaled.data(), kp, vp, tables + seq * g.max_blocks, lens[seq], h0, h0 + heads_per_task, g,
+             scores.data(), op + (seq * g.kv_heads + h0) * g.group * g.dim);
     }
   });
 }

@@ -1,11 +1,15 @@
-"""`minivllm bench quality`: what each weight precision costs in quality, against fp32.
+"""`minivllm bench quality`: what each weight precision (and a narrower KV cache) costs in quality,
+against fp32.
 
 For each precision: perplexity on a fixed English text (the US Declaration of Independence, public
 domain, shipped in bench/data/), the KL divergence KL(fp32 || quantized) of the next-token
 distributions at every position of that text and the top-1 agreement (as llama.cpp's
 `--kl-divergence` reports them), and greedy agreement over 64 tokens on the chat prompts. The fp32
 reference is the checkpoint dequantized (`--quantization none`): for the embedded GGUF that is
-exactly what HF's reader gives the parity tests.
+exactly what HF's reader gives the parity tests. The text runs CHUNK tokens a step, so all but the
+first chunk of a window read their prefix's K/V from the pool, as serving does: the rows with a
+float16 / bfloat16 KV cache (`--kv-cache-dtype`) measure what rounding K/V costs, to be read
+against the default row with the fp32 pool.
 """
 
 from __future__ import annotations
@@ -22,12 +26,13 @@ from minivllm.bench.common import chat_prompt_ids, greedy, progress
 from minivllm.bench.machine import machine_line
 from minivllm.bench.prompts import CHAT_PROMPTS
 from minivllm.engine.outputs import OutputAccumulator
-from minivllm.engine.scoring import forward_prefills
+from minivllm.engine.scoring import forward_in_chunks
 from minivllm.quant.policy import QuantConfig
 
 TEXT_FILE = "declaration_of_independence.txt"
 WINDOW = 256  # tokens per scored window (each window is an independent sequence)
 GREEDY_TOKENS = 64
+CHUNK = 32  # tokens of a window a step: all but the first chunk attend to K/V read from the pool
 
 
 @dataclass
@@ -42,16 +47,19 @@ class QualityRow:
     greedy_identical: int  # prompts whose 64 greedy tokens equal fp32's
     greedy_prompts: int
     greedy_matching_prefix: float  # mean tokens before the first difference
+    kv_cache_dtype: str = "auto"
 
 
-def precisions(group_sizes=(32, 64)) -> list[tuple[str, QuantConfig]]:
+def precisions(group_sizes=(32, 64)) -> list[tuple[str, QuantConfig, str]]:
+    """(label, weights, KV cache dtype) per row; the first is the reference."""
     rows = [("fp32 (none)", QuantConfig("none")), ("auto (default)", QuantConfig("auto")),
             ("auto, fast kernels (int8 activations)", QuantConfig("auto", kernel="fast")),
             ("auto, torch's kernels (bf16 activations)", QuantConfig("auto", kernel="bf16")),
             ("auto, exact kernels (fp32 activations)", QuantConfig("auto", kernel="exact")),
             ("int8 per channel", QuantConfig("int8"))]
     rows += [(f"int4 g{g}", QuantConfig("int4", group_size=g)) for g in group_sizes]
-    return rows
+    kv_rows = [(f"auto, {dtype} KV cache", QuantConfig("auto"), dtype) for dtype in ("float16", "bfloat16")]
+    return [(label, quant, "auto") for label, quant in rows] + kv_rows
 
 
 def bench_quality(args) -> int:
@@ -62,15 +70,15 @@ def bench_quality(args) -> int:
     text = resources.files("minivllm.bench").joinpath("data", TEXT_FILE).read_text()
     reference = None
     rows = []
-    for label, quant in precisions():
+    for label, quant, kv_cache_dtype in precisions():
         progress(f"loading {label}")
         loaded = load_model(args.model, dtype=args.dtype, device=args.device, seed=args.seed, quantization=quant)
         windows = _windows(loaded.tokenizer.encode(text), 2 if args.quick else 8)
         prompts = chat_prompt_ids(loaded.tokenizer, CHAT_PROMPTS[: 2 if args.quick else 5])
         progress(f"scoring {label}: {len(windows)} windows of {WINDOW} tokens, {len(prompts)} greedy prompts")
-        result = _score(loaded, windows, prompts, GREEDY_TOKENS // (4 if args.quick else 1))
+        result = _score(loaded, windows, prompts, GREEDY_TOKENS // (4 if args.quick else 1), kv_cache_dtype)
         reference = reference or result
-        rows.append(_row(label, loaded.quant, result, reference))
+        rows.append(_row(label, loaded.quant, result, reference, kv_cache_dtype))
         del loaded
     _print(rows, args)
     (out_dir / "quality.json").write_text(json.dumps([asdict(r) for r in rows], indent=2))
@@ -89,19 +97,21 @@ class _Scored:
     greedy: list[list[int]]
 
 
-def _score(loaded, windows, prompts, max_tokens) -> _Scored:
-    logits = forward_prefills(loaded, windows)
+def _score(loaded, windows, prompts, max_tokens, kv_cache_dtype: str) -> _Scored:
+    from minivllm.engine.config import KV_CACHE_DTYPES
+
+    logits = forward_in_chunks(loaded, windows, CHUNK, KV_CACHE_DTYPES[kv_cache_dtype])
     log_probs = torch.cat([lg[:-1] for lg in logits]).log_softmax(-1)
     targets = torch.tensor([t for w in windows for t in w[1:]])
     nll = -log_probs.gather(1, targets[:, None]).mean().item()
-    return _Scored(log_probs, nll, _greedy(loaded, prompts, max_tokens))
+    return _Scored(log_probs, nll, _greedy(loaded, prompts, max_tokens, kv_cache_dtype))
 
 
-def _greedy(loaded, prompts, max_tokens) -> list[list[int]]:
+def _greedy(loaded, prompts, max_tokens, kv_cache_dtype: str) -> list[list[int]]:
     from minivllm.engine.config import EngineConfig
     from minivllm.engine.llm_engine import LLMEngine
 
-    engine = LLMEngine(loaded, EngineConfig(num_blocks=256))
+    engine = LLMEngine(loaded, EngineConfig(num_blocks=256, kv_cache_dtype=kv_cache_dtype))
     outs, whole = {}, OutputAccumulator()
     params = greedy(max_tokens)  # ignore_eos: every prompt compares the same 64 tokens
     for i, p in enumerate(prompts):
@@ -113,13 +123,14 @@ def _greedy(loaded, prompts, max_tokens) -> list[list[int]]:
     return [outs[f"q{i}"] for i in range(len(prompts))]
 
 
-def _row(label: str, report, result: _Scored, ref: _Scored) -> QualityRow:
+def _row(label: str, report, result: _Scored, ref: _Scored, kv_cache_dtype: str) -> QualityRow:
     kl = (ref.log_probs.exp() * (ref.log_probs - result.log_probs)).sum(-1)
     top1 = (ref.log_probs.argmax(-1) == result.log_probs.argmax(-1)).float().mean().item()
     prefixes = [_common_prefix(a, b) for a, b in zip(result.greedy, ref.greedy)]
     identical = sum(a == b for a, b in zip(result.greedy, ref.greedy))
     return QualityRow(label, report.weight_bytes / 2**20, report.ratio, math.exp(result.nll), kl.mean().item(),
-                      kl.quantile(0.99).item(), top1, identical, len(ref.greedy), sum(prefixes) / len(prefixes))
+                      kl.quantile(0.99).item(), top1, identical, len(ref.greedy), sum(prefixes) / len(prefixes),
+                      kv_cache_dtype)
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

@@ -15,19 +15,46 @@ def forward_prefills(loaded, sequences: list[list[int]], block_size: int = 16,
     """All sequences as prefills of ONE flattened forward pass through a scratch KV pool. Returns
     each sequence's fp32 logits [len, vocab]; `hidden_states_out` gets every layer's states for
     the whole flattened batch (HF's output_hidden_states convention)."""
+    kv, tables = _scratch_pool(loaded, sequences, block_size, loaded.dtype)
+    hidden = [] if hidden_states_out is None else hidden_states_out
+    ModelRunner(loaded.model, kv).execute([], [SeqWork(list(s), 0, t) for s, t in zip(sequences, tables)],
+                                          hidden_states_out=hidden)
+    return _logits_by_sequence(loaded, hidden[-1], [len(s) for s in sequences])
+
+
+def forward_in_chunks(loaded, sequences: list[list[int]], chunk: int, kv_dtype: torch.dtype | None = None,
+                      block_size: int = 16) -> list[torch.Tensor]:
+    """Like forward_prefills, but each sequence runs `chunk` tokens a step, so every chunk after its
+    first reads the prefix's K/V back from the pool, in `kv_dtype` (default: the model's): what a
+    narrower pool costs shows in the logits, as it does in serving."""
+    kv, tables = _scratch_pool(loaded, sequences, block_size, kv_dtype or loaded.dtype)
+    runner = ModelRunner(loaded.model, kv)
+    parts: list[list[torch.Tensor]] = [[] for _ in sequences]
+    for start in range(0, max(map(len, sequences)), chunk):
+        active = [i for i, s in enumerate(sequences) if start < len(s)]
+        hidden: list[torch.Tensor] = []  # asking for hidden states keeps every row (no logits-row pick)
+        runner.execute([], [SeqWork(sequences[i][start:start + chunk], start, tables[i]) for i in active],
+                       hidden_states_out=hidden)
+        sizes = [len(sequences[i][start:start + chunk]) for i in active]
+        for i, logits in zip(active, _logits_by_sequence(loaded, hidden[-1], sizes)):
+            parts[i].append(logits)
+    return [torch.cat(p) for p in parts]
+
+
+def _scratch_pool(loaded, sequences, block_size: int, dtype: torch.dtype) -> tuple[KVCache, list[list[int]]]:
+    """A KV pool just large enough for the sequences, and each one's block table (block 0 unused)."""
     cfg = loaded.config
     blocks = [ceil_div(len(s), block_size) for s in sequences]
     kv = KVCache(cfg.num_hidden_layers, sum(blocks) + 1, block_size, cfg.num_key_value_heads, cfg.head_dim,
-                 loaded.dtype, loaded.device)
-    works, next_block = [], 1  # block 0 left unused
-    for s, n in zip(sequences, blocks):
-        works.append(SeqWork(list(s), 0, list(range(next_block, next_block + n))))
-        next_block += n
-    hidden = [] if hidden_states_out is None else hidden_states_out
-    ModelRunner(loaded.model, kv).execute([], works, hidden_states_out=hidden)
+                 dtype, loaded.device)
+    starts = [1 + sum(blocks[:i]) for i in range(len(blocks))]
+    return kv, [list(range(first, first + n)) for first, n in zip(starts, blocks)]
+
+
+def _logits_by_sequence(loaded, final_hidden: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
     logits, start = [], 0
-    for s in sequences:
+    for n in sizes:
         with torch.inference_mode():
-            logits.append(loaded.model.compute_logits(hidden[-1][start:start + len(s)]))
-        start += len(s)
+            logits.append(loaded.model.compute_logits(final_hidden[start:start + n]))
+        start += n
     return logits

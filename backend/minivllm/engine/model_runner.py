@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from minivllm.engine.prompt_logprobs import PromptLogprobsRows, target_logprobs
-from minivllm.model.attention import AttentionMetadata, KVCache, PrefillChunk
+from minivllm.model.attention import AttentionMetadata, KVCache, PrefillChunk, native_decode_ready
 from minivllm.arith import ceil_div
 from minivllm.console import progress
 from minivllm.cache import compiler_cache_dir
@@ -47,7 +47,10 @@ class ModelRunner:
     def warmed_up(self, max_rows: int, max_model_len: int) -> "ModelRunner":
         """Compile every decode graph a step of up to `max_rows` sequences can need, now (with
         progress) rather than in the first requests' steps. Writes garbage K/V into block 0: only
-        for a fresh pool. A no-op when the model runs eagerly."""
+        for a fresh pool. Eagerly only the native decode attention is readied (built on a first start:
+        seconds that a first request would otherwise wait)."""
+        if self.device.type == "cpu":
+            native_decode_ready()
         compiled = self.model.compiled
         if compiled is None or not compiled.active:
             return self

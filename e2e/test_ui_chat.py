@@ -110,7 +110,11 @@ def test_compare_mode_strategies_differ_and_reproduce(page: Page) -> None:
     wait_js(page, "() => Object.values(window.__e2e.timeline()).filter((r) => r.state === 'FINISHED').length >= 3")
     shot(page.get_by_test_id("compare-panel"), "panel-compare.png")
 
-    # greedy is deterministic and the seeded samples reproduce, batched together again
-    second = _run_compare(page)
-    assert second == first, f"compare outputs changed between runs:\n{first}\n{second}"
-    assert len(timeline(page)) >= 6
+    # greedy is deterministic and the seeded samples reproduce, batched together again. The first run
+    # computed the prompt; later runs read it from the prefix cache (another kernel path: its last-bit
+    # differences can move a sampled token, docs/ARCHITECTURE.md "Reproducible samples"), so the
+    # seeded columns are compared between two runs in the same cache state
+    second, third = _run_compare(page), _run_compare(page)
+    assert second[0] == first[0], f"greedy changed between runs:\n{first}\n{second}"
+    assert third == second, f"compare outputs changed between runs:\n{second}\n{third}"
+    assert len(timeline(page)) >= 9

@@ -73,8 +73,19 @@ class ModelRunner:
                 hidden_states_out: list[torch.Tensor] | None = None, num_layers: int | None = None) -> torch.Tensor:
         """Returns fp32 logits [rows, vocab]: each sequence's `num_logits` rows, in the order
         single-token rows, then chunks. `num_layers`: the early-exit draft (see LlamaModel). A work
-        with `prompt_logprobs` also gets its rows' log-probs, handed to its sink."""
+        with `prompt_logprobs` also gets its rows' log-probs, handed to its sink.
+
+        With a compiled step, single-token rows run through it even beside chunks, in a pass of
+        their own: compiled and eager code sum in different orders, so otherwise a token's bits (and
+        a seeded sample) would depend on whether another request's prompt shared its step."""
         self.kv_cache.copy_blocks(copies or [])
+        compiled = self.model.compiled is not None and self.model.compiled.active
+        if single and chunks and compiled and hidden_states_out is None:
+            return torch.cat([self._forward(single, [], None, num_layers), self._forward([], chunks, None, num_layers)])
+        return self._forward(single, chunks, hidden_states_out, num_layers)
+
+    def _forward(self, single: list[SeqWork], chunks: list[SeqWork], hidden_states_out: list[torch.Tensor] | None,
+                 num_layers: int | None) -> torch.Tensor:
         input_ids, positions, meta, logit_rows, wanted = self._prepare(single, chunks)
         hidden = self.model(input_ids, positions, self.kv_cache, meta, hidden_states_out, num_layers)
         logits = self.model.compute_logits(hidden[logit_rows])

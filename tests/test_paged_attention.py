@@ -331,27 +331,38 @@ def test_runner_copy_on_write_block_copy(tiny):
     torch.testing.assert_close(out[1], hf_logits(hf, prompt + [41])[-1], atol=1e-4, rtol=0)
 
 
+class DecodeCase:
+    """Eight sequences of 5-150 tokens over shuffled 12-block tables in a random pool (GQA 9/3 heads,
+    head dim 64), and `attend`: decode attention over them with the step's context mask."""
+
+    block_size, heads, dim = 16, 9, 64
+
+    def __init__(self, blocks: int = 40, kv_heads: int = 3):
+        torch.manual_seed(0)
+        shape = (blocks, self.block_size, kv_heads, self.dim)
+        self.k_pool, self.v_pool = torch.randn(shape), torch.randn(shape)
+        self.lens = torch.tensor([37, 150, 5, 96, 64, 121, 17, 80])
+        self.tables = torch.stack([torch.randperm(blocks)[:12] for _ in self.lens])  # up to 192 tokens
+        self.q = torch.randn(len(self.lens), self.heads, self.dim)
+
+    def mask(self, block_tables: torch.Tensor, context_lens: torch.Tensor) -> torch.Tensor:
+        return attention.decode_context_mask(context_lens, block_tables.shape[1] * self.block_size, torch.float32)
+
+    def attend(self, queries: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor) -> torch.Tensor:
+        return attention.decode_attention(queries, self.k_pool, self.v_pool, block_tables, context_lens,
+                                          self.mask(block_tables, context_lens), self.dim ** -0.5)
+
+
 def test_compiled_decode_attention_equals_sdpa_and_a_row_keeps_its_bits_in_any_batch_and_padding(monkeypatch):
     """The portable path (no native kernels). Inside the compiled step decode attention is products and sums (attention_by_sums), fused by
     inductor; eagerly it is SDPA. Both agree; a sequence's output is bit-identical in any batch of 2+
     rows (one dynamic graph) and with its block table padded wider (the masked tail adds exact
     zeros). A single row has a graph of its own (dynamo specialises a size of 1), whose loops may sum
     in another order: last-bit differences only."""
-    from minivllm.model.attention import decode_attention, decode_context_mask
-
     monkeypatch.setattr(attention, "USE_NATIVE_DECODE", False)
-    torch.manual_seed(0)
-    block_size, blocks, kv_heads, heads, dim = 16, 40, 3, 9, 64
-    k_pool, v_pool = torch.randn(blocks, block_size, kv_heads, dim), torch.randn(blocks, block_size, kv_heads, dim)
-    lens = torch.tensor([37, 150, 5, 96, 64, 121, 17, 80])
-    tables = torch.stack([torch.randperm(blocks)[:12] for _ in lens])  # 12 blocks: up to 192 tokens
-    q = torch.randn(len(lens), heads, dim)
-
-    def attend(queries, block_tables, context_lens):
-        mask = decode_context_mask(context_lens, block_tables.shape[1] * block_size, torch.float32)
-        return decode_attention(queries, k_pool, v_pool, block_tables, context_lens, mask, dim ** -0.5)
-
-    compiled = torch.compile(attend, dynamic=True)
+    case = DecodeCase()
+    q, tables, lens, attend, block_size = case.q, case.tables, case.lens, case.attend, case.block_size
+    compiled = torch.compile(lambda *step: attend(*step), dynamic=True)  # its own code object: its own graphs
     batch = compiled(q, tables, lens)
     assert torch.allclose(batch, attend(q, tables, lens), atol=1e-5)  # SDPA, eager
     for rows in ([0, 2], [5, 6, 7], [1, 3]):
@@ -369,21 +380,10 @@ def test_native_decode_in_the_compiled_step_keeps_a_rows_bits_in_any_batch_and_p
     per sequence and KV head, summed in one order)."""
     if native.available() is not None:
         pytest.skip(f"native kernels unavailable here: {native.available()}")
-    from minivllm.model.attention import decode_attention, decode_context_mask
-
-    torch.manual_seed(0)
-    block_size, blocks, kv_heads, heads, dim = 16, 40, 3, 9, 64
-    k_pool, v_pool = torch.randn(blocks, block_size, kv_heads, dim), torch.randn(blocks, block_size, kv_heads, dim)
-    lens = torch.tensor([37, 150, 5, 96, 64, 121, 17, 80])
-    tables = torch.stack([torch.randperm(blocks)[:12] for _ in lens])
-    q = torch.randn(len(lens), heads, dim)
-
-    def attend(queries, block_tables, context_lens):
-        mask = decode_context_mask(context_lens, block_tables.shape[1] * block_size, torch.float32)
-        return decode_attention(queries, k_pool, v_pool, block_tables, context_lens, mask, dim ** -0.5)
-
+    case = DecodeCase()
+    q, tables, lens, attend, heads, dim = case.q, case.tables, case.lens, case.attend, case.heads, case.dim
     batch = attend(q, tables, lens)
-    compiled = torch.compile(attend, dynamic=True)
+    compiled = torch.compile(lambda *step: attend(*step), dynamic=True)  # its own code object: its own graphs
     assert torch.equal(compiled(q, tables, lens), batch)
     for rows in ([0, 2], [5, 6, 7], [1]):
         assert torch.equal(attend(q[rows], tables[rows], lens[rows]), batch[rows])
@@ -392,5 +392,5 @@ def test_native_decode_in_the_compiled_step_keeps_a_rows_bits_in_any_batch_and_p
     rows_with_gaps[:, :heads] = q
     assert torch.equal(attend(rows_with_gaps[:, :heads], tables, lens), batch)
     portable = attention.gathered_decode_attention(
-        q, k_pool, v_pool, tables, decode_context_mask(lens, 12 * block_size, torch.float32), dim ** -0.5)
+        q, case.k_pool, case.v_pool, tables, case.mask(tables, lens), dim ** -0.5)
     torch.testing.assert_close(batch, portable, atol=1e-5, rtol=0)

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from minivllm.engine.prompt_logprobs import PromptLogprobsRows, target_logprobs
-from minivllm.model.attention import AttentionMetadata, KVCache, PrefillChunk, native_decode_ready
+from minivllm.model.attention import (AttentionMetadata, KVCache, PrefillChunk, native_decode_ready,
+                                      reads_pool_natively)
 from minivllm.arith import ceil_div
 from minivllm.console import progress
 from minivllm.cache import compiler_cache_dir
@@ -120,6 +121,7 @@ class ModelRunner:
                                  if single else None),
             prefills=self._prefill_chunks(chunks, offset=len(single)),
             block_size=self.block_size, dtype=self.dtype,
+            decode_mask_read=not reads_pool_natively(self.kv_cache.k[0]),
         )
         return (torch.tensor(ids, dtype=torch.long, device=dev),
                 torch.tensor(pos, dtype=torch.long, device=dev), meta,

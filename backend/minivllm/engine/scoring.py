@@ -3,6 +3,8 @@ quantization quality report, perplexity."""
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from minivllm.engine.model_runner import ModelRunner, SeqWork
@@ -31,12 +33,10 @@ def forward_in_chunks(loaded, sequences: list[list[int]], chunk: int, kv_dtype: 
     runner = ModelRunner(loaded.model, kv)
     parts: list[list[torch.Tensor]] = [[] for _ in sequences]
     for start in range(0, max(map(len, sequences)), chunk):
-        active = [i for i, s in enumerate(sequences) if start < len(s)]
+        active = [(i, s[start:start + chunk]) for i, s in enumerate(sequences) if start < len(s)]
         hidden: list[torch.Tensor] = []  # asking for hidden states keeps every row (no logits-row pick)
-        runner.execute([], [SeqWork(sequences[i][start:start + chunk], start, tables[i]) for i in active],
-                       hidden_states_out=hidden)
-        sizes = [len(sequences[i][start:start + chunk]) for i in active]
-        for i, logits in zip(active, _logits_by_sequence(loaded, hidden[-1], sizes)):
+        runner.execute([], [SeqWork(piece, start, tables[i]) for i, piece in active], hidden_states_out=hidden)
+        for (i, _), logits in zip(active, _logits_by_sequence(loaded, hidden[-1], [len(p) for _, p in active])):
             parts[i].append(logits)
     return [torch.cat(p) for p in parts]
 
@@ -47,7 +47,7 @@ def _scratch_pool(loaded, sequences, block_size: int, dtype: torch.dtype) -> tup
     blocks = [ceil_div(len(s), block_size) for s in sequences]
     kv = KVCache(cfg.num_hidden_layers, sum(blocks) + 1, block_size, cfg.num_key_value_heads, cfg.head_dim,
                  dtype, loaded.device)
-    starts = [1 + sum(blocks[:i]) for i in range(len(blocks))]
+    starts = itertools.accumulate(blocks[:-1], initial=1)
     return kv, [list(range(first, first + n)) for first, n in zip(starts, blocks)]
 
 

@@ -48,11 +48,12 @@ class AttentionMetadata:
     decode_mask: torch.Tensor | None = None  # [num_decode, 1, 1, max_len] additive: -inf past each context
     block_size: int = 16  # of the pool, for the decode mask's width
     dtype: torch.dtype = torch.float32  # the model's activations: the decode mask's dtype
+    decode_mask_read: bool = True  # False where the native kernel reads the pool (it bounds by length)
 
     def __post_init__(self) -> None:
         """Masks are built once per step here, not lazily in the first layer: the forward pass then
         only reads tensors (nothing for a compiled graph to branch on)."""
-        if self.decode_block_tables is not None and self.decode_mask is None:
+        if self.decode_block_tables is not None and self.decode_mask is None and self.decode_mask_read:
             width = self.decode_block_tables.shape[1] * self.block_size
             self.decode_mask = decode_context_mask(self.decode_context_lens, width, self.dtype)
         for chunk in self.prefills:
@@ -125,17 +126,18 @@ def decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor
     """q: [B, heads, head_dim], one query per sequence -> [B, heads, head_dim]. `context_lens` [B]
     (the new token included) bound what the native kernel reads; `mask` [B, 1, 1, L] is the same
     bound as an additive mask (-inf past each context) for the portable path."""
-    if reads_pool_natively(q, k_pool):
+    if reads_pool_natively(k_pool):
         out = torch.ops.minivllm_native.paged_decode_attention(  # q: a strided view, read as it is
             q.float(), k_pool, v_pool, block_tables, context_lens, scale)
         return out.to(q.dtype)
     return gathered_decode_attention(q, k_pool, v_pool, block_tables, mask, scale)
 
 
-def reads_pool_natively(q: torch.Tensor, k_pool: torch.Tensor) -> bool:
-    """Whether the native paged kernel serves this step: a CPU pool of a dtype it reads, a head size it
-    vectorizes, and the native kernels built (without a compiler they are not: the portable path runs)."""
-    return (q.device.type == "cpu" and q.shape[-1] % 8 == 0 and k_pool.dtype in NATIVE_POOL_DTYPES
+def reads_pool_natively(k_pool: torch.Tensor) -> bool:
+    """Whether the native paged kernel serves decode attention over this pool: on a CPU, of a dtype it
+    reads, a head size it vectorizes, and the native kernels built (without a compiler they are not:
+    the portable path runs)."""
+    return (k_pool.device.type == "cpu" and k_pool.shape[-1] % 8 == 0 and k_pool.dtype in NATIVE_POOL_DTYPES
             and native_decode_ready())
 
 

@@ -172,10 +172,12 @@ def mark_sizes_dynamic(x: torch.Tensor, rope: tuple[torch.Tensor, ...], meta) ->
     not special either; the code in the graph avoids the views that would ask whether a row count is
     1 (`RotaryEmbedding.rotate`, `gather_blocks`, `decode_attention`). A hint only: it sets an
     attribute on this step's tensors."""
-    for tensor in (x, *rope, meta.slot_mapping, meta.decode_block_tables, meta.decode_context_lens, meta.decode_mask):
+    for tensor in (x, *rope, meta.slot_mapping, meta.decode_block_tables, meta.decode_context_lens):
         torch._dynamo.maybe_mark_dynamic(tensor, 0)
     torch._dynamo.maybe_mark_dynamic(meta.decode_block_tables, 1)
-    torch._dynamo.maybe_mark_dynamic(meta.decode_mask, 3)
+    if meta.decode_mask is not None:  # only the portable attention reads one
+        torch._dynamo.maybe_mark_dynamic(meta.decode_mask, 0)
+        torch._dynamo.maybe_mark_dynamic(meta.decode_mask, 3)
 
 
 def warm_up_shapes(model: torch.nn.Module, max_rows: int, max_width: int) -> list[tuple[int, int]]:

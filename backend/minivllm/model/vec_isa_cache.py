@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from minivllm.cache import cache_dir, read_json_entries, write_json_atomic
-from minivllm.quant.choice_cache import cpu_model, cpuinfo_field
+from minivllm.cpuinfo import cpu_model, cpuinfo_field
 
 
 def path() -> Path:

@@ -16,12 +16,12 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import platform
 from pathlib import Path
 
 import torch
 
 from minivllm.cache import cache_dir, read_json_entries, write_json_atomic
+from minivllm.cpuinfo import cpu_model
 
 log = logging.getLogger(__name__)
 
@@ -77,18 +77,3 @@ def _decode(entry: dict) -> tuple[list[tuple[int, str]], dict[int, dict[str, flo
 
 def _read() -> dict:
     return read_json_entries(path())
-
-
-def cpu_model() -> str:
-    return cpuinfo_field("model name") or platform.processor() or platform.machine()
-
-
-def cpuinfo_field(name: str) -> str:
-    """The first CPU's `name` line of /proc/cpuinfo ("" where there is none)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(name):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""

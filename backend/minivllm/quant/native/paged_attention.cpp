@@ -162,14 +162,13 @@ void weigh_row(const float* p, const T* rows, int64_t n, int64_t stride, const G
 // Each output sums its tokens in order, whatever the range: the same bits however heads are split.
 template <typename T>
 void attend(const float* q, const T* k_pool, const T* v_pool, const int64_t* table, int64_t len, int64_t h0,
-            int64_t h1, const Geometry& g, float* scores, float* out) {
+            int64_t h1, const Geometry& g, float* scores, float* norm, float* out) {
   const int64_t stride = g.kv_heads * g.dim, heads = (h1 - h0) * g.group;  // scores: [query head][token]
   over_blocks(k_pool, table, len, g, [&](int64_t first, const T* rows, int64_t n) {
     for (int64_t kv = h0; kv < h1; ++kv)
       score_rows(q + (kv - h0) * g.group * g.dim, rows + kv * g.dim, n, stride, g,
                  scores + (kv - h0) * g.group * len + first, len);
   });
-  std::vector<float> norm(heads);
   for (int64_t i = 0; i < heads; ++i) norm[i] = exp_shifted(scores + i * len, len);
   std::fill(out, out + heads * g.dim, 0.0f);
   over_blocks(v_pool, table, len, g, [&](int64_t first, const T* rows, int64_t n) {
@@ -228,7 +227,7 @@ void run(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool
   const int64_t q_seq = q.stride(0), q_head = q.stride(1), q_dim = q.stride(2);
   at::parallel_for(0, seqs * splits, 1, [&](int64_t begin, int64_t end) {
     const int64_t heads = heads_per_task * g.group;
-    std::vector<float> scores(heads * max_len), scaled(heads * g.dim);
+    std::vector<float> scores(heads * max_len), scaled(heads * g.dim), norm(heads);  // the thread's scratch
     for (int64_t task = begin; task < end; ++task) {
       const int64_t seq = task / splits, h0 = task % splits * heads_per_task;
       for (int64_t i = 0; i < heads; ++i) {  // this task's query heads, scaled, packed
@@ -236,7 +235,7 @@ void run(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool
         for (int64_t d = 0; d < g.dim; ++d) scaled[i * g.dim + d] = src[d * q_dim] * scale;
       }
       attend(scaled.data(), kp, vp, tables + seq * g.max_blocks, lens[seq], h0, h0 + heads_per_task, g,
-             scores.data(), op + (seq * g.kv_heads + h0) * g.group * g.dim);
+             scores.data(), norm.data(), op + (seq * g.kv_heads + h0) * g.group * g.dim);
     }
   });
 }

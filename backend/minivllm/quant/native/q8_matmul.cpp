@@ -61,15 +61,14 @@ inline int64_t pair_position(int64_t j) {
 // instead of one; the scales then hold d / 128 (a power of two: exact).
 QuantizedActivations quantize_rows(const at::Tensor& x, bool pair_layout, bool split) {
   const int64_t rows = x.size(0), k = x.size(1), blocks = k / kBlock, sum_stride = round_up8(blocks);
-  const int64_t q_floats = (rows * k + 31) / 32 * 8;  // int8 values, in 32-byte units of floats
+  const int64_t q_floats = (rows * k + 63) / 64 * 16;  // int8 values, in 64-byte units of floats
   const int64_t r_floats = split ? q_floats : 0;
   const int64_t pair_floats = pair_layout ? rows * (blocks / 2) * 8 : 0;
   static thread_local std::vector<float> scratch;
-  scratch.resize(std::max<size_t>(scratch.size(),
-                                  q_floats + r_floats + rows * blocks + pair_floats + rows * sum_stride));
-  int8_t* q = reinterpret_cast<int8_t*>(scratch.data());
-  int8_t* remainder = split ? reinterpret_cast<int8_t*>(scratch.data() + q_floats) : nullptr;
-  float* block_scale = scratch.data() + q_floats + r_floats;
+  float* base = aligned_scratch(scratch, q_floats + r_floats + rows * blocks + pair_floats + rows * sum_stride);
+  int8_t* q = reinterpret_cast<int8_t*>(base);
+  int8_t* remainder = split ? reinterpret_cast<int8_t*>(base + q_floats) : nullptr;
+  float* block_scale = base + q_floats + r_floats;
   float* pair_scale = block_scale + rows * blocks;
   float* sum = pair_scale + pair_floats;
   for (int64_t r = 0; r < rows; ++r) std::fill(sum + r * sum_stride + blocks, sum + (r + 1) * sum_stride, 0.f);

@@ -104,9 +104,10 @@ def test_the_fp32_activation_kernels_compute_the_dequantized_product(kind, shape
 @needs_vnni
 @pytest.mark.parametrize("acts", ["int8", "int8x2"])
 @pytest.mark.parametrize("kind", ["int4", "int8"])
-def test_the_vnni_loops_give_the_avx2_loops_bits(kind, acts):
-    kernel = _native(kind, acts, 200, 576)
-    x = torch.randn(7, 576)
+@pytest.mark.parametrize("k", [576, 448, 1536, 128])  # 4-bit pairs: 9, 7, 24, 2 (a last group of 1 or 3 pairs, none, one)
+def test_the_vnni_loops_give_the_avx2_loops_bits(kind, acts, k):
+    kernel = _native(kind, acts, 200, k)
+    x = torch.randn(7, k)
     try:
         assert native.use_vnni(True)
         with_vnni = kernel(x)

@@ -23,6 +23,8 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+inline int64_t round_up16(int64_t n) { return (n + 15) / 16 * 16; }  // floats: whole 64-byte lines
+
 // `buffer` grown to hold `floats` from a 64-byte boundary, which it returns. Vector loads from a
 // buffer that malloc aligned to 16 bytes straddle cache lines half the time (measured: up to 1.2x).
 inline float* aligned_scratch(std::vector<float>& buffer, size_t floats) {

@@ -227,15 +227,19 @@ void run(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool
   const int64_t q_seq = q.stride(0), q_head = q.stride(1), q_dim = q.stride(2);
   at::parallel_for(0, seqs * splits, 1, [&](int64_t begin, int64_t end) {
     const int64_t heads = heads_per_task * g.group;
-    std::vector<float> scores(heads * max_len), scaled(heads * g.dim), norm(heads);  // the thread's scratch
+    const int64_t score_floats = round_up16(heads * max_len), scaled_floats = round_up16(heads * g.dim);
+    std::vector<float> scratch;  // the thread's: scores, the scaled query heads, norms (64-byte aligned each)
+    float* scores = aligned_scratch(scratch, score_floats + scaled_floats + heads);
+    float* scaled = scores + score_floats;
+    float* norm = scaled + scaled_floats;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t seq = task / splits, h0 = task % splits * heads_per_task;
       for (int64_t i = 0; i < heads; ++i) {  // this task's query heads, scaled, packed
         const float* src = qp + seq * q_seq + (h0 * g.group + i) * q_head;
         for (int64_t d = 0; d < g.dim; ++d) scaled[i * g.dim + d] = src[d * q_dim] * scale;
       }
-      attend(scaled.data(), kp, vp, tables + seq * g.max_blocks, lens[seq], h0, h0 + heads_per_task, g,
-             scores.data(), norm.data(), op + (seq * g.kv_heads + h0) * g.group * g.dim);
+      attend(scaled, kp, vp, tables + seq * g.max_blocks, lens[seq], h0, h0 + heads_per_task, g,
+             scores, norm, op + (seq * g.kv_heads + h0) * g.group * g.dim);
     }
   });
 }

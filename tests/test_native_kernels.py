@@ -172,3 +172,43 @@ def test_a_cpu_without_avx2_is_told_so_and_never_builds(monkeypatch):
         assert "no AVX2" in native.available()
     finally:
         native.available.cache_clear()
+
+
+@needs_avx2
+def test_our_fp32_kernel_serves_a_linear_at_every_row_count_each_row_summed_alone():
+    """fp32 weights through our kernel: F.linear's product at every row count, and a row's bits do
+    not depend on the rows beside it (a decode batch, a prefill chunk, a prefix-cache recompute)."""
+    from minivllm.model.packed_linear import PackedLinear
+
+    torch.manual_seed(0)
+    layer = PackedLinear(96, 80, bias=False)
+    layer.native = True
+    with torch.no_grad():
+        for rows in (1, 2, 3, 8, 9, 40, 130):
+            x = torch.randn(rows, 96)
+            torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, layer.weight), atol=1e-5, rtol=1e-5)
+        x = torch.randn(130, 96)
+        assert all(torch.equal(layer(x)[i], layer(x[i:i + 1])[0]) for i in (0, 3, 77, 129))
+
+
+@pytest.mark.parametrize("wins, chosen", [((True, True, True), True), ((False, True, True), False),
+                                          ((True, False, True), False), ((True, True, False), False)])
+def test_the_fp32_kernel_choice_follows_the_timings(monkeypatch, wins, chosen):
+    """Our kernel serves every row count (and nothing is packed) only where it beats MKL at one row
+    and at 8 rows and stays within PREFILL_SLOWDOWN of it at a prefill chunk; else MKL as before."""
+    from minivllm.model import packed_linear
+
+    model = torch.nn.Sequential(packed_linear.PackedLinear(64, 96, bias=False), packed_linear.PackedLinear(64, 96, bias=False))
+    if not packed_linear.packing_supported(model[0].weight) or not packed_linear.native_fp32_usable(list(model)):
+        pytest.skip("needs torch with MKL and our native kernels (AVX2)")
+    ours = torch.ops.minivllm_native.f32_linear
+    ours_wins = dict(zip((1, 8, packed_linear.PREFILL_ROWS), wins))
+
+    def fake_time(weights, rows, product):
+        mkl = 1.0 if ours_wins[rows] else 0.5 / packed_linear.PREFILL_SLOWDOWN
+        return 1.0 if product is ours else mkl
+
+    monkeypatch.setattr(packed_linear, "_time_products", fake_time)
+    packed_linear.pack_model(model)
+    assert all(layer.native == chosen for layer in model)
+    assert all(bool(getattr(layer, "packs", None)) != chosen for layer in model)

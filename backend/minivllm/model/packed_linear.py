@@ -9,15 +9,35 @@ measured on the dev box for the SmolLM2 shapes at 8 rows: plain 53 ms, padded to
 8-row pack 17 ms per step's worth of GEMMs). One or two rows (a stream or two) are memory-bound
 GEMVs where packing does not help, and longer prefill chunks are already efficient plainly. The packed copies cost memory (one per bucket), so the buckets are chosen
 from the model size.
+
+Our own fp32 kernel (`quant/native/f32_matmul.cpp`, one weight row at a time, read front to back) is
+the other candidate, timed against MKL at load (`choose_fp32_kernels`): MKL picks slow code paths on
+AMD CPUs (measured on a Zen 4 box: plain sgemv at 10.5 GB/s of 28 at one row, packed products at
+4-7 GB/s from 4 to 32 rows; ours 27 GB/s at one row and 0.4-0.7x packed MKL's time at 4-32 rows). Where ours wins the decode
+rows it serves every row count, prefill chunks included (0.9-1.4x MKL's time there), and nothing is
+packed (no copies: ~1.5 GiB less for the embedded model in fp32). All or nothing: it sums each row in
+one fixed order, alone or in any batch, so a token's bits do not depend on what shared its step or on
+whether its prompt came from the prefix cache; with MKL for some row counts and ours for others they
+would.
 """
 
 from __future__ import annotations
+
+import logging
+import statistics
+import time
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minivllm.quant import native
+
+log = logging.getLogger(__name__)
+
 MIN_PACKED_ROWS = 3
+PREFILL_ROWS = 64  # a prefill chunk's row count, for timing
+PREFILL_SLOWDOWN = 1.5  # how much slower than MKL our kernel may be at prefill and still be chosen
 PACK_MEMORY_BUDGET = 3 * 2**30  # bytes of packed copies, all buckets together
 
 
@@ -36,30 +56,34 @@ def choose_buckets(weight_bytes: int) -> tuple[int, ...]:
 
 
 class PackedLinear(nn.Linear):
-    """nn.Linear (no bias) that uses a packed copy when the batch fits a bucket."""
+    """nn.Linear (no bias) that uses our fp32 kernel (`native`), else a packed copy when the batch
+    fits a bucket."""
 
     packs: dict[int, torch.Tensor]
+    native: bool = False
 
     def pack(self, buckets: tuple[int, ...]) -> None:
         with torch.no_grad():
             self.packs = {b: torch.ops.mkl._mkl_reorder_linear_weight(self.weight.detach(), b) for b in sorted(buckets)}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        packs = getattr(self, "packs", None)
-        if not packs:
+        packs = getattr(self, "packs", None) or {}
+        if not packs and not self.native:
             return F.linear(x, self.weight)
-        return packed_linear(x, list(packs.values()), list(packs), self.weight)
+        return packed_linear(x, list(packs.values()), list(packs), self.weight, self.native)
 
 
 @torch.library.custom_op("minivllm::packed_linear", mutates_args=())
-def packed_linear(x: torch.Tensor, packs: list[torch.Tensor], buckets: list[int], weight: torch.Tensor) -> torch.Tensor:
-    """x @ weight.T through the packed copy of the smallest bucket that holds x's rows (padded up to
-    it), else plainly. One opaque operator, the bucket picked inside: a compiled graph then stays
-    dynamic in the row count, where branching in Python gave each bucket a graph of its own (15 decode
-    graphs in fp32, a cold compile of ~190 s). Inductor's own lowering of `mkl::_mkl_linear` would
-    also need the packed weight frozen into the graph as a constant, and the compiled step takes every
-    layer's weights as inputs (one graph for all layers)."""
+def packed_linear(x: torch.Tensor, packs: list[torch.Tensor], buckets: list[int], weight: torch.Tensor,
+                  use_native: bool) -> torch.Tensor:
+    """x @ weight.T through our fp32 kernel (`use_native`), else the packed copy of the smallest bucket that holds x's rows (padded up to it), else plainly. One opaque operator, the path
+    picked inside: a compiled graph then stays dynamic in the row count, where branching in Python gave
+    each bucket a graph of its own (15 decode graphs in fp32, a cold compile of ~190 s). Inductor's own
+    lowering of `mkl::_mkl_linear` would also need the packed weight frozen into the graph as a
+    constant, and the compiled step takes every layer's weights as inputs (one graph for all layers)."""
     rows = x.shape[0]
+    if use_native and native.available() is None:  # loaded (cached after the first call)
+        return torch.ops.minivllm_native.f32_linear(x.contiguous(), weight)
     fitting = next(((b, pack) for b, pack in zip(buckets, packs) if b >= rows), None)  # buckets ascend
     if rows < MIN_PACKED_ROWS or fitting is None:
         return F.linear(x, weight)
@@ -69,7 +93,7 @@ def packed_linear(x: torch.Tensor, packs: list[torch.Tensor], buckets: list[int]
 
 
 @packed_linear.register_fake
-def _(x, packs, buckets, weight):
+def _(x, packs, buckets, weight, use_native):
     return x.new_empty(x.shape[0], weight.shape[0])
 
 
@@ -78,8 +102,52 @@ def pack_model(model: nn.Module) -> tuple[int, ...]:
     layers = [m for m in model.modules() if isinstance(m, PackedLinear)]
     if not layers or not packing_supported(layers[0].weight):
         return ()
+    if choose_fp32_kernel(layers):  # ours serves every row count: no packed copies
+        for layer in layers:
+            layer.native = True
+        return ()
     weight_bytes = sum(m.weight.numel() * m.weight.element_size() for m in layers)
     buckets = choose_buckets(weight_bytes)
     for layer in layers:
         layer.pack(buckets)
     return buckets
+
+
+def native_fp32_usable(layers: list[PackedLinear]) -> bool:
+    return (all(layer.weight.device.type == "cpu" and layer.weight.dtype == torch.float32
+                and layer.weight.shape[1] % native.BLOCK == 0 for layer in layers)
+            and native.available() is None)
+
+
+def choose_fp32_kernel(layers: list[PackedLinear]) -> bool:
+    """Whether our fp32 kernel serves these layers: timed against MKL on the model's largest weights,
+    streamed as a step streams them. It must win at one row (against plain F.linear) and at 8 rows
+    (against an 8-row packed copy), and be at most PREFILL_SLOWDOWN behind F.linear at a prefill chunk."""
+    if not native_fp32_usable(layers):
+        return False
+    largest = max(layer.weight.numel() for layer in layers)
+    weights = [layer.weight.detach() for layer in layers if layer.weight.numel() == largest][:8]
+    ours = torch.ops.minivllm_native.f32_linear
+    packed = {id(w): torch.ops.mkl._mkl_reorder_linear_weight(w, 8) for w in weights}
+    mkl8 = lambda x, w: torch.ops.mkl._mkl_linear(x, packed[id(w)], w, None, 8)  # noqa: E731
+    times = {rows: (_time_products(weights, rows, ours), _time_products(weights, rows, mkl))
+             for rows, mkl in ((1, F.linear), (8, mkl8), (PREFILL_ROWS, F.linear))}
+    chosen = (times[1][0] <= times[1][1] and times[8][0] <= times[8][1]
+              and times[PREFILL_ROWS][0] <= PREFILL_SLOWDOWN * times[PREFILL_ROWS][1])
+    log.info("fp32 linears, our kernel vs MKL (%d weights %s, ms): %s: %s", len(weights), tuple(weights[0].shape),
+             ", ".join(f"{rows} rows {o * 1e3:.2f} vs {m * 1e3:.2f}" for rows, (o, m) in times.items()),
+             "ours serves every row count" if chosen else "MKL serves them")
+    return chosen
+
+
+def _time_products(weights: list[torch.Tensor], rows: int, product) -> float:
+    """Median seconds of one pass of `product` over every weight (each read once: from memory)."""
+    x = torch.randn(rows, weights[0].shape[1])
+    times = []
+    with torch.no_grad():
+        for _ in range(5):
+            start = time.perf_counter()
+            for w in weights:
+                product(x, w)
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)

@@ -76,7 +76,8 @@ def _register_fakes() -> None:
     def output_shape(x, w, *scale):
         return x.new_empty(x.shape[0], w.shape[0])
 
-    for op in ("q4_q8_linear", "i8_q8_linear", "q4_q8x2_linear", "i8_q8x2_linear", "q4_f32_linear", "i8_f32_linear"):
+    for op in ("q4_q8_linear", "i8_q8_linear", "q4_q8x2_linear", "i8_q8x2_linear", "q4_f32_linear", "i8_f32_linear",
+               "f32_linear"):
         torch.library.register_fake(f"minivllm_native::{op}")(output_shape)
     torch.library.register_fake("minivllm_native::paged_decode_attention")(
         lambda q, k_pool, v_pool, block_tables, context_lens, scale: q.new_empty(q.shape))

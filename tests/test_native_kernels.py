@@ -193,10 +193,13 @@ def test_our_fp32_kernel_serves_a_linear_at_every_row_count_each_row_summed_alon
 
 @pytest.mark.parametrize("wins, chosen", [((True, True, True), True), ((False, True, True), False),
                                           ((True, False, True), False), ((True, True, False), False)])
-def test_the_fp32_kernel_choice_follows_the_timings(monkeypatch, wins, chosen):
+def test_the_fp32_kernel_choice_follows_the_timings(monkeypatch, tmp_path, wins, chosen):
     """Our kernel serves every row count (and nothing is packed) only where it beats MKL at one row
-    and at 8 rows and stays within PREFILL_SLOWDOWN of it at a prefill chunk; else MKL as before."""
+    and at 8 rows and stays within PREFILL_SLOWDOWN of it at a prefill chunk; else MKL as before. The
+    choice is kept for the machine: a second load takes it without timing."""
     from minivllm.model import packed_linear
+
+    monkeypatch.setenv("MINIVLLM_CACHE_DIR", str(tmp_path))
 
     model = torch.nn.Sequential(packed_linear.PackedLinear(64, 96, bias=False), packed_linear.PackedLinear(64, 96, bias=False))
     if not packed_linear.packing_supported(model[0].weight) or not packed_linear.native_fp32_usable(list(model)):
@@ -212,3 +215,9 @@ def test_the_fp32_kernel_choice_follows_the_timings(monkeypatch, wins, chosen):
     packed_linear.pack_model(model)
     assert all(layer.native == chosen for layer in model)
     assert all(bool(getattr(layer, "packs", None)) != chosen for layer in model)
+
+    def no_timing(*args):
+        raise AssertionError("timed again")
+
+    monkeypatch.setattr(packed_linear, "_time_products", no_timing)
+    assert packed_linear.choose_fp32_kernel(list(model)) == chosen

@@ -11,19 +11,19 @@ GEMVs where packing does not help, and longer prefill chunks are already efficie
 from the model size.
 
 Our own fp32 kernel (`quant/native/f32_matmul.cpp`, one weight row at a time, read front to back) is
-the other candidate, timed against MKL at load (`choose_fp32_kernels`): MKL picks slow code paths on
-AMD CPUs (measured on a Zen 4 box: plain sgemv at 10.5 GB/s of 28 at one row, packed products at
-4-7 GB/s from 4 to 32 rows; ours 27 GB/s at one row and 0.4-0.7x packed MKL's time at 4-32 rows). Where ours wins the decode
-rows it serves every row count, prefill chunks included (0.9-1.4x MKL's time there), and nothing is
-packed (no copies: ~1.5 GiB less for the embedded model in fp32). All or nothing: it sums each row in
-one fixed order, alone or in any batch, so a token's bits do not depend on what shared its step or on
+the other candidate, timed against MKL at load (`choose_fp32_kernel`; kept per machine like the
+quantized kernels' choices) because MKL picks slow code paths on AMD CPUs (measured on a Zen 4 box:
+plain sgemv at 10.5 GB/s of 28 at one row, packed products at 4-7 GB/s from 4 to 32 rows; ours
+27 GB/s at one row and 0.4-0.7x packed MKL's time at 4-32 rows). Where ours wins the decode rows it
+serves every row count, prefill chunks included (0.9-1.4x MKL's time there), and nothing is packed
+(no copies: ~1.5 GiB less for the embedded model in fp32). All or nothing: it sums each row in one
+fixed order, alone or in any batch, so a token's bits do not depend on what shared its step or on
 whether its prompt came from the prefix cache; with MKL for some row counts and ours for others they
 would.
 """
 
 from __future__ import annotations
 
-import logging
 import statistics
 import time
 
@@ -31,9 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minivllm.quant import native
-
-log = logging.getLogger(__name__)
+from minivllm.console import progress
+from minivllm.quant import choice_cache, native
 
 MIN_PACKED_ROWS = 3
 PREFILL_ROWS = 64  # a prefill chunk's row count, for timing
@@ -76,9 +75,10 @@ class PackedLinear(nn.Linear):
 @torch.library.custom_op("minivllm::packed_linear", mutates_args=())
 def packed_linear(x: torch.Tensor, packs: list[torch.Tensor], buckets: list[int], weight: torch.Tensor,
                   use_native: bool) -> torch.Tensor:
-    """x @ weight.T through our fp32 kernel (`use_native`), else the packed copy of the smallest bucket that holds x's rows (padded up to it), else plainly. One opaque operator, the path
-    picked inside: a compiled graph then stays dynamic in the row count, where branching in Python gave
-    each bucket a graph of its own (15 decode graphs in fp32, a cold compile of ~190 s). Inductor's own
+    """x @ weight.T through our fp32 kernel (`use_native`), else the packed copy of the smallest
+    bucket that holds x's rows (padded up to it), else plainly. One opaque operator, the path picked
+    inside: a compiled graph then stays dynamic in the row count, where branching in Python gave each
+    bucket a graph of its own (15 decode graphs in fp32, a cold compile of ~190 s). Inductor's own
     lowering of `mkl::_mkl_linear` would also need the packed weight frozen into the graph as a
     constant, and the compiled step takes every layer's weights as inputs (one graph for all layers)."""
     rows = x.shape[0]
@@ -127,17 +127,36 @@ def choose_fp32_kernel(layers: list[PackedLinear]) -> bool:
         return False
     largest = max(layer.weight.numel() for layer in layers)
     weights = [layer.weight.detach() for layer in layers if layer.weight.numel() == largest][:8]
-    ours = torch.ops.minivllm_native.f32_linear
+    key = choice_cache.entry_key(torch.device("cpu"), f"fp32 linear {tuple(weights[0].shape)} x{len(weights)}",
+                                 ["f32_linear", "mkl"], None)
+    stored = choice_cache.lookup(key)
+    if stored is not None:
+        (_, name), *_ = stored[0]
+        timings_ms, how = stored[1], "as timed on this machine before"
+    else:
+        timings_ms, how = _time_ours_and_mkl(weights), "timed now"
+        name = "f32_linear" if _ours_wins(timings_ms) else "mkl"
+        choice_cache.store(key, [(0, name)], timings_ms)
+    progress(f"fp32 linears ({how}; ms for {len(weights)} weights {tuple(weights[0].shape)}, ours vs MKL): "
+             + ", ".join(f"{rows} rows {t['f32_linear']:.2f} vs {t['mkl']:.2f}" for rows, t in sorted(timings_ms.items()))
+             + (": our kernel serves every row count" if name == "f32_linear" else ": MKL serves them"))
+    return name == "f32_linear"
+
+
+def _time_ours_and_mkl(weights: list[torch.Tensor]) -> dict[int, dict[str, float]]:
+    """ms for one pass over the weights: at one row against plain F.linear, at 8 rows against an
+    8-row packed copy, at a prefill chunk against plain F.linear."""
     packed = {id(w): torch.ops.mkl._mkl_reorder_linear_weight(w, 8) for w in weights}
     mkl8 = lambda x, w: torch.ops.mkl._mkl_linear(x, packed[id(w)], w, None, 8)  # noqa: E731
-    times = {rows: (_time_products(weights, rows, ours), _time_products(weights, rows, mkl))
-             for rows, mkl in ((1, F.linear), (8, mkl8), (PREFILL_ROWS, F.linear))}
-    chosen = (times[1][0] <= times[1][1] and times[8][0] <= times[8][1]
-              and times[PREFILL_ROWS][0] <= PREFILL_SLOWDOWN * times[PREFILL_ROWS][1])
-    log.info("fp32 linears, our kernel vs MKL (%d weights %s, ms): %s: %s", len(weights), tuple(weights[0].shape),
-             ", ".join(f"{rows} rows {o * 1e3:.2f} vs {m * 1e3:.2f}" for rows, (o, m) in times.items()),
-             "ours serves every row count" if chosen else "MKL serves them")
-    return chosen
+    return {rows: {"f32_linear": 1e3 * _time_products(weights, rows, torch.ops.minivllm_native.f32_linear),
+                   "mkl": 1e3 * _time_products(weights, rows, mkl)}
+            for rows, mkl in ((1, F.linear), (8, mkl8), (PREFILL_ROWS, F.linear))}
+
+
+def _ours_wins(ms: dict[int, dict[str, float]]) -> bool:
+    ours = {rows: t["f32_linear"] for rows, t in ms.items()}
+    mkl = {rows: t["mkl"] for rows, t in ms.items()}
+    return ours[1] <= mkl[1] and ours[8] <= mkl[8] and ours[PREFILL_ROWS] <= PREFILL_SLOWDOWN * mkl[PREFILL_ROWS]
 
 
 def _time_products(weights: list[torch.Tensor], rows: int, product) -> float:

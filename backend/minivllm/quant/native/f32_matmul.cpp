@@ -87,9 +87,9 @@ struct I8Rows {
   float finish(int64_t feature, float sum) const { return GROUPED ? sum : scale[feature] * sum; }
 };
 
-// A plain fp32 weight [N, K]: the products for one or two rows (a decode step's GEMV), which MKL's
-// sgemv streams at a third of the bandwidth on AMD CPUs (measured: 10.5 GB/s at one row, 5.6 at two,
-// of 28 GB/s).
+// A plain fp32 weight [N, K] (the fp32 model's linears where this kernel beats MKL: model/packed_linear.py).
+// MKL's sgemv streams a third of the bandwidth on AMD CPUs (measured: 10.5 GB/s at one row, 5.6 at two, of
+// 28 GB/s); this reads one weight row at a time, front to back, and reaches ~27.
 struct F32Rows {
   static constexpr bool kStreams = true;  // memory-bound: one feature row at a time, read front to back
   // Spans of 4 blocks summed apart before joining the total (two levels, as a blocked GEMM sums): closer

@@ -180,6 +180,7 @@ def test_our_fp32_kernel_serves_a_linear_at_every_row_count_each_row_summed_alon
     not depend on the rows beside it (a decode batch, a prefill chunk, a prefix-cache recompute)."""
     from minivllm.model.packed_linear import PackedLinear
 
+    native.available()  # loads the kernels, as pack_model does before it sets `native`
     torch.manual_seed(0)
     layer = PackedLinear(96, 80, bias=False)
     layer.native = True

@@ -82,7 +82,7 @@ def packed_linear(x: torch.Tensor, packs: list[torch.Tensor], buckets: list[int]
     lowering of `mkl::_mkl_linear` would also need the packed weight frozen into the graph as a
     constant, and the compiled step takes every layer's weights as inputs (one graph for all layers)."""
     rows = x.shape[0]
-    if use_native and native.available() is None:  # loaded (cached after the first call)
+    if use_native:  # set only once the native kernels are loaded (pack_model)
         return torch.ops.minivllm_native.f32_linear(x.contiguous(), weight)
     fitting = next(((b, pack) for b, pack in zip(buckets, packs) if b >= rows), None)  # buckets ascend
     if rows < MIN_PACKED_ROWS or fitting is None:
@@ -154,9 +154,8 @@ def _time_ours_and_mkl(weights: list[torch.Tensor]) -> dict[int, dict[str, float
 
 
 def _ours_wins(ms: dict[int, dict[str, float]]) -> bool:
-    ours = {rows: t["f32_linear"] for rows, t in ms.items()}
-    mkl = {rows: t["mkl"] for rows, t in ms.items()}
-    return ours[1] <= mkl[1] and ours[8] <= mkl[8] and ours[PREFILL_ROWS] <= PREFILL_SLOWDOWN * mkl[PREFILL_ROWS]
+    return (all(ms[rows]["f32_linear"] <= ms[rows]["mkl"] for rows in (1, 8))
+            and ms[PREFILL_ROWS]["f32_linear"] <= PREFILL_SLOWDOWN * ms[PREFILL_ROWS]["mkl"])
 
 
 def _time_products(weights: list[torch.Tensor], rows: int, product) -> float:

@@ -228,7 +228,9 @@ void run(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool
   at::parallel_for(0, seqs * splits, 1, [&](int64_t begin, int64_t end) {
     const int64_t heads = heads_per_task * g.group;
     const int64_t score_floats = round_up16(heads * max_len), scaled_floats = round_up16(heads * g.dim);
-    std::vector<float> scratch;  // the thread's: scores, the scaled query heads, norms (64-byte aligned each)
+    // the thread's, kept across calls (a fresh one was allocated and zeroed every layer): scores, the
+    // scaled query heads, norms, 64-byte aligned each
+    static thread_local std::vector<float> scratch;
     float* scores = aligned_scratch(scratch, score_floats + scaled_floats + heads);
     float* scaled = scores + score_floats;
     float* norm = scaled + scaled_floats;

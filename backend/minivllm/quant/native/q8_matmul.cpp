@@ -47,6 +47,8 @@ struct QuantizedActivations {
 
 inline int64_t round_up8(int64_t n) { return (n + 7) / 8 * 8; }
 
+constexpr int32_t kSplitUnit = 128;  // int8x2: x = d / 128 * (128 * q + r); the loops' `<< 7` is this weight of q
+
 inline float hmax(__m256 v) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   m = _mm_max_ps(m, _mm_movehl_ps(m, m));
@@ -96,14 +98,14 @@ inline BlockCodes quantize_block(const float* v, bool split) {
     q[j] = _mm256_cvtps_epi32(scaled);
     q_total = _mm256_add_epi32(q_total, q[j]);
     if (split) {
-      const __m256 left = _mm256_mul_ps(_mm256_sub_ps(scaled, _mm256_cvtepi32_ps(q[j])), _mm256_set1_ps(128.f));
+      const __m256 left = _mm256_mul_ps(_mm256_sub_ps(scaled, _mm256_cvtepi32_ps(q[j])), _mm256_set1_ps(kSplitUnit));
       rest[j] = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(left), _mm256_set1_epi32(-127)),
                                  _mm256_set1_epi32(127));
       rest_total = _mm256_add_epi32(rest_total, rest[j]);
     }
   }
   BlockCodes codes{pack_bytes(q), _mm256_setzero_si256(), amax, hsum_epi32(q_total)};
-  if (split) codes.rest = pack_bytes(rest), codes.total = 128 * codes.total + hsum_epi32(rest_total);
+  if (split) codes.rest = pack_bytes(rest), codes.total = kSplitUnit * codes.total + hsum_epi32(rest_total);
   return codes;
 }
 
@@ -128,7 +130,7 @@ QuantizedActivations quantize_rows(const at::Tensor& x, bool pair_layout, bool s
   for (int64_t r = 0; r < rows; ++r) std::fill(sum + r * sum_stride + blocks, sum + (r + 1) * sum_stride, 0.f);
   QuantizedActivations a{q, remainder, block_scale, pair_scale, sum, sum_stride};
   const float* src = x.data_ptr<float>();
-  const int32_t unit = split ? 128 : 1;  // the combined integer's weight of q
+  const int32_t unit = split ? kSplitUnit : 1;  // the combined integer's weight of q
   at::parallel_for(0, rows * blocks, 64, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {  // i: a block of one row (blocks never straddle rows)
       const BlockCodes codes = quantize_block(src + i * kBlock, split);

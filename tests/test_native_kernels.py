@@ -63,23 +63,27 @@ def test_each_row_gets_the_same_bits_alone_and_in_any_batch(kind, acts):
     assert all(torch.equal(kernel(x[i:i + 1]), batch[i:i + 1]) for i in range(0, 70, 7))
 
 
+# int8 weights pair their blocks too; an odd count (9, 5, 3 blocks) ends in a block paired with nothing
+KINDS_AND_K = [("int4", 256), ("int8", 256), ("int8", 288), ("int8", 160), ("int8", 96)]
+
+
 @needs_avx2
 @pytest.mark.parametrize("acts,step", [("int8", 127 * 2), ("int8x2", 127 * 256)])
-@pytest.mark.parametrize("kind", ["int4", "int8"])
-def test_activation_quantization_error_is_that_of_its_blocks(kind, acts, step):
+@pytest.mark.parametrize("kind,k", KINDS_AND_K)
+def test_activation_quantization_error_is_that_of_its_blocks(kind, k, acts, step):
     """Per block of 32, with scale = max|x|/127: int8 keeps |x - scale*q| <= scale/2, int8x2 (its
     remainder in 1/128ths of the scale) <= scale/256. The output error stays below
     sum_b |w_b| * max|x_b| / step, computed here for every output."""
-    kernel = _native(kind, acts, 64, 256)
-    w = _int4(64, 256).dequantize() if kind == "int4" else kernel.q.float() * kernel.scale[:, None]
-    x = torch.randn(3, 256) * torch.linspace(0.1, 10, 256)  # blocks of very different magnitude
+    kernel = _native(kind, acts, 64, k)
+    w = _int4(64, k).dequantize() if kind == "int4" else kernel.q.float() * kernel.scale[:, None]
+    x = torch.randn(3, k) * torch.linspace(0.1, 10, k)  # blocks of very different magnitude
     y = kernel(x)
-    block_max = x.abs().reshape(3, 8, 32).amax(-1)  # [rows, blocks]
-    bound = torch.einsum("rb,nb->rn", block_max / step, w.abs().reshape(64, 8, 32).sum(-1))
+    block_max = x.abs().reshape(3, k // 32, 32).amax(-1)  # [rows, blocks]
+    bound = torch.einsum("rb,nb->rn", block_max / step, w.abs().reshape(64, k // 32, 32).sum(-1))
     err = (y.double() - x.double() @ w.double().t()).abs()
     assert (err <= bound * 1.001 + 2e-5).all()
     if acts == "int8x2":  # and it is that much better than int8, not merely within a loose bound
-        coarse = (_native(kind, "int8", 64, 256)(x).double() - x.double() @ w.double().t()).abs()
+        coarse = (_native(kind, "int8", 64, k)(x).double() - x.double() @ w.double().t()).abs()
         assert err.max() < coarse.max() / 30
 
 
@@ -103,8 +107,9 @@ def test_the_fp32_activation_kernels_compute_the_dequantized_product(kind, shape
 
 @needs_vnni
 @pytest.mark.parametrize("acts", ["int8", "int8x2"])
-@pytest.mark.parametrize("kind", ["int4", "int8"])
-@pytest.mark.parametrize("k", [576, 448, 1536, 128])  # 4-bit pairs: 9, 7, 24, 2 (a last group of 1 or 3 pairs, none, one)
+# pairs: 9, 7, 24, 2 (a last group of 1 or 3 pairs, none, one); int8 also 4.5 and 2.5 (a block alone)
+@pytest.mark.parametrize("kind,k", [(kind, k) for kind in ("int4", "int8") for k in (576, 448, 1536, 128)] +
+                         [("int8", 288), ("int8", 160)])
 def test_the_vnni_loops_give_the_avx2_loops_bits(kind, acts, k):
     kernel = _native(kind, acts, 200, k)
     x = torch.randn(7, k)

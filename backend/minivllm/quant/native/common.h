@@ -45,6 +45,13 @@ inline __m256 halves8(const uint16_t* h, int64_t n) {
   return _mm256_cvtph_ps(_mm_maskload_epi32(reinterpret_cast<const int*>(h), mask));
 }
 
+// Eight floats; a short tail (n < 8) zero-padded by a masked load.
+inline __m256 floats8(const float* f, int64_t n) {
+  if (n == 8) return _mm256_loadu_ps(f);
+  const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  return _mm256_maskload_ps(f, mask);
+}
+
 // Runs f(tile, row) over rows [begin, end) in tiles of ROW_TILE, then the remainder (ROW_TILE <= 4).
 template <int ROW_TILE, typename F>
 void over_row_tiles(int64_t begin, int64_t end, F&& f) {

@@ -32,16 +32,20 @@ namespace {
 using namespace minivllm_native;
 
 
-// Activations quantized per block of 32 to int8. The 4-bit kernel reads them in the pair layout: per 64
-// inputs, 32 bytes [block0 0..15, block1 0..15] then 32 bytes [block0 16..31, block1 16..31] (the order
-// in which one load of 32 nibble bytes unpacks; a dot product only needs both sides in one order). The
-// int8 kernel reads them in input order, like its weights (shared with the embedding table).
+// Activations quantized per block of 32 to int8, in the pair layout both kernels read: per 64 inputs, 32
+// bytes [block0 0..15, block1 0..15] then 32 bytes [block0 16..31, block1 16..31] (the order in which one
+// load of 32 4-bit nibble bytes unpacks; int8 weights are brought into it by a lane shuffle shared by the
+// row tile; a dot product only needs both sides in one order). Each row starts on a pair boundary; an odd
+// block count ends in a pair whose second block is zeros (codes and scales), so it adds exactly nothing.
 struct QuantizedActivations {
-  const int8_t* q_ptr = nullptr;            // int8 [M, K]
-  const int8_t* r_ptr = nullptr;            // split only: int8 [M, K], the remainder, in q's layout
-  const float* block_scale_ptr = nullptr;   // fp32 [M, K/32]: x ~= scale * q
-  const float* pair_scale_ptr = nullptr;    // pair layout only: fp32 [M, K/64, 8], block0's scale x4, block1's x4
+  const int8_t* q_ptr = nullptr;            // int8 [M, row_bytes]
+  const int8_t* r_ptr = nullptr;            // split only: int8 [M, row_bytes], the remainder, in q's layout
+  const float* pair_scale_ptr = nullptr;    // fp32 [M, pairs, 8]: x ~= scale * q; block0's scale x4, block1's x4
   const float* sum_ptr = nullptr;           // fp32 [M, sum_stride]: scale * sum(q), a Q4_1 minimum's partner
+  const int32_t* offset_ptr = nullptr;      // on request: int32 [M, pairs, 8], 128 * the sum of each product lane's
+                                            // 8 codes (as combined: 128 q + r when split), in the pair scales' lanes
+  int64_t row_bytes = 0;                    // pairs * 64
+  int64_t pair_scale_stride = 0;            // pairs * 8 (also the offsets')
   int64_t sum_stride = 0;                   // blocks rounded up to 8, zeros after
 };
 
@@ -75,10 +79,20 @@ inline void store_halves(int8_t* p, __m256i codes) {
 }
 
 struct BlockCodes {
-  __m256i q, rest;  // int8 codes in input order (rest: split only)
+  __m256i q, rest;     // int8 codes in input order (rest: split only)
   float amax;
-  int32_t total;    // sum of unit * q + rest (split) or of q
+  int32_t total;       // sum of unit * q + rest (split) or of q
+  __m128i lane_total;  // the same per product lane of the pair layout: elements 4j..4j+3 and 16+4j..16+4j+3
 };
+
+// Per product lane j of the pair layout, the sum of elements 4j..4j+3 and 16+4j..16+4j+3 of a block whose
+// 32 values are v[0..3] (8 lanes each, in input order).
+inline __m128i lane_totals(const __m256i (&v)[4]) {
+  // [g0 x4, g1 x4] and [g2 x4, g3 x4], g the lane's group; two horizontal adds leave [g0 g2 g0 g2 | g1 g3 g1 g3]
+  const __m256i halves = _mm256_hadd_epi32(_mm256_add_epi32(v[0], v[2]), _mm256_add_epi32(v[1], v[3]));
+  const __m256i sums = _mm256_hadd_epi32(halves, halves);
+  return _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(sums, _mm256_setr_epi32(0, 4, 1, 5, 0, 0, 0, 0)));
+}
 
 // One block of 32 activations: x ~= amax / 127 * q (+ rest / 128). Vectorized (one scalar pass cost 4 ns a
 // value, ~10% of a 32-row step), with the scalar arithmetic's exact results: max is exact, the products
@@ -104,8 +118,11 @@ inline BlockCodes quantize_block(const float* v, bool split) {
       rest_total = _mm256_add_epi32(rest_total, rest[j]);
     }
   }
-  BlockCodes codes{pack_bytes(q), _mm256_setzero_si256(), amax, hsum_epi32(q_total)};
-  if (split) codes.rest = pack_bytes(rest), codes.total = kSplitUnit * codes.total + hsum_epi32(rest_total);
+  BlockCodes codes{pack_bytes(q), _mm256_setzero_si256(), amax, hsum_epi32(q_total), lane_totals(q)};
+  if (split) {
+    codes.rest = pack_bytes(rest), codes.total = kSplitUnit * codes.total + hsum_epi32(rest_total);
+    codes.lane_total = _mm_add_epi32(_mm_slli_epi32(codes.lane_total, 7), lane_totals(rest));
+  }
   return codes;
 }
 
@@ -115,41 +132,47 @@ inline BlockCodes quantize_block(const float* v, bool split) {
 // `split`: each value also keeps its rounding remainder, x = (d / 128) * (128 * q + r) with r in int8
 // too (|r| <= 64 + a rounding step): about 15 bits per block instead of 8, for two integer products
 // instead of one; the scales then hold d / 128 (a power of two: exact).
-QuantizedActivations quantize_rows(const at::Tensor& x, bool pair_layout, bool split) {
-  const int64_t rows = x.size(0), k = x.size(1), blocks = k / kBlock, sum_stride = round_up8(blocks);
-  const int64_t q_floats = (rows * k + 63) / 64 * 16;  // int8 values, in 64-byte units of floats
+//
+// `offsets`: also each lane's code sum x 128, what the int8 kernel's unsigned weights (w + 128) add (VNNI).
+QuantizedActivations quantize_rows(const at::Tensor& x, bool split, bool offsets) {
+  const int64_t rows = x.size(0), k = x.size(1), blocks = k / kBlock, pairs = (blocks + 1) / 2;
+  const int64_t row_bytes = pairs * kPair, sum_stride = round_up8(blocks);
+  const int64_t q_floats = rows * row_bytes / 4;  // whole 64-byte lines: every row starts on one
   const int64_t r_floats = split ? q_floats : 0;
-  const int64_t pair_floats = pair_layout ? rows * (blocks / 2) * 8 : 0;
   static thread_local std::vector<float> scratch;
-  float* base = aligned_scratch(scratch, q_floats + r_floats + rows * blocks + pair_floats + rows * sum_stride);
+  const int64_t lanes = rows * pairs * 8;
+  float* base = aligned_scratch(scratch, q_floats + r_floats + lanes * (offsets ? 2 : 1) + rows * sum_stride);
   int8_t* q = reinterpret_cast<int8_t*>(base);
   int8_t* remainder = split ? reinterpret_cast<int8_t*>(base + q_floats) : nullptr;
-  float* block_scale = base + q_floats + r_floats;
-  float* pair_scale = block_scale + rows * blocks;
-  float* sum = pair_scale + pair_floats;
-  for (int64_t r = 0; r < rows; ++r) std::fill(sum + r * sum_stride + blocks, sum + (r + 1) * sum_stride, 0.f);
-  QuantizedActivations a{q, remainder, block_scale, pair_scale, sum, sum_stride};
+  float* pair_scale = base + q_floats + r_floats;
+  float* sum = pair_scale + lanes;
+  int32_t* offset = offsets ? reinterpret_cast<int32_t*>(sum + rows * sum_stride) : nullptr;
+  for (int64_t r = 0; r < rows; ++r) {
+    std::fill(sum + r * sum_stride + blocks, sum + (r + 1) * sum_stride, 0.f);
+    if (blocks % 2) {  // the last pair's missing second block: zero codes, zero scales
+      for (int8_t* part : {q, remainder})
+        if (part) for (int half = 0; half < 2; ++half) std::fill_n(part + (r + 1) * row_bytes - kPair + 16 + half * kBlock, 16, 0);
+      std::fill_n(pair_scale + (r + 1) * pairs * 8 - 4, 4, 0.f);
+      if (offset) std::fill_n(offset + (r + 1) * pairs * 8 - 4, 4, 0);
+    }
+  }
   const float* src = x.data_ptr<float>();
   const int32_t unit = split ? kSplitUnit : 1;  // the combined integer's weight of q
   at::parallel_for(0, rows * blocks, 64, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {  // i: a block of one row (blocks never straddle rows)
+    for (int64_t i = begin; i < end; ++i) {  // i: block b of row `row`
+      const int64_t row = i / blocks, b = i % blocks;
       const BlockCodes codes = quantize_block(src + i * kBlock, split);
-      if (pair_layout) {  // elements 0..15 to the pair's low half, 16..31 to its high half
-        int8_t* low = q + (i / 2) * kPair + (i % 2) * 16;
-        store_halves(low, codes.q);
-        if (split) store_halves(remainder + (low - q), codes.rest);
-      } else {
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i * kBlock), codes.q);
-        if (split) _mm256_storeu_si256(reinterpret_cast<__m256i*>(remainder + i * kBlock), codes.rest);
-      }
+      const int64_t low = row * row_bytes + (b / 2) * kPair + (b % 2) * 16;  // elements 0..15; 16..31 a half-pair on
+      store_halves(q + low, codes.q);
+      if (split) store_halves(remainder + low, codes.rest);
       const float d_unit = codes.amax / 127.f / static_cast<float>(unit);
-      block_scale[i] = d_unit;
-      if (pair_layout)
-        for (int64_t lane = 0; lane < 4; ++lane) pair_scale[(i / 2) * 8 + (i % 2) * 4 + lane] = d_unit;
-      sum[(i / blocks) * sum_stride + i % blocks] = d_unit * static_cast<float>(codes.total);
+      const int64_t lane = row * pairs * 8 + (b / 2) * 8 + (b % 2) * 4;
+      std::fill_n(pair_scale + lane, 4, d_unit);
+      sum[row * sum_stride + b] = d_unit * static_cast<float>(codes.total);
+      if (offset) _mm_storeu_si128(reinterpret_cast<__m128i*>(offset + lane), _mm_slli_epi32(codes.lane_total, 7));
     }
   });
-  return a;
+  return QuantizedActivations{q, remainder, pair_scale, sum, offset, row_bytes, pairs * 8, sum_stride};
 }
 
 namespace avx2 {
@@ -186,7 +209,7 @@ at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& w) {
   check_activations(x, kPair);
   const int64_t rows = x.size(0), blocks = x.size(1) / kBlock, n = w.size(0);
   check_q4_weight(w, blocks);
-  const QuantizedActivations a = quantize_rows(x, /*pair_layout=*/true, SPLIT);
+  const QuantizedActivations a = quantize_rows(x, SPLIT, /*offsets=*/false);
   at::Tensor out = at::empty({rows, n}, x.options());
   const uint8_t* weights = w.data_ptr<uint8_t>();
   float* o = out.data_ptr<float>();
@@ -202,12 +225,12 @@ at::Tensor i8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
   check_activations(x, kBlock);
   const int64_t rows = x.size(0), blocks = x.size(1) / kBlock, n = w.size(0);
   const bool grouped = check_i8_weight(w, w_scale, x.size(1));
-  const QuantizedActivations a = quantize_rows(x, /*pair_layout=*/false, SPLIT);
+  const bool vnni_on = use_vnni_kernels;
+  const QuantizedActivations a = quantize_rows(x, SPLIT, /*offsets=*/vnni_on);
   at::Tensor out = at::empty({rows, n}, x.options());
   const int8_t* weights = w.data_ptr<int8_t>();
   const float* scales = w_scale.data_ptr<float>();
   float* o = out.data_ptr<float>();
-  const bool vnni_on = use_vnni_kernels;
   at::parallel_for(0, n, kFeatureGrain, [&](int64_t begin, int64_t end) {
     auto features = grouped ? (vnni_on ? vnni::i8_features<true, SPLIT> : avx2::i8_features<true, SPLIT>)
                             : (vnni_on ? vnni::i8_features<false, SPLIT> : avx2::i8_features<false, SPLIT>);

@@ -1,6 +1,7 @@
 """Our native kernels (quant/native.py), with int8, int8x2 and fp32 activations: built here, not skipped on a capable
 CPU, each row computed alone, the fp32 ones exact, the VNNI loops equal to the AVX2 ones, the GGUF Q4_1
-block carried over exactly, inside torch.compile, and a build that fails leaves torch's kernels in charge."""
+block carried over exactly, inside torch.compile, and a build that fails leaves torch's kernels in charge. Also
+the greedy pick's fused argmax + log-sum-exp."""
 
 from __future__ import annotations
 
@@ -227,3 +228,22 @@ def test_the_fp32_kernel_choice_follows_the_timings(monkeypatch, tmp_path, wins,
 
     monkeypatch.setattr(packed_linear, "_time_products", no_timing)
     assert packed_linear.choose_fp32_kernel(list(model)) == chosen
+
+
+@needs_avx2
+@pytest.mark.parametrize("vocab", [1, 7, 8, 23, 49152 + 3])
+def test_argmax_logsumexp_is_torchs_argmax_and_logsumexp(vocab):
+    """The greedy step's fused pick: torch's first maximum and log-sum-exp, each row alone or in any batch."""
+    x = torch.randn(9, vocab, generator=torch.Generator().manual_seed(vocab)) * 4
+    x[1] = x[1].max()  # a tie across the whole row: the first index
+    x[2, vocab // 2:] = x[2].max() + 1  # ties in the second half, some in the scalar tail
+    x[3] = float("-inf")  # a fully masked row: index 0, -inf
+    x[4, vocab // 3] = float("nan")  # NaN wins, as in torch.argmax, and poisons the sum
+    x[5, -1] = float("inf")
+    ids, lse = native.argmax_logsumexp(x)
+    assert torch.equal(ids, x.argmax(dim=-1))
+    torch.testing.assert_close(lse, torch.logsumexp(x, dim=-1), rtol=2e-6, atol=2e-6, equal_nan=True)
+    for i in range(9):
+        alone_ids, alone_lse = native.argmax_logsumexp(x[i:i + 1].contiguous())
+        assert torch.equal(alone_ids, ids[i:i + 1])
+        torch.testing.assert_close(alone_lse, lse[i:i + 1], rtol=0, atol=0, equal_nan=True)  # the same bits

@@ -453,6 +453,31 @@ def test_logprobs_match_raw_log_softmax():
                         rel_tol=1e-5)
 
 
+def test_an_all_greedy_batch_takes_the_fused_pick_with_torchs_tokens_and_logprobs(monkeypatch):
+    """All rows greedy, nothing processed: one native pass gives argmax and log-sum-exp (where the kernels
+    are built); tokens equal torch's argmax, log-probs and top-N log_softmax's. A logit bias changes what
+    the argmax reads, so that batch keeps torch's argmax over the processed logits."""
+    from minivllm.quant import native
+
+    calls = []
+    fused = native.argmax_logsumexp
+    monkeypatch.setattr(native, "argmax_logsumexp", lambda x: calls.append(x.shape) or fused(x))
+    torch.manual_seed(11)
+    logits = torch.randn(6, V) * 3
+    ref = torch.log_softmax(logits, -1)
+    out = Sampler()(logits.clone(), [row(temperature=0.0, logprobs=3 if i % 2 else 0) for i in range(6)])
+    assert calls == ([(6, V)] if native.reduces_logits(logits) else [])
+    assert out.token_ids == logits.argmax(-1).tolist()
+    assert out.logprobs == pytest.approx(ref.max(-1).values.tolist(), abs=1e-5)
+    assert [t for t, _ in out.top_logprobs[1]] == ref[1].topk(3).indices.tolist()
+    assert [lp for _, lp in out.top_logprobs[1]] == pytest.approx(ref[1].topk(3).values.tolist(), abs=1e-5)
+    calls.clear()
+    low = int(logits[0].argmin())
+    biased = Sampler()(logits.clone(), [row(temperature=0.0, logit_bias={low: 100.0})] + [row(temperature=0.0) for _ in range(5)])
+    assert calls == [] and biased.token_ids[0] == low
+    assert biased.logprobs[0] == pytest.approx(float(ref[0, low]), abs=1e-5)  # of the raw distribution
+
+
 def test_no_top_logprobs_when_not_requested():
     out = Sampler()(torch.randn(2, V), [row(), row(logprobs=0)])
     assert out.top_logprobs is None

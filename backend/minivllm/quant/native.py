@@ -23,7 +23,7 @@ from minivllm.quant.formats import Int4Weight
 log = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).with_name("native") / name
-           for name in ("q8_matmul.cpp", "f32_matmul.cpp", "paged_attention.cpp")]
+           for name in ("q8_matmul.cpp", "f32_matmul.cpp", "paged_attention.cpp", "logits_reduce.cpp")]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
 BLOCK = 32  # the activation quantization block
 PAIR = 2 * BLOCK  # the 4-bit kernel steps two blocks at a time: it needs K % 64 == 0
@@ -81,6 +81,8 @@ def _register_fakes() -> None:
         torch.library.register_fake(f"minivllm_native::{op}")(output_shape)
     torch.library.register_fake("minivllm_native::paged_decode_attention")(
         lambda q, k_pool, v_pool, block_tables, context_lens, scale: q.new_empty(q.shape))
+    torch.library.register_fake("minivllm_native::argmax_logsumexp")(
+        lambda logits: (logits.new_empty(logits.shape[0], dtype=torch.long), logits.new_empty(logits.shape[0])))
 
 
 def pack_q4(weight: Int4Weight) -> torch.Tensor:
@@ -119,3 +121,14 @@ def q4_f32_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
 
 def i8_f32_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return torch.ops.minivllm_native.i8_f32_linear(x, q, scale)
+
+
+def argmax_logsumexp(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's argmax (torch's: the first maximum, NaN counting as one) and log-sum-exp, in two passes."""
+    return torch.ops.minivllm_native.argmax_logsumexp(logits)
+
+
+def reduces_logits(logits: torch.Tensor) -> bool:
+    """Whether `argmax_logsumexp` can take these logits (contiguous fp32 on this CPU, kernels built)."""
+    return (logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.dim() == 2
+            and logits.is_contiguous() and logits.shape[1] > 0 and available() is None)

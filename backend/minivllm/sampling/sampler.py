@@ -27,6 +27,7 @@ from typing import Sequence
 
 import torch
 
+from minivllm.quant import native
 from minivllm.structured.grammar import GrammarMatcher, allocate_bitmask, apply_bitmask
 
 from .filters import apply_top_k_top_p_min_p, inverse_cdf_draw
@@ -131,8 +132,9 @@ class Sampler:
         logits = self.processed(logits, rows)
 
         greedy = [r.params.is_greedy for r in rows]
+        raw_lse = None
         if all(greedy):
-            token_ids = logits.argmax(dim=-1)
+            token_ids, raw_lse = greedy_picks(raw, logits)
         else:
             token_ids = torch.empty(num_rows, dtype=torch.long, device=device)
             greedy_idx = [i for i, g in enumerate(greedy) if g]
@@ -146,7 +148,7 @@ class Sampler:
             else:
                 si = torch.tensor(sampled_idx, dtype=torch.long, device=device)
                 token_ids[si] = self._sample(logits[si], sampled_rows)
-        chosen, top_logprobs = raw_logprobs(raw, token_ids, rows)
+        chosen, top_logprobs = raw_logprobs(raw, token_ids, rows, raw_lse)
         return SampleOutput(token_ids=token_ids.tolist(), logprobs=chosen, top_logprobs=top_logprobs,
                             allowed_fractions=allowed_fractions(logits, rows))
 
@@ -264,11 +266,20 @@ def allowed_fractions(processed: torch.Tensor, rows: list[SamplingRow]) -> list[
     return [share if r.grammar is not None else None for share, r in zip(shares.tolist(), rows)]
 
 
-def raw_logprobs(raw: torch.Tensor, token_ids: torch.Tensor, rows: list[SamplingRow]
-                 ) -> tuple[list[float], list[list[tuple[int, float]]] | None]:
+def greedy_picks(raw: torch.Tensor, processed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Greedy rows' tokens (the processed logits' argmax) and, when nothing changed the raw logits, their
+    log-sum-exp from the same two passes (our native op: ~0.4 ms instead of ~3.5 at 32 x 49,152 logits)."""
+    if processed is raw and native.reduces_logits(raw):
+        return native.argmax_logsumexp(raw)
+    return processed.argmax(dim=-1), None
+
+
+def raw_logprobs(raw: torch.Tensor, token_ids: torch.Tensor, rows: list[SamplingRow],
+                 raw_lse: torch.Tensor | None = None) -> tuple[list[float], list[list[tuple[int, float]]] | None]:
     """Log-probs of the chosen tokens under the raw distribution (logit - logsumexp, no full
-    log_softmax), and each row's top-N when any row asked for logprobs."""
-    raw_lse = torch.logsumexp(raw, dim=-1)
+    log_softmax; `raw_lse` when already known), and each row's top-N when any row asked for logprobs."""
+    if raw_lse is None:
+        raw_lse = torch.logsumexp(raw, dim=-1)
     chosen = raw.gather(1, token_ids.unsqueeze(1)).squeeze(1) - raw_lse
     max_top = max((r.params.logprobs or 0) for r in rows)
     if max_top <= 0:

@@ -1,4 +1,5 @@
-// Helpers shared by the native kernels (q8_matmul.cpp, f32_matmul.cpp): AVX2 + FMA + F16C.
+// Helpers shared by the native kernels (q8_matmul.cpp, f32_matmul.cpp, paged_attention.cpp, logits_reduce.cpp):
+// AVX2 + FMA + F16C.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -21,6 +22,25 @@ inline float hsum(__m256 v) {
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
+}
+
+// e^x for x <= 0 (scores minus their maximum), ~1 ulp: e^x = 2^n e^r with |r| <= ln2/2 and a degree-6
+// polynomial for e^r (Cephes' expf). Below -87 the result is clamped to ~1e-38: a weight of nothing.
+inline __m256 exp8(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);  // ln 2 in two parts: r stays exact
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  const __m256 y = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(scale));
 }
 
 inline int64_t round_up16(int64_t n) { return (n + 15) / 16 * 16; }  // floats: whole 64-byte lines

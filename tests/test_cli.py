@@ -158,19 +158,20 @@ def test_bench_quality_reports_every_precision_against_fp32(tmp_path):
     proc = cli("bench", "quality", "--quick", "--model", "random:tiny", "--output-dir", str(tmp_path), timeout=600)
     assert proc.returncode == 0, proc.stderr
     rows = {r["precision"]: r for r in json.loads((tmp_path / "quality.json").read_text())}
-    assert set(rows) == {"fp32 (none)", "auto (default)", "auto, fast kernels (int8 activations)",
+    assert set(rows) == {"fp32 (none)", "auto, float32 KV cache", "auto, fast kernels (int8 activations)",
                          "auto, torch's kernels (bf16 activations)",
                          "auto, exact kernels (fp32 activations)",
                          "int8 per channel", "int4 g32", "int4 g64",
-                         "auto, float16 KV cache", "auto, bfloat16 KV cache"}
+                         "auto, float16 KV cache (CPU default)", "auto, bfloat16 KV cache"}
     ref = rows["fp32 (none)"]
     assert ref["kl_mean"] == 0 and ref["top1_agreement"] == 1 and ref["greedy_identical"] == ref["greedy_prompts"]
     for name in ("int8 per channel", "int4 g32"):
         assert rows[name]["weights_mib"] < ref["weights_mib"] and rows[name]["kl_mean"] > 0
     # the KV rows read their prefixes back from a rounded pool: the logits move (bf16 more than fp16)
-    default, half, brain = rows["auto (default)"], rows["auto, float16 KV cache"], rows["auto, bfloat16 KV cache"]
-    assert (half["kv_cache_dtype"], brain["kv_cache_dtype"], default["kv_cache_dtype"]) == ("float16", "bfloat16", "auto")
-    assert default["kl_mean"] < half["kl_mean"] < brain["kl_mean"], (default, half, brain)
+    full, half = rows["auto, float32 KV cache"], rows["auto, float16 KV cache (CPU default)"]
+    brain = rows["auto, bfloat16 KV cache"]
+    assert (full["kv_cache_dtype"], half["kv_cache_dtype"], brain["kv_cache_dtype"]) == ("float32", "float16", "bfloat16")
+    assert full["kl_mean"] < half["kl_mean"] < brain["kl_mean"], (full, half, brain)
     assert "machine: CPU capability" in proc.stdout and (tmp_path / "quality.png").stat().st_size > 0
 
 

@@ -213,3 +213,16 @@ def test_quantized_weights_shrink_the_model(tiny_quantized):
 def test_int4_with_a_group_that_does_not_divide_a_layer_names_it(tiny_dir):
     with pytest.raises(ValueError, match=r"layers\.0\.self_attn\.qkv_proj\.weight of shape \(\d+, 64\) with group size 128"):
         load_model(str(tiny_dir), quantization=QuantConfig("int4", group_size=128))
+
+
+def test_auto_keeps_a_quantized_models_kv_in_fp16_on_a_cpu_and_an_fp32_models_in_fp32(tiny_quantized, tiny_model):
+    """`--kv-cache-dtype auto`: quantized weights on a CPU get llama.cpp's K/V precision (fp16: twice the
+    tokens in the pool's memory, half the bytes attention reads); an fp32 model, the HF-parity
+    reference, keeps fp32; an explicit dtype wins either way."""
+    def pool_dtype(loaded, **config):
+        return make_engine(loaded, num_blocks=8, **config).kv_cache.k[0].dtype
+
+    assert tiny_quantized.quant.quantized and pool_dtype(tiny_quantized) == torch.float16
+    assert pool_dtype(tiny_quantized, kv_cache_dtype="float32") == torch.float32
+    assert not tiny_model.quant.quantized and pool_dtype(tiny_model) == torch.float32
+    assert pool_dtype(tiny_model, kv_cache_dtype="bfloat16") == torch.bfloat16

@@ -30,7 +30,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "and compiles for seconds at start-up, cached under $MINIVLLM_CACHE_DIR or ~/.cache/minivllm)")
     e.add_argument("--kv-cache-memory", default="512MiB", help="KV pool size, e.g. 2GiB (ignored with --num-blocks)")
     e.add_argument("--kv-cache-dtype", default="auto", choices=list(KV_CACHE_DTYPES),
-                   help="the KV pool's element type: auto (the model's dtype) or a narrower one (float16, bfloat16: "
+                   help="the KV pool's element type: auto (the model's dtype; float16 for quantized weights on a CPU) or "
+                        "another (float16, bfloat16: "
                         "twice the tokens in the same memory, half the bytes decode attention reads)")
     e.add_argument("--num-blocks", type=int, default=None)
     e.add_argument("--max-kv-cache-memory", default=None,

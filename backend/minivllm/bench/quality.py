@@ -8,8 +8,8 @@ distributions at every position of that text and the top-1 agreement (as llama.c
 reference is the checkpoint dequantized (`--quantization none`): for the embedded GGUF that is
 exactly what HF's reader gives the parity tests. The text runs CHUNK tokens a step, so all but the
 first chunk of a window read their prefix's K/V from the pool, as serving does: the rows with a
-float16 / bfloat16 KV cache (`--kv-cache-dtype`) measure what rounding K/V costs, to be read
-against the default row with the fp32 pool.
+float16 (the default for quantized weights on a CPU) / bfloat16 KV cache (`--kv-cache-dtype`) measure
+what rounding K/V costs, to be read against the `auto` row with an fp32 pool (every weight row has one).
 """
 
 from __future__ import annotations
@@ -52,14 +52,16 @@ class QualityRow:
 
 def precisions(group_sizes=(32, 64)) -> list[tuple[str, QuantConfig, str]]:
     """(label, weights, KV cache dtype) per row; the first is the reference."""
-    rows = [("fp32 (none)", QuantConfig("none")), ("auto (default)", QuantConfig("auto")),
+    rows = [("fp32 (none)", QuantConfig("none")), ("auto, float32 KV cache", QuantConfig("auto")),
             ("auto, fast kernels (int8 activations)", QuantConfig("auto", kernel="fast")),
             ("auto, torch's kernels (bf16 activations)", QuantConfig("auto", kernel="bf16")),
             ("auto, exact kernels (fp32 activations)", QuantConfig("auto", kernel="exact")),
             ("int8 per channel", QuantConfig("int8"))]
     rows += [(f"int4 g{g}", QuantConfig("int4", group_size=g)) for g in group_sizes]
-    kv_rows = [(f"auto, {dtype} KV cache", QuantConfig("auto"), dtype) for dtype in ("float16", "bfloat16")]
-    return [(label, quant, "auto") for label, quant in rows] + kv_rows
+    kv_rows = [("auto, float16 KV cache (CPU default)", QuantConfig("auto"), "float16"),
+               ("auto, bfloat16 KV cache", QuantConfig("auto"), "bfloat16")]
+    # the weight rows on an fp32 pool: each measures its weights alone; the KV rows add the pool's rounding
+    return [(label, quant, "float32") for label, quant in rows] + kv_rows
 
 
 def bench_quality(args) -> int:

@@ -10,8 +10,9 @@ import torch
 from minivllm.model.attention import KVCache
 from minivllm.model.config import LlamaConfig
 
-# --kv-cache-dtype: the KV pool's element type (vLLM's option). auto: the model's activation dtype. A
-# narrower pool holds twice the tokens in the same memory and halves what decode attention reads.
+# --kv-cache-dtype: the KV pool's element type (vLLM's option). auto: the model's activation dtype, or
+# fp16 for quantized weights on a CPU (LoadedModel.kv_auto_dtype). A narrower pool holds twice the tokens
+# in the same memory and halves what decode attention reads.
 KV_CACHE_DTYPES = {"auto": None, "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
@@ -62,13 +63,13 @@ class EngineConfig:
                              f"max_position_embeddings {model.max_position_embeddings}")
         return self.max_model_len or limit
 
-    def kv_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
-        """The KV pool's element type for a model computing in `model_dtype`."""
-        return KV_CACHE_DTYPES[self.kv_cache_dtype] or model_dtype
+    def kv_dtype(self, auto_dtype: torch.dtype) -> torch.dtype:
+        """The KV pool's element type for a model whose `auto` choice is `auto_dtype`."""
+        return KV_CACHE_DTYPES[self.kv_cache_dtype] or auto_dtype
 
-    def kv_pool(self, model: LlamaConfig, model_dtype: torch.dtype) -> tuple[int, torch.dtype, int]:
+    def kv_pool(self, model: LlamaConfig, auto_dtype: torch.dtype) -> tuple[int, torch.dtype, int]:
         """(blocks, element type, bytes) of the KV pool these settings give a model."""
-        dtype = self.kv_dtype(model_dtype)
+        dtype = self.kv_dtype(auto_dtype)
         blocks = self.resolved_num_blocks(model, dtype)
         return blocks, dtype, blocks * self.bytes_per_block(model, dtype)
 

@@ -73,7 +73,7 @@ class LLMEngine:
         config.validate()
         cfg, self.config = self.loaded.config, config
         self.max_model_len = config.resolved_max_model_len(cfg)
-        num_blocks, kv_dtype, _ = config.kv_pool(cfg, self.loaded.dtype)
+        num_blocks, kv_dtype, _ = config.kv_pool(cfg, self.loaded.kv_auto_dtype)
         self.kv_cache = KVCache(cfg.num_hidden_layers, num_blocks, config.block_size,
                                 cfg.num_key_value_heads, cfg.head_dim, kv_dtype, self.loaded.device)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
@@ -97,7 +97,7 @@ class LLMEngine:
         old configuration back."""
         old, new = self.config, self.config.with_changes(**changes)
         new.validate()  # a setting that can never apply is a 400 even while requests run
-        num_blocks, _, new_bytes = new.kv_pool(self.loaded.config, self.loaded.dtype)
+        num_blocks, _, new_bytes = new.kv_pool(self.loaded.config, self.loaded.kv_auto_dtype)
         new.resolved_max_model_len(self.loaded.config)
         check_pool_fits(new_bytes, self.kv_cache.num_bytes, torch.device(self.loaded.device), num_blocks,
                         new.max_kv_cache_memory)

@@ -27,9 +27,9 @@ def forward_prefills(loaded, sequences: list[list[int]], block_size: int = 16,
 def forward_in_chunks(loaded, sequences: list[list[int]], chunk: int, kv_dtype: torch.dtype | None = None,
                       block_size: int = 16) -> list[torch.Tensor]:
     """Like forward_prefills, but each sequence runs `chunk` tokens a step, so every chunk after its
-    first reads the prefix's K/V back from the pool, in `kv_dtype` (default: the model's): what a
+    first reads the prefix's K/V back from the pool, in `kv_dtype` (default: what `auto` gives): what a
     narrower pool costs shows in the logits, as it does in serving."""
-    kv, tables = _scratch_pool(loaded, sequences, block_size, kv_dtype or loaded.dtype)
+    kv, tables = _scratch_pool(loaded, sequences, block_size, kv_dtype or loaded.kv_auto_dtype)
     runner = ModelRunner(loaded.model, kv)
     parts: list[list[torch.Tensor]] = [[] for _ in sequences]
     for start in range(0, max(map(len, sequences)), chunk):

@@ -26,6 +26,11 @@ class QuantReport:
     dequantized_note: str | None = None  # GGUF types that had no native path
 
     @property
+    def quantized(self) -> bool:
+        """Whether any weight is held in 4 or 8 bits (the mode names each kind: 'int4 g32', 'float32', ...)."""
+        return "int4" in self.mode or "int8" in self.mode
+
+    @property
     def ratio(self) -> float:
         return self.weight_bytes / self.fp32_bytes if self.fp32_bytes else 1.0
 

@@ -11,8 +11,9 @@ import { WeightsSection } from "./WeightsSection";
 type Form = Required<{ [K in keyof ConfigUpdate]: NonNullable<ConfigUpdate[K]> }>;
 type KvCacheDtype = Form["kv_cache_dtype"];
 
-// The pool's element types a user picks between ("auto" is the server's default: the model's dtype,
-// shown resolved). A narrower type holds twice the tokens in the same memory.
+// The pool's element types a user picks between ("auto" is the server's default: the model's dtype, or
+// float16 for 4/8-bit weights on a CPU; shown resolved). A narrower type holds twice the tokens in the
+// same memory.
 const KV_DTYPES: readonly { value: KvCacheDtype; label: string }[] = [
   { value: "float32", label: "float32" },
   { value: "float16", label: "float16 (half the memory a token)" },

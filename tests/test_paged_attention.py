@@ -15,6 +15,7 @@ Two levels:
 from __future__ import annotations
 
 import random
+import sys
 
 import pytest
 import torch
@@ -394,3 +395,25 @@ def test_native_decode_in_the_compiled_step_keeps_a_rows_bits_in_any_batch_and_p
     portable = attention.gathered_decode_attention(
         q, case.k_pool, case.v_pool, tables, case.mask(tables, lens), dim ** -0.5)
     torch.testing.assert_close(batch, portable, atol=1e-5, rtol=0)
+
+
+def _resident_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2**20
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the process's resident memory from /proc")
+def test_a_fresh_kv_pool_takes_memory_only_as_its_blocks_are_written():
+    """The pool's pages come from the OS on first write: a 256 MiB pool costs next to nothing in RSS until
+    blocks fill (torch.zeros wrote all of it at start-up). Still zeros, writable, one storage per pool."""
+    before = _resident_mib()
+    kv = attention.KVCache(8, 1024, 16, 4, 64, torch.float32)
+    assert kv.num_bytes == 256 * 2**20
+    assert _resident_mib() - before < 16
+    kv.k[3][7] = 1.0
+    assert float(kv.k[3][7].sum()) == 16 * 4 * 64 and float(kv.k[3][6].abs().sum()) == 0 == float(kv.v[3][7].abs().sum())
+    assert _resident_mib() - before < 16  # a block is 16 KiB
+    untouched = _resident_mib()
+    kv.v[5].fill_(2.0)  # a whole pool of one layer, 16 MiB: now it is resident (it was not before)
+    assert _resident_mib() - untouched > 12
+    assert len({t.untyped_storage().data_ptr() for t in (*kv.k, *kv.v)}) == 16 and kv.k[0].is_contiguous()

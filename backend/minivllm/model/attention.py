@@ -13,6 +13,8 @@ rounded once when written and widened when read.
 
 from __future__ import annotations
 
+import math
+import mmap
 from dataclasses import dataclass
 
 import torch
@@ -76,14 +78,25 @@ def _prefix_causal_mask(chunk: PrefillChunk) -> torch.Tensor:
     return key_pos[None, :] <= query_pos[:, None]
 
 
+def untouched_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """Zeros whose memory the OS supplies page by page on first write (an anonymous mapping, one per
+    tensor: no two pools share a storage), where torch.zeros writes every page at once. A KV pool's
+    resident memory then follows the blocks in use, not the pool's size (the default 512 MiB pool
+    counted in full in `ps` from start-up). CUDA: torch.zeros."""
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    if torch.device(device).type != "cpu" or nbytes == 0:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=torch.uint8).view(dtype).view(shape)
+
+
 class KVCache:
     """Per-layer K and V pools shaped [num_blocks, block_size, num_kv_heads, head_dim], allocated once."""
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
                  head_dim: int, dtype: torch.dtype, device: torch.device | str = "cpu"):
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.k = [untouched_zeros(shape, dtype, device) for _ in range(num_layers)]
+        self.v = [untouched_zeros(shape, dtype, device) for _ in range(num_layers)]
         self.num_blocks, self.block_size = num_blocks, block_size
 
     @property

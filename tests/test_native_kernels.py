@@ -6,6 +6,8 @@ the greedy pick's fused argmax + log-sum-exp."""
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
 import sys
 
 import numpy as np
@@ -112,6 +114,7 @@ def test_the_fp32_activation_kernels_compute_the_dequantized_product(kind, shape
 @pytest.mark.parametrize("kind,k", [(kind, k) for kind in ("int4", "int8") for k in (576, 448, 1536, 128)] +
                          [("int8", 288), ("int8", 160)])
 def test_the_vnni_loops_give_the_avx2_loops_bits(kind, acts, k):
+    assert native.available() is None  # built here too, not only by the tests before it
     kernel = _native(kind, acts, 200, k)
     x = torch.randn(7, k)
     try:
@@ -247,3 +250,16 @@ def test_argmax_logsumexp_is_torchs_argmax_and_logsumexp(vocab):
         alone_ids, alone_lse = native.argmax_logsumexp(x[i:i + 1].contiguous())
         assert torch.equal(alone_ids, ids[i:i + 1])
         torch.testing.assert_close(alone_lse, lse[i:i + 1], rtol=0, atol=0, equal_nan=True)  # the same bits
+
+
+@needs_vnni
+def test_minivllm_no_vnni_runs_the_avx2_loops_and_times_its_kernels_apart():
+    """MINIVLLM_NO_VNNI=1 (with ATEN_CPU_CAPABILITY=avx2 and MKL_ENABLE_INSTRUCTIONS=AVX2: an AVX2 box's
+    code paths on this one): the int8 kernels start on their AVX2 loops, and the kernel choices are kept
+    under another machine key than the VNNI loops' timings."""
+    code = ("from minivllm.quant import native, choice_cache; import torch; assert native.available() is None; "
+            "print(native.vnni_running(), choice_cache.machine(torch.device('cpu')).endswith('no-vnni'))")
+    for env, expected in (({"MINIVLLM_NO_VNNI": "1"}, "False True"), ({}, "True False")):
+        out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True,
+                             timeout=300)
+        assert out.returncode == 0 and out.stdout.split() == expected.split(), out.stderr

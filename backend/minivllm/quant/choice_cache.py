@@ -22,6 +22,7 @@ import torch
 
 from minivllm.cache import cache_dir, read_json_entries, write_json_atomic
 from minivllm.cpuinfo import cpu_model
+from minivllm.quant.native import vnni_turned_off
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ def machine(device: torch.device) -> str:
         where = torch.cuda.get_device_name(device)
     else:
         where = f"{cpu_model()} {torch.backends.cpu.get_cpu_capability()} threads={torch.get_num_threads()}"
+        where += " no-vnni" if vnni_turned_off() else ""  # another kernel set: timed apart
     return f"rules {RULES} | torch {torch.__version__} | {where}"
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from pathlib import Path
 
 import torch
@@ -25,6 +26,7 @@ log = logging.getLogger(__name__)
 SOURCES = [Path(__file__).with_name("native") / name
            for name in ("q8_matmul.cpp", "f32_matmul.cpp", "paged_attention.cpp", "logits_reduce.cpp")]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
+NO_VNNI_ENV = "MINIVLLM_NO_VNNI"  # 1: the int8 kernels' AVX2 loops on a VNNI CPU too (another CPU class's code path)
 BLOCK = 32  # the activation quantization block
 PAIR = 2 * BLOCK  # the 4-bit kernel steps two blocks at a time: it needs K % 64 == 0
 
@@ -60,13 +62,23 @@ def _build() -> None:
                        extra_ldflags=["-fopenmp"], is_python_module=False, build_directory=str(build_dir),
                        verbose=False)
     _register_fakes()
-    use_vnni(True)
+    use_vnni(not vnni_turned_off())
+
+
+def vnni_turned_off() -> bool:
+    """MINIVLLM_NO_VNNI=1: run the AVX2 loops where VNNI ones exist. With ATEN_CPU_CAPABILITY=avx2 and
+    MKL_ENABLE_INSTRUCTIONS=AVX2 an AVX-512 box then runs an AVX2 box's code paths (not its bandwidth)."""
+    return os.environ.get(NO_VNNI_ENV, "").lower() in ("1", "true", "yes", "on")
 
 
 def use_vnni(enable: bool) -> bool:
     """The int8-activation kernels' AVX512-VNNI loops (one vpdpbusd for vpmaddubsw + vpmaddwd), where
     the CPU has them; they give the same bits as the AVX2 loops. Returns whether they run."""
     return torch.ops.minivllm_native.use_vnni(enable)
+
+
+def vnni_running() -> bool:
+    return torch.ops.minivllm_native.vnni_running()
 
 
 @functools.cache  # once per process: a second registration is an error

@@ -247,6 +247,7 @@ TORCH_LIBRARY(minivllm_native, m) {  // the fp32-activation kernels add to it (f
   m.def("q4_q8x2_linear(Tensor x, Tensor w) -> Tensor");
   m.def("i8_q8x2_linear(Tensor x, Tensor w, Tensor w_scale) -> Tensor");
   m.def("use_vnni(bool enable) -> bool", &use_vnni);
+  m.def("vnni_running() -> bool", []() -> bool { return use_vnni_kernels; });
 }
 
 TORCH_LIBRARY_IMPL(minivllm_native, CPU, m) {

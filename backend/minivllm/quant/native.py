@@ -78,6 +78,7 @@ def use_vnni(enable: bool) -> bool:
 
 
 def vnni_running() -> bool:
+    """Whether the int8-activation kernels run their VNNI loops now."""
     return torch.ops.minivllm_native.vnni_running()
 
 

@@ -82,7 +82,7 @@ struct BlockCodes {
   __m256i q, rest;     // int8 codes in input order (rest: split only)
   float amax;
   int32_t total;       // sum of unit * q + rest (split) or of q
-  __m128i lane_total;  // the same per product lane of the pair layout: elements 4j..4j+3 and 16+4j..16+4j+3
+  __m128i lane_total;  // `lanes` only: the same per product lane of the pair layout (elements 4j..4j+3, 16+4j..16+4j+3)
 };
 
 // Per product lane j of the pair layout, the sum of elements 4j..4j+3 and 16+4j..16+4j+3 of a block whose
@@ -97,7 +97,7 @@ inline __m128i lane_totals(const __m256i (&v)[4]) {
 // One block of 32 activations: x ~= amax / 127 * q (+ rest / 128). Vectorized (one scalar pass cost 4 ns a
 // value, ~10% of a 32-row step), with the scalar arithmetic's exact results: max is exact, the products
 // round alike, and cvtps2dq rounds to nearest even as nearbyint does in the default rounding mode.
-inline BlockCodes quantize_block(const float* v, bool split) {
+inline BlockCodes quantize_block(const float* v, bool split, bool lanes) {
   __m256 x[4];
   for (int j = 0; j < 4; ++j) x[j] = _mm256_loadu_ps(v + 8 * j);
   const __m256 sign = _mm256_set1_ps(-0.f);
@@ -118,10 +118,11 @@ inline BlockCodes quantize_block(const float* v, bool split) {
       rest_total = _mm256_add_epi32(rest_total, rest[j]);
     }
   }
-  BlockCodes codes{pack_bytes(q), _mm256_setzero_si256(), amax, hsum_epi32(q_total), lane_totals(q)};
+  BlockCodes codes{pack_bytes(q), _mm256_setzero_si256(), amax, hsum_epi32(q_total),
+                   lanes ? lane_totals(q) : _mm_setzero_si128()};
   if (split) {
     codes.rest = pack_bytes(rest), codes.total = kSplitUnit * codes.total + hsum_epi32(rest_total);
-    codes.lane_total = _mm_add_epi32(_mm_slli_epi32(codes.lane_total, 7), lane_totals(rest));
+    if (lanes) codes.lane_total = _mm_add_epi32(_mm_slli_epi32(codes.lane_total, 7), lane_totals(rest));
   }
   return codes;
 }
@@ -161,7 +162,7 @@ QuantizedActivations quantize_rows(const at::Tensor& x, bool split, bool offsets
   at::parallel_for(0, rows * blocks, 64, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {  // i: block b of row `row`
       const int64_t row = i / blocks, b = i % blocks;
-      const BlockCodes codes = quantize_block(src + i * kBlock, split);
+      const BlockCodes codes = quantize_block(src + i * kBlock, split, offset != nullptr);
       const int64_t low = row * row_bytes + (b / 2) * kPair + (b % 2) * 16;  // elements 0..15; 16..31 a half-pair on
       store_halves(q + low, codes.q);
       if (split) store_halves(remainder + low, codes.rest);

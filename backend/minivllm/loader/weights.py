@@ -78,7 +78,8 @@ def build_model(cfg: LlamaConfig, hf_tensors: Mapping[str, torch.Tensor | Quanti
     choices, seconds = choose_model_kernels(model, quant.kernel)
     if os.environ.get("MINIVLLM_NO_PACK") != "1":  # escape hatch for A/B benchmarks
         pack_model(model)
-    return model, QuantReport(describe_mode(state), stored_bytes(model), fp32_bytes(cfg), choices, seconds)
+    return model, QuantReport(describe_mode(state), stored_bytes(model), fp32_bytes(cfg), choices, seconds,
+                              quantized=bool(quantized))
 
 
 def _check_shapes(model: LlamaModel, state: Mapping[str, torch.Tensor | QuantizedWeight]) -> None:

@@ -83,7 +83,7 @@ def untouched_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.de
     tensor: no two pools share a storage), where torch.zeros writes every page at once. A KV pool's
     resident memory then follows the blocks in use, not the pool's size (the default 512 MiB pool
     counted in full in `ps` from start-up). CUDA: torch.zeros."""
-    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    nbytes = math.prod(shape) * dtype.itemsize
     if torch.device(device).type != "cpu" or nbytes == 0:
         return torch.zeros(shape, dtype=dtype, device=device)
     return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=torch.uint8).view(dtype).view(shape)
@@ -106,8 +106,7 @@ class KVCache:
     @staticmethod
     def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
                         dtype: torch.dtype) -> int:
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        return 2 * num_layers * block_size * num_kv_heads * head_dim * itemsize
+        return 2 * num_layers * block_size * num_kv_heads * head_dim * dtype.itemsize
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Copy-on-write: duplicate whole blocks src -> dst in every layer."""

@@ -129,14 +129,10 @@ def choose_fp32_kernel(layers: list[PackedLinear]) -> bool:
     weights = [layer.weight.detach() for layer in layers if layer.weight.numel() == largest][:8]
     key = choice_cache.entry_key(torch.device("cpu"), f"fp32 linear {tuple(weights[0].shape)} x{len(weights)}",
                                  ["f32_linear", "mkl"], None)
-    stored = choice_cache.lookup(key)
-    if stored is not None:
-        (_, name), *_ = stored[0]
-        timings_ms, how = stored[1], "as timed on this machine before"
-    else:
-        timings_ms, how = _time_ours_and_mkl(weights), "timed now"
-        name = "f32_linear" if _ours_wins(timings_ms) else "mkl"
-        choice_cache.store(key, [(0, name)], timings_ms)
+    plan, timings_ms, kept = choice_cache.kept_or_timed(
+        key, lambda: _time_ours_and_mkl(weights), lambda ms: [(0, "f32_linear" if _ours_wins(ms) else "mkl")])
+    name = plan[0][1]
+    how = "as timed on this machine before" if kept else "timed now"
     progress(f"fp32 linears ({how}; ms for {len(weights)} weights {tuple(weights[0].shape)}, ours vs MKL): "
              + ", ".join(f"{rows} rows {t['f32_linear']:.2f} vs {t['mkl']:.2f}" for rows, t in sorted(timings_ms.items()))
              + (": our kernel serves every row count" if name == "f32_linear" else ": MKL serves them"))

@@ -71,6 +71,19 @@ def store(key: str, plan: list[tuple[int, str]], timings_ms: dict[int, dict[str,
     write_json_atomic(path(), entries)
 
 
+def kept_or_timed(key: str, time, plan_from, usable=lambda plan: True
+                  ) -> tuple[list[tuple[int, str]], dict[int, dict[str, float]], bool]:
+    """The plan this machine chose before under `key` (if `usable`), else `plan_from(time())`, kept for
+    the next load. Returns (plan, timings in ms, whether it was kept from before)."""
+    stored = lookup(key)
+    if stored is not None and usable(stored[0]):
+        return *stored, True
+    timings = time()
+    plan = plan_from(timings)
+    store(key, plan, timings)
+    return plan, timings, False
+
+
 def _decode(entry: dict) -> tuple[list[tuple[int, str]], dict[int, dict[str, float]]]:
     plan = [(int(rows), str(name)) for rows, name in entry["plan"]]
     timings = {int(rows): {str(n): float(ms) for n, ms in t.items()} for rows, t in entry["timings_ms"].items()}

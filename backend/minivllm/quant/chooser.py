@@ -77,13 +77,10 @@ def _timed_plan(key: str, members: list[QuantLinear], buckets: tuple[int, ...], 
     names = [k.name for k in layer.candidates]
     device = next(iter(layer.candidates[0].tensors())).device
     entry = choice_cache.entry_key(device, f"{key}{' head' if head else ''} {buckets}", names, forced)
-    stored = choice_cache.lookup(entry)
-    if stored is not None and all(name in names for _, name in stored[0]):
-        return *stored, True
-    timings = _time_group(members, tuple(b for b in buckets if b <= HEAD_MAX_ROWS or not head))
-    plan = _plan_from(timings, layer, prefer_precise=forced != FAST)
-    choice_cache.store(entry, plan, timings)
-    return plan, timings, False
+    return choice_cache.kept_or_timed(
+        entry, lambda: _time_group(members, tuple(b for b in buckets if b <= HEAD_MAX_ROWS or not head)),
+        lambda timings: _plan_from(timings, layer, prefer_precise=forced != FAST),
+        usable=lambda plan: all(name in names for _, name in plan))
 
 
 def _forced_name(forced: str, layer: QuantLinear) -> str:

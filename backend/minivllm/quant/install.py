@@ -24,11 +24,7 @@ class QuantReport:
     kernel_choices: list[GroupChoice] = field(default_factory=list)
     choose_seconds: float = 0.0  # time spent timing kernels at load
     dequantized_note: str | None = None  # GGUF types that had no native path
-
-    @property
-    def quantized(self) -> bool:
-        """Whether any weight is held in 4 or 8 bits (the mode names each kind: 'int4 g32', 'float32', ...)."""
-        return "int4" in self.mode or "int8" in self.mode
+    quantized: bool = False  # whether any weight is held in 4 or 8 bits
 
     @property
     def ratio(self) -> float:

@@ -1,8 +1,9 @@
-"""`minivllm bench compile`: decode throughput of the compiled step against the same engine run
-eagerly (`--enforce-eager`'s path), side by side in alternating rounds (medians: these machines are
-noisy), with each level's weight-read floor: the bytes of weights one step reads over the streaming
-bandwidth measured on the spot. One engine serves both sides (the compiled layer step is switched
-off and on), so the weights, the KV pool and the prompts are the same."""
+"""`minivllm bench compile`: decode throughput of the compiled step, and of the native step where the
+model has one (4-bit weights on our kernels), against the same engine run eagerly (`--enforce-eager`'s
+path), side by side in alternating rounds (medians: these machines are noisy), with each level's
+weight-read floor: the bytes of weights one step reads over the streaming bandwidth measured on the
+spot. One engine serves every side (the compiled and native steps are switched off and on), so the
+weights, the KV pool and the prompts are the same."""
 
 from __future__ import annotations
 
@@ -22,74 +23,94 @@ from minivllm.sampling.params import SamplingParams
 @dataclass
 class CompileRun:
     concurrency: int
-    eager_tok_s: list[float]
-    compiled_tok_s: list[float]
+    tok_s: dict[str, list[float]]  # per mode (MODES), one sample a round
     floor_ms: float  # the weight-read floor of one step at this concurrency
 
-    @property
-    def ratio(self) -> float | None:
-        eager, compiled = median(self.eager_tok_s), median(self.compiled_tok_s)
-        return compiled / eager if eager and compiled else None
+    def median(self, mode: str) -> float:
+        return median(self.tok_s.get(mode, [])) or 0.0
 
-    @property
-    def compiled_step_ms(self) -> float | None:
-        tok_s = median(self.compiled_tok_s)
+    def ratio(self, mode: str) -> float | None:
+        eager, other = self.median("eager"), self.median(mode)
+        return other / eager if eager and other else None
+
+    def step_ms(self, mode: str) -> float | None:
+        tok_s = self.median(mode)
         return self.concurrency / tok_s * 1e3 if tok_s else None
 
 
+# How each mode runs decode steps: (the compiled layer step on, the native step on)
+MODES = {"eager": (False, False), "compiled": (True, False), "native": (True, True)}
+
+
+def _use(model, mode: str, compiled, native_step) -> None:
+    on_compiled, on_native = MODES[mode]
+    model.compiled = compiled if on_compiled else None
+    model.native_step = native_step if on_native else None
+
+
 def bench_compile(engine: LLMEngine, args) -> int:
-    compiled = engine.loaded.model.compiled
+    model = engine.loaded.model
+    compiled, native_step = model.compiled, model.native_step
     if compiled is None or not compiled.active:
         raise SystemExit(f"bench compile compares the compiled step with eager, but this engine runs "
-                         f"{engine.loaded.model.compilation()}: drop --enforce-eager")
+                         f"{model.compilation()}: drop --enforce-eager")
+    modes = [m for m in MODES if m != "native" or native_step is not None]  # native: 4-bit weights on our kernels
     out_dir = Path(args.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     max_tokens, rounds = (16, 1) if args.quick else (args.max_tokens, 3)
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     bandwidth = streaming_bandwidth_gbs()
     runs = []
-    for level in args.concurrency:
-        prompts = chat_prompt_ids(engine.tokenizer, (CHAT_PROMPTS * 8)[:level])
-        floor_ms = streamed_bytes(engine.loaded.model, level) / bandwidth / 1e6
-        run = CompileRun(level, [], [], floor_ms)
-        for r in range(rounds):
-            progress(f"{level} concurrent, round {r + 1}/{rounds}: eager, then compiled")
-            for side, samples in ((None, run.eager_tok_s), (compiled, run.compiled_tok_s)):
-                engine.loaded.model.compiled = side
-                samples.append(run_engine(engine, prompts, params, "compile", level).decode_tokens_per_s or 0.0)
-        engine.loaded.model.compiled = compiled
-        runs.append(run)
-    title = (f"compiled decode step vs eager: {engine.loaded.name} ({engine.loaded.quant.mode}), "
+    try:
+        if native_step is not None:  # the engine's warm-up ran natively: compile the graphs now, not in a timed run
+            _use(model, "compiled", compiled, native_step)
+            engine.runner.warmed_up(engine.config.max_num_seqs, engine.max_model_len)
+        for level in args.concurrency:
+            prompts = chat_prompt_ids(engine.tokenizer, (CHAT_PROMPTS * 8)[:level])
+            run = CompileRun(level, {m: [] for m in modes}, streamed_bytes(model, level) / bandwidth / 1e6)
+            for r in range(rounds):
+                progress(f"{level} concurrent, round {r + 1}/{rounds}: {', then '.join(modes)}")
+                for mode in modes:
+                    _use(model, mode, compiled, native_step)
+                    tok_s = run_engine(engine, prompts, params, "compile", level).decode_tokens_per_s
+                    run.tok_s[mode].append(tok_s or 0.0)
+            runs.append(run)
+    finally:
+        model.compiled, model.native_step = compiled, native_step
+    title = (f"decode step modes vs eager: {engine.loaded.name} ({engine.loaded.quant.mode}), "
              f"{max_tokens} tokens per request (greedy), {rounds} round(s)")
-    _print(runs, title, bandwidth)
+    _print(runs, modes, title, bandwidth)
     print(machine_line())
     (out_dir / "compile.json").write_text(json.dumps({"bandwidth_gbs": bandwidth, "runs": [
-        {"concurrency": r.concurrency, "eager": r.eager_tok_s, "compiled": r.compiled_tok_s, "floor_ms": r.floor_ms}
-        for r in runs]}))
-    print(f"plot: {plot_compile(runs, out_dir / 'compile.png', title)}")
+        {"concurrency": r.concurrency, **r.tok_s, "floor_ms": r.floor_ms} for r in runs]}))
+    print(f"plot: {plot_compile(runs, modes, out_dir / 'compile.png', title)}")
     return 0
 
 
-def _print(runs: list[CompileRun], title: str, bandwidth: float) -> None:
+def _print(runs: list[CompileRun], modes: list[str], title: str, bandwidth: float) -> None:
+    """Per level: each mode's tok/s, each faster mode's ratio to eager, and the fastest default's step
+    against the weight-read floor (the default: the native step where there is one)."""
+    default = modes[-1]
     print(f"\n== {title} ==")
-    print(f"{'concurrency':>11} {'eager tok/s':>12} {'compiled tok/s':>15} {'ratio':>7} "
-          f"{'compiled step':>14} {'weight-read floor':>18} {'step / floor':>13}")
+    header = "".join(f"{m + ' tok/s':>15}" for m in modes) + "".join(f"{m + '/eager':>16}" for m in modes[1:])
+    print(f"{'concurrency':>11}{header} {default + ' step':>14} {'weight-read floor':>18} {'step / floor':>13}")
     for r in runs:
-        ratio = f"{r.ratio:.2f}x" if r.ratio else "-"
-        step = r.compiled_step_ms or 0.0
-        print(f"{r.concurrency:>11} {median(r.eager_tok_s) or 0:>12.1f} {median(r.compiled_tok_s) or 0:>15.1f} "
-              f"{ratio:>7} {step:>11.1f} ms {r.floor_ms:>15.1f} ms {step / r.floor_ms:>12.2f}x")
-    print(f"(floor: the bytes of weights one step reads / {bandwidth:.1f} GB/s streamed, measured now)")
+        speeds = "".join(f"{r.median(m):>15.1f}" for m in modes)
+        ratios = "".join(f"{(f'{r.ratio(m):.2f}x' if r.ratio(m) else '-'):>16}" for m in modes[1:])
+        step = r.step_ms(default) or 0.0
+        print(f"{r.concurrency:>11}{speeds}{ratios} {step:>11.1f} ms {r.floor_ms:>15.1f} ms {step / r.floor_ms:>12.2f}x")
+    print(f"(floor: the bytes of weights one step reads / {bandwidth:.1f} GB/s streamed, measured now; "
+          f"native: every layer of a decode step in one C++ call, model/native_step.py)")
 
 
-def plot_compile(runs: list[CompileRun], path: Path, title: str) -> Path:
-    def floor_labels(ax, xs):  # the floor itself would dwarf the bars: say how far above it each step is
+def plot_compile(runs: list[CompileRun], modes: list[str], path: Path, title: str) -> Path:
+    default = modes[-1]
+
+    def floor_labels(ax, xs, offset):  # the floor itself would dwarf the bars: say how far above it each step is
         for x, r in zip(xs, runs):
-            ratio = (r.compiled_step_ms or 0) / r.floor_ms
-            ax.annotate(f"{ratio:.1f}x the\nweight-read floor", (x + 0.2, median(r.compiled_tok_s) or 0),
+            ratio = (r.step_ms(default) or 0) / r.floor_ms
+            ax.annotate(f"{ratio:.1f}x the\nweight-read floor", (x + offset, r.median(default)),
                         ha="center", va="bottom", fontsize=7)
 
-    return plot_paired_bars([r.concurrency for r in runs], (
-        ("eager", [median(r.eager_tok_s) or 0 for r in runs]),
-        ("compiled", [median(r.compiled_tok_s) or 0 for r in runs])), path, title.replace(": ", ":\n", 1),
-        floor_labels)
+    return plot_paired_bars([r.concurrency for r in runs], tuple((m, [r.median(m) for r in runs]) for m in modes),
+                            path, title.replace(": ", ":\n", 1), floor_labels)

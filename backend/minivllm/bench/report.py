@@ -62,10 +62,10 @@ def plot_throughput(results: list[RunResult], path: Path, title: str) -> Path:
     return path
 
 
-def plot_paired_bars(levels: list[int], pairs: tuple[tuple[str, list[float]], tuple[str, list[float]]], path: Path,
+def plot_paired_bars(levels: list[int], series: tuple[tuple[str, list[float]], ...], path: Path,
                      title: str, decorate=None, ylabel: str = "decode tokens/s (median)") -> Path:
-    """Two bars per concurrency level (one setup against another, medians already taken); `decorate(ax, xs)`
-    may draw more before the legend."""
+    """Side-by-side bars per concurrency level, one per setup (medians already taken); `decorate(ax, xs,
+    offset)` may draw more before the legend (offset: the last bar's, from each level's x)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -73,10 +73,12 @@ def plot_paired_bars(levels: list[int], pairs: tuple[tuple[str, list[float]], tu
 
     fig, ax = plt.subplots(figsize=(7, 4))
     xs = list(range(len(levels)))
-    for offset, (label, values) in zip((-0.2, 0.2), pairs):
-        ax.bar([x + offset for x in xs], values, width=0.4, label=label)
+    width = 0.8 / len(series)
+    offsets = [width * (i - (len(series) - 1) / 2) for i in range(len(series))]
+    for offset, (label, values) in zip(offsets, series):
+        ax.bar([x + offset for x in xs], values, width=width, label=label)
     if decorate is not None:
-        decorate(ax, xs)
+        decorate(ax, xs, offsets[-1])
     ax.set_xticks(xs, [f"{level} concurrent" for level in levels])
     ax.set_ylabel(ylabel)
     ax.legend()

@@ -19,7 +19,7 @@ from minivllm.model.attention import (AttentionMetadata, KVCache, PrefillChunk, 
 from minivllm.arith import ceil_div
 from minivllm.console import progress
 from minivllm.cache import compiler_cache_dir
-from minivllm.model.compiled import warm_up_shapes
+from minivllm.model.compiled import graph_count, warm_up_shapes
 from minivllm.model.llama import LlamaModel
 
 
@@ -59,14 +59,17 @@ class ModelRunner:
             torch._dynamo.maybe_mark_dynamic(pool, 0)
             torch._dynamo.maybe_mark_dynamic(pool, 1)
         shapes = warm_up_shapes(self.model, max_rows, (max_model_len - 1) // self.block_size + 1)
-        started = time.perf_counter()
+        started, graphs = time.perf_counter(), graph_count()
         compiled.steady = False
         for i, (rows, width) in enumerate(shapes, 1):
             progress(f"compiling decode step {i}/{len(shapes)} ({rows} row{'s' if rows > 1 else ''}) ...")
             work = [SeqWork([0], (width - 1) * self.block_size, [0] * width) for _ in range(rows)]
             self.execute(work, [])
-        compiled.steady = True
-        progress(f"{compiled.describe()}: ready in {time.perf_counter() - started:.1f}s (cache {compiler_cache_dir()})")
+        # Steps the native step runs (model/native_step.py) compile nothing; where it ran them all, a later
+        # compiled call (a benchmark turning it off) must be free to compile, so guards stay checked.
+        compiled.steady = graph_count() > graphs
+        progress(f"{self.model.compilation()}: ready in {time.perf_counter() - started:.1f}s "
+                 f"(cache {compiler_cache_dir()})")
         return self
 
     def execute(self, single: list[SeqWork], chunks: list[SeqWork],

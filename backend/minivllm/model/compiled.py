@@ -31,6 +31,7 @@ import torch.fx.experimental._config as fx_config
 
 from minivllm.console import progress
 from minivllm.model import vec_isa_cache
+from minivllm.model.native_step import NativeDecodeStep
 
 RECOMPILE_LIMIT = 64  # graphs per code object: row ranges x widths stay far below this
 
@@ -142,6 +143,7 @@ def use_compilation(model: torch.nn.Module, device: torch.device | str, enforce_
     elif torch.device(device).type != "cpu":
         model.eager_reason = "compilation is implemented for CPUs only; CUDA graphs are not captured yet"
     else:
+        model.native_step = NativeDecodeStep.for_model(model)
         try:
             vec_isa_cache.use_kept_probe()
             model.compiled = CompiledLayers(layers_per_graph(len(model.layers)))

@@ -14,6 +14,7 @@ from torch import nn
 from minivllm.model.attention import AttentionMetadata, KVCache, paged_attention
 from minivllm.model.compiled import CompiledLayers, run_layer
 from minivllm.model.config import LlamaConfig
+from minivllm.model.native_step import NativeDecodeStep
 from minivllm.model.packed_linear import PackedLinear
 from minivllm.model.rope import RotaryEmbedding
 
@@ -88,6 +89,7 @@ class LlamaModel(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.compiled: CompiledLayers | None = None  # set by the engine unless --enforce-eager
+        self.native_step: NativeDecodeStep | None = None  # likewise, where the model's kernels allow it
         self.eager_reason = "--enforce-eager"  # shown when `compiled` is None
 
     @torch.inference_mode()
@@ -102,8 +104,8 @@ class LlamaModel(nn.Module):
         rope = self.rotary.tables(positions, x.dtype)
         num_layers = len(self.layers) if num_layers is None else num_layers
         done = 0
-        if self.compiled is not None and not meta.prefills and hidden_states_out is None:
-            x, done = self.compiled.run(self.layers, x, rope, kv_cache, meta, num_layers)
+        if not meta.prefills and hidden_states_out is None:
+            x, done = self._decode_layers(x, rope, kv_cache, meta, num_layers)
         for i in range(done, num_layers):
             if hidden_states_out is not None:
                 hidden_states_out.append(x)
@@ -113,9 +115,22 @@ class LlamaModel(nn.Module):
             hidden_states_out.append(x)
         return x
 
+    def _decode_layers(self, x, rope, kv_cache, meta, num_layers: int) -> tuple[torch.Tensor, int]:
+        """A decode step's layers natively, else compiled; returns x and how many layers ran (0: none)."""
+        if self.native_step is not None:
+            out = self.native_step.run(x, rope, kv_cache, meta, num_layers)
+            if out is not None:
+                return out, num_layers
+        if self.compiled is not None:
+            return self.compiled.run(self.layers, x, rope, kv_cache, meta, num_layers)
+        return x, 0
+
     def compilation(self) -> str:
         """How decode steps run, in words (the Engine tab shows it)."""
-        return self.compiled.describe() if self.compiled is not None else f"eager ({self.eager_reason})"
+        if self.compiled is None and self.native_step is None:
+            return f"eager ({self.eager_reason})"
+        modes = [m.describe() for m in (self.native_step, self.compiled) if m is not None]
+        return "; otherwise ".join(modes)
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

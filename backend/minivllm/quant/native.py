@@ -24,7 +24,8 @@ from minivllm.quant.formats import Int4Weight
 log = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).with_name("native") / name
-           for name in ("q8_matmul.cpp", "f32_matmul.cpp", "paged_attention.cpp", "logits_reduce.cpp")]
+           for name in ("q8_matmul.cpp", "f32_matmul.cpp", "paged_attention.cpp", "logits_reduce.cpp",
+                         "decode_step.cpp")]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
 NO_VNNI_ENV = "MINIVLLM_NO_VNNI"  # 1: the int8 kernels' AVX2 loops on a VNNI CPU too (another CPU class's code path)
 BLOCK = 32  # the activation quantization block

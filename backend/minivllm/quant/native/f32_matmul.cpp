@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common.h"
+#include "kernels.h"
 
 namespace {
 
@@ -196,6 +197,10 @@ at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& w) {
 }
 
 }  // namespace
+
+at::Tensor minivllm_native::q4_fp32_linear(const at::Tensor& x, const at::Tensor& w) { return q4_f32_linear(x, w); }
+
+at::Tensor minivllm_native::fp32_linear(const at::Tensor& x, const at::Tensor& w) { return f32_linear(x, w); }
 
 TORCH_LIBRARY_FRAGMENT(minivllm_native, m) {
   m.def("q4_f32_linear(Tensor x, Tensor w) -> Tensor");

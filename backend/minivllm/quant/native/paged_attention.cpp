@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "common.h"
+#include "kernels.h"
 
 namespace {
 
@@ -227,8 +228,11 @@ void run(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool
   });
 }
 
-at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
-                                  const at::Tensor& block_tables, const at::Tensor& context_lens, double scale) {
+}  // namespace
+
+at::Tensor minivllm_native::paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
+                                                   const at::Tensor& v_pool, const at::Tensor& block_tables,
+                                                   const at::Tensor& context_lens, double scale) {
   check_inputs(q, k_pool, v_pool, block_tables, context_lens);
   at::Tensor out = at::empty(q.sizes(), q.options());  // contiguous, whatever q's strides
   switch (k_pool.scalar_type()) {
@@ -240,11 +244,9 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
   return out;
 }
 
-}  // namespace
-
 TORCH_LIBRARY_FRAGMENT(minivllm_native, m) {
   m.def("paged_decode_attention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor block_tables, "
         "Tensor context_lens, float scale) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(minivllm_native, CPU, m) { m.impl("paged_decode_attention", &paged_decode_attention); }
+TORCH_LIBRARY_IMPL(minivllm_native, CPU, m) { m.impl("paged_decode_attention", &minivllm_native::paged_decode_attention); }

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "common.h"
+#include "kernels.h"
 
 namespace {
 
@@ -241,6 +242,10 @@ at::Tensor i8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
 }
 
 }  // namespace
+
+at::Tensor minivllm_native::q4_int8_linear(const at::Tensor& x, const at::Tensor& w, bool split) {
+  return split ? q4_linear<true>(x, w) : q4_linear<false>(x, w);
+}
 
 TORCH_LIBRARY(minivllm_native, m) {  // the fp32-activation kernels add to it (f32_matmul.cpp)
   m.def("q4_q8_linear(Tensor x, Tensor w) -> Tensor");

@@ -1,0 +1,111 @@
+"""Decode steps through one native call: every decoder layer in C++ (`quant/native/decode_step.cpp`).
+
+Why: at one sequence a 4-bit step's weight products take ~4 ms, and the compiled step spent another
+~2 ms around them (fp32: ~5 ms around ~18): inductor's Python wrapper calling ~12 kernels a layer,
+each call's dispatch and allocations. The native step runs the same product and attention kernels,
+with norm, rotary, the K/V write, SiLU and residuals as small vector loops, all from C++: one Python
+call a step.
+
+Where: a CPU with our kernels built, fp32 activations, a pool the native attention reads, and every
+layer's four products on our kernels at the step's row count: 4-bit weights (int8, int8x2 or fp32
+activations: the kernel plan's choice, looked up once per row count) or fp32 weights where our fp32
+kernel won at load (packed_linear.choose_fp32_kernel). Any other step (torch's kernels, MKL, a row
+count whose plan picks another kernel, CUDA) runs the compiled step (compiled.py) or eagerly. Only
+decode steps (one token per sequence); prefill chunks and hidden-state capture run as before.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minivllm.model.attention import AttentionMetadata, KVCache, reads_pool_natively
+from minivllm.model.packed_linear import PackedLinear
+from minivllm.quant import native
+from minivllm.quant.kernels import Int4Native
+from minivllm.quant.linear import QuantLinear
+
+# A product's kind, as decode_step.cpp numbers them: a 4-bit weight on our kernel by activation precision,
+# or an fp32 weight on our fp32 kernel
+Q4_KINDS = {"int8": 0, "int8x2": 1, "fp32": 2}
+FP32_KIND = 3
+
+
+def products(layer: torch.nn.Module) -> tuple[torch.nn.Module, ...]:
+    """A decoder layer's weight products, in the order the native step takes them."""
+    return layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj
+
+
+def product_kind(product: torch.nn.Module, rows: int) -> int | None:
+    """How the native step runs this product at `rows` rows, as the eager step would; None when no
+    native kernel would (torch's kernels, MKL)."""
+    if isinstance(product, QuantLinear):
+        kernel = product.kernel_for(rows)
+        return Q4_KINDS.get(kernel.name.split("/")[-1]) if isinstance(kernel, Int4Native) else None
+    if isinstance(product, PackedLinear) and product.native:
+        return FP32_KIND
+    return None
+
+
+def product_kinds(layers, rows: int) -> list[int] | None:
+    """Per layer and product, its kind at `rows` rows; None when any product there is not native."""
+    kinds = [product_kind(product, rows) for layer in layers for product in products(layer)]
+    return None if None in kinds else kinds
+
+
+class NativeDecodeStep:
+    """Runs a decode step's layers in one native call where the model's kernels allow it (`run`)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.layers = tuple(model.layers)
+        attention = self.layers[0].self_attn
+        self.heads, self.scale = attention.num_heads, attention.scale
+        self.eps = self.layers[0].input_layernorm.eps
+        self.weights = tuple(t for layer in self.layers for t in self._layer_weights(layer))
+        self._kinds: dict[int, list[int] | None] = {}  # by row count; kernel plans are fixed once chosen
+
+    @staticmethod
+    def _layer_weights(layer) -> tuple[torch.Tensor, ...]:
+        qkv, o, gate_up, down = (native_weight(p) for p in products(layer))
+        return (layer.input_layernorm.weight.detach(), qkv, o, layer.post_attention_layernorm.weight.detach(),
+                gate_up, down)
+
+    @staticmethod
+    def for_model(model: torch.nn.Module) -> "NativeDecodeStep | None":
+        """The model's native step, or None where it can never run (no native kernels, a product on
+        torch's kernels or MKL, activations not fp32)."""
+        if native.available() is not None or model.norm.weight.dtype != torch.float32:
+            return None
+        if any(native_weight(p) is None for layer in model.layers for p in products(layer)):
+            return None
+        return NativeDecodeStep(model)
+
+    def kinds(self, rows: int) -> list[int] | None:
+        if rows not in self._kinds:
+            self._kinds[rows] = product_kinds(self.layers, rows)
+        return self._kinds[rows]
+
+    def run(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv_cache: KVCache,
+            meta: AttentionMetadata, num_layers: int) -> torch.Tensor | None:
+        """x after the first `num_layers` layers, or None when this step cannot run natively."""
+        kinds = self.kinds(x.shape[0])
+        if kinds is None or meta.prefills or not reads_pool_natively(kv_cache.k[0]):
+            return None
+        cos, signed_sin = rope
+        return torch.ops.minivllm_native.decode_layers(
+            x, cos, signed_sin, self.weights[: 6 * num_layers], kv_cache.k[:num_layers], kv_cache.v[:num_layers],
+            meta.slot_mapping, meta.decode_block_tables, meta.decode_context_lens, kinds[: 4 * num_layers],
+            self.heads, self.eps, self.scale)
+
+    @staticmethod
+    def describe() -> str:
+        return "native decode step (every layer in one C++ call, our kernels)"
+
+
+def native_weight(product: torch.nn.Module) -> torch.Tensor | None:
+    """The weight as our kernels read it: a 4-bit product's packed rows (its native candidates share
+    them), an fp32 product's weight where our fp32 kernel serves it; else None."""
+    if isinstance(product, QuantLinear):
+        return next((k.packed for k in product.candidates if isinstance(k, Int4Native)), None)
+    if isinstance(product, PackedLinear) and product.native:
+        return product.weight.detach()
+    return None

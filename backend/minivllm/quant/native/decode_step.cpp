@@ -1,0 +1,260 @@
+// A decode step's decoder layers in one call (AVX2 + FMA + F16C): for each layer RMSNorm, the fused QKV
+// product, rotary on Q and K, the K/V write into the paged pool, decode attention from the pool, the
+// output product and residual, RMSNorm, the fused gate/up product, SiLU x up, the down product and residual.
+//
+// Why: at one sequence the weight products of a 4-bit step take ~4 ms, and everything around them took
+// another ~2.5 ms: inductor's wrapper calling ~12 kernels a layer from Python, each call's dispatch,
+// guards and allocations. Here the products are the same kernels (4-bit or fp32 weights: q8_matmul.cpp,
+// f32_matmul.cpp; attention: paged_attention.cpp) and the small operations are a few vector loops each,
+// called from C++: one Python call a step.
+//
+// Only steps whose every row is one sequence's single token (decode); each row is computed from its own
+// values only, so a sequence gets the same bits alone and in any batch. The products' results are bit for
+// bit the kernels'; norm, rotary and SiLU differ from torch's in the last bits (summation order, a
+// polynomial exp), which the int8x2 activation rounding that follows them makes immaterial.
+
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <vector>
+
+#include "common.h"
+#include "kernels.h"
+
+namespace {
+
+using namespace minivllm_native;
+
+constexpr int64_t kWeightsPerLayer = 6;  // input norm, QKV, O, post-attention norm, gate/up, down
+constexpr int64_t kProductsPerLayer = 4;
+// How a product runs (the kernel plan's choice at the step's row count; model/native_step.py numbers them alike).
+enum ProductKind : int64_t { kQ4Int8 = 0, kQ4Int8x2 = 1, kQ4Fp32 = 2, kFp32 = 3 };
+
+at::Tensor product(const at::Tensor& x, const at::Tensor& w, int64_t kind) {
+  switch (kind) {
+    case kQ4Int8: return q4_int8_linear(x, w, false);
+    case kQ4Int8x2: return q4_int8_linear(x, w, true);
+    case kQ4Fp32: return q4_fp32_linear(x, w);
+    case kFp32: return fp32_linear(x, w);
+    default: TORCH_CHECK(false, "unknown product kind ", kind);
+  }
+}
+
+constexpr int64_t kElementGrain = 16384;  // elements per parallel task: below that a thread hand-off costs more
+
+// Runs f(row) for every row, in parallel only when the rows hold enough elements to pay for it.
+template <typename F>
+void over_rows(int64_t rows, int64_t row_elements, F&& f) {
+  at::parallel_for(0, rows, std::max<int64_t>(1, kElementGrain / std::max<int64_t>(1, row_elements)),
+                   [&](int64_t begin, int64_t end) {
+                     for (int64_t r = begin; r < end; ++r) f(r);
+                   });
+}
+
+float sum_of_squares(const float* x, int64_t n) {
+  __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int j = 0; j < 2; ++j) {
+      const __m256 v = _mm256_loadu_ps(x + i + 8 * j);
+      acc[j] = _mm256_fmadd_ps(v, v, acc[j]);
+    }
+  float sum = hsum(_mm256_add_ps(acc[0], acc[1]));
+  for (; i < n; ++i) sum += x[i] * x[i];
+  return sum;
+}
+
+// x / sqrt(mean(x^2) + eps) * weight, per row.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const int64_t rows = x.size(0), n = x.size(1);
+  at::Tensor out = at::empty_like(x);
+  const float* src = x.data_ptr<float>();
+  const float* w = weight.data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+  over_rows(rows, n, [&](int64_t r) {
+    const float* row = src + r * n;
+    const float inv = 1.0f / std::sqrt(sum_of_squares(row, n) / static_cast<float>(n) + static_cast<float>(eps));
+    for (int64_t i = 0; i < n; ++i) dst[r * n + i] = row[i] * inv * w[i];
+  });
+  return out;
+}
+
+// Each head of `heads` (dim floats apart) rotated in place: x * cos + swap_halves(x) * signed_sin, the
+// sign of rotate_half folded into the table (model/rope.py).
+// Each head of `heads` (dim floats apart) rotated in place: x * cos + swap_halves(x) * signed_sin, the
+// sign of rotate_half folded into the table (model/rope.py). Both halves of a lane are read before
+// either is written, so no copy is needed; eight lanes at a time where the half is a multiple of 8.
+void rotate(float* x, int64_t heads, int64_t dim, const float* cos, const float* signed_sin) {
+  const int64_t half = dim / 2, wide = half % 8 == 0 ? half : 0;
+  for (int64_t h = 0; h < heads; ++h, x += dim) {
+    for (int64_t d = 0; d < wide; d += 8) {
+      const __m256 a = _mm256_loadu_ps(x + d), b = _mm256_loadu_ps(x + d + half);
+      _mm256_storeu_ps(x + d, _mm256_add_ps(_mm256_mul_ps(a, _mm256_loadu_ps(cos + d)),
+                                            _mm256_mul_ps(b, _mm256_loadu_ps(signed_sin + d))));
+      _mm256_storeu_ps(x + d + half, _mm256_add_ps(_mm256_mul_ps(b, _mm256_loadu_ps(cos + d + half)),
+                                                   _mm256_mul_ps(a, _mm256_loadu_ps(signed_sin + d + half))));
+    }
+    for (int64_t d = wide; d < half; ++d) {
+      const float a = x[d], b = x[d + half];
+      x[d] = a * cos[d] + b * signed_sin[d];
+      x[d + half] = b * cos[d + half] + a * signed_sin[d + half];
+    }
+  }
+}
+
+// n floats into the pool's precision (round to nearest even, as torch's conversions).
+template <typename T>
+void store(T* dst, const float* src, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    std::copy(src, src + n, dst);
+  } else if constexpr (std::is_same_v<T, at::Half>) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                       _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; ++i) dst[i] = static_cast<at::Half>(src[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(src[i]);
+  }
+}
+
+struct Shape {
+  int64_t rows, heads, kv_heads, dim;
+  int64_t width() const { return (heads + 2 * kv_heads) * dim; }  // a QKV row
+};
+
+// Rotary on every row's Q and K heads (in place in `qkv`), then K and V into the pool at the row's slot.
+template <typename T>
+void rotate_and_store(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& signed_sin, at::Tensor& k_pool,
+                      at::Tensor& v_pool, const int64_t* slots, const Shape& s) {
+  float* base = qkv.data_ptr<float>();
+  T* k = k_pool.data_ptr<T>();
+  T* v = v_pool.data_ptr<T>();
+  const float* c = cos.data_ptr<float>();
+  const float* sn = signed_sin.data_ptr<float>();
+  const int64_t kv_row = s.kv_heads * s.dim;
+  over_rows(s.rows, s.width(), [&](int64_t r) {
+    float* row = base + r * s.width();
+    rotate(row, s.heads + s.kv_heads, s.dim, c + r * s.dim, sn + r * s.dim);
+    store(k + slots[r] * kv_row, row + s.heads * s.dim, kv_row);
+    store(v + slots[r] * kv_row, row + (s.heads + s.kv_heads) * s.dim, kv_row);
+  });
+}
+
+void rotate_and_store(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& signed_sin, at::Tensor k_pool,
+                      at::Tensor v_pool, const int64_t* slots, const Shape& s) {
+  switch (k_pool.scalar_type()) {
+    case at::kFloat: rotate_and_store<float>(qkv, cos, signed_sin, k_pool, v_pool, slots, s); break;
+    case at::kHalf: rotate_and_store<at::Half>(qkv, cos, signed_sin, k_pool, v_pool, slots, s); break;
+    case at::kBFloat16: rotate_and_store<at::BFloat16>(qkv, cos, signed_sin, k_pool, v_pool, slots, s); break;
+    default: TORCH_CHECK(false, "KV pool dtype ", k_pool.scalar_type(), " is not float32, float16 or bfloat16");
+  }
+}
+
+// silu(g) = g / (1 + e^-g), from e^-|g| <= 1 on both sides (exp8 takes x <= 0): g e^g / (1 + e^g) below 0.
+inline __m256 silu8(__m256 g) {
+  const __m256 e = exp8(_mm256_or_ps(g, _mm256_set1_ps(-0.f)));  // e^-|g|
+  const __m256 numerator = _mm256_blendv_ps(_mm256_mul_ps(g, e), g, _mm256_cmp_ps(g, _mm256_setzero_ps(), _CMP_GE_OQ));
+  return _mm256_div_ps(numerator, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+}
+
+// [rows, 2I] gate|up -> [rows, I] silu(gate) * up.
+at::Tensor silu_times_up(const at::Tensor& gate_up) {
+  const int64_t rows = gate_up.size(0), n = gate_up.size(1) / 2;
+  at::Tensor out = at::empty({rows, n}, gate_up.options());
+  const float* src = gate_up.data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+  over_rows(rows, n, [&](int64_t r) {
+    const float* gate = src + r * 2 * n;
+    const float* up = gate + n;
+    float* o = dst + r * n;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+      _mm256_storeu_ps(o + i, _mm256_mul_ps(silu8(_mm256_loadu_ps(gate + i)), _mm256_loadu_ps(up + i)));
+    for (; i < n; ++i) o[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+  });
+  return out;
+}
+
+void add_into(at::Tensor& x, const at::Tensor& y) {
+  float* dst = x.data_ptr<float>();
+  const float* src = y.data_ptr<float>();
+  const int64_t n = x.size(1);
+  over_rows(x.size(0), n, [&](int64_t r) {
+    for (int64_t i = 0; i < n; ++i) dst[r * n + i] += src[r * n + i];
+  });
+}
+
+void check_step(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& signed_sin, at::TensorList weights,
+                at::TensorList k_pools, at::TensorList v_pools, const at::Tensor& slots, at::IntArrayRef kinds,
+                int64_t heads) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
+              "expected contiguous fp32 hidden states [rows, hidden], got ", x.sizes(), " ", x.scalar_type());
+  const int64_t layers = static_cast<int64_t>(k_pools.size()), rows = x.size(0);
+  TORCH_CHECK(layers >= 1 && v_pools.size() == k_pools.size() &&
+              static_cast<int64_t>(weights.size()) == kWeightsPerLayer * layers &&
+              static_cast<int64_t>(kinds.size()) == kProductsPerLayer * layers,
+              "per layer: a K and a V pool, ", kWeightsPerLayer, " weights and ", kProductsPerLayer,
+              " product kinds; got ", k_pools.size(), " / ", v_pools.size(), " / ", weights.size(), " / ",
+              kinds.size());
+  const at::Tensor& pool = k_pools[0];
+  TORCH_CHECK(pool.dim() == 4 && heads % pool.size(2) == 0 && pool.size(3) % 2 == 0, "pools must be [blocks, block_size, kv_heads, dim] with ",
+              heads, " query heads a multiple of the KV heads and an even head dim, got ", pool.sizes());
+  for (const at::Tensor* t : {&cos, &signed_sin})
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->numel() == rows * pool.size(3),
+                "rotary tables must be contiguous fp32 [rows, 1, head_dim], got ", t->sizes());
+  TORCH_CHECK(slots.dim() == 1 && slots.size(0) == rows && slots.scalar_type() == at::kLong && slots.is_contiguous(),
+              "slot mapping must be contiguous int64 [rows], got ", slots.sizes());
+  const int64_t capacity = pool.size(0) * pool.size(1);
+  const int64_t* s = slots.data_ptr<int64_t>();
+  for (int64_t r = 0; r < rows; ++r)  // a wrong slot must be an error, not a write out of the pool
+    TORCH_CHECK(s[r] >= 0 && s[r] < capacity, "row ", r, ": slot ", s[r], " outside the pool's ", capacity, " slots");
+  for (int64_t l = 0; l < layers; ++l) {
+    TORCH_CHECK(k_pools[l].sizes() == pool.sizes() && v_pools[l].sizes() == pool.sizes() &&
+                k_pools[l].is_contiguous() && v_pools[l].is_contiguous(),
+                "layer ", l, ": every K and V pool must be contiguous and of one shape");
+    for (int64_t i : {0, 3}) {
+      const at::Tensor& norm = weights[kWeightsPerLayer * l + i];
+      TORCH_CHECK(norm.scalar_type() == at::kFloat && norm.is_contiguous() && norm.numel() == x.size(1),
+                  "layer ", l, ": norm weights must be contiguous fp32 [hidden]");
+    }
+  }
+}
+
+// The decoder layers of a decode step: x [rows, hidden] (one token per sequence) -> x after every layer.
+// weights: per layer [input norm, QKV, O, post-attention norm, gate/up, down], the products' weights as
+// their kernels take them; kinds: per layer and product, its ProductKind.
+at::Tensor decode_layers(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& signed_sin,
+                         at::TensorList weights, at::TensorList k_pools, at::TensorList v_pools,
+                         const at::Tensor& slot_mapping, const at::Tensor& block_tables,
+                         const at::Tensor& context_lens, at::IntArrayRef kinds, int64_t heads, double eps,
+                         double scale) {
+  check_step(x, cos, signed_sin, weights, k_pools, v_pools, slot_mapping, kinds, heads);
+  const Shape s{x.size(0), heads, k_pools[0].size(2), k_pools[0].size(3)};
+  const int64_t* slots = slot_mapping.data_ptr<int64_t>();
+  at::Tensor hidden = x.clone();  // the residual stream, updated in place
+  for (size_t l = 0; l < k_pools.size(); ++l) {
+    const at::Tensor* w = &weights[kWeightsPerLayer * l];
+    const int64_t* kind = &kinds[kProductsPerLayer * l];
+    at::Tensor qkv = product(rms_norm(hidden, w[0], eps), w[1], kind[0]);
+    TORCH_CHECK(qkv.size(1) == s.width(), "layer ", l, ": QKV width ", qkv.size(1), ", expected ", s.width());
+    rotate_and_store(qkv, cos, signed_sin, k_pools[l], v_pools[l], slots, s);
+    const at::Tensor q = qkv.view({s.rows, s.heads + 2 * s.kv_heads, s.dim}).narrow(1, 0, s.heads);
+    const at::Tensor attention = paged_decode_attention(q, k_pools[l], v_pools[l], block_tables, context_lens, scale);
+    add_into(hidden, product(attention.view({s.rows, s.heads * s.dim}), w[2], kind[1]));
+    const at::Tensor gate_up = product(rms_norm(hidden, w[3], eps), w[4], kind[2]);
+    add_into(hidden, product(silu_times_up(gate_up), w[5], kind[3]));
+  }
+  return hidden;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(minivllm_native, m) {
+  m.def("decode_layers(Tensor x, Tensor cos, Tensor signed_sin, Tensor[] weights, Tensor[] k_pools, "
+        "Tensor[] v_pools, Tensor slot_mapping, Tensor block_tables, Tensor context_lens, int[] kinds, "
+        "int heads, float eps, float scale) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(minivllm_native, CPU, m) { m.impl("decode_layers", &decode_layers); }

@@ -1,0 +1,229 @@
+"""The native decode step (model/native_step.py, quant/native/decode_step.cpp): every layer of a decode
+step in one C++ call. Against the eager layers on a tiny 4-bit model (every shape, an early exit, the
+pool it writes), a row's bits alone and in a batch, the fallback where a kernel plan is not ours, a bad
+slot refused before anything is written, and the embedded model's greedy tokens."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from engine_utils import chat_ids, first_part_at_a_near_tie, make_engine, run
+from minivllm.engine.config import EngineConfig
+from minivllm.engine.factory import create_engine
+from minivllm.engine.model_runner import SeqWork
+from minivllm.loader import load_model
+from minivllm.model.native_step import NativeDecodeStep, product_kinds
+from minivllm.quant import native
+from minivllm.model.packed_linear import PackedLinear
+from minivllm.quant.kernels import Kernel
+from minivllm.quant.policy import QuantConfig
+from minivllm.sampling.params import SamplingParams
+
+pytestmark = pytest.mark.skipif(not native.cpu_has_avx2(), reason=f"CPU capability "
+                                f"{torch.backends.cpu.get_cpu_capability()} has no AVX2: no native kernels")
+
+
+@pytest.fixture(scope="module")
+def tiny_q4():
+    """A tiny model in 4 bits on our kernels (int8x2 activations), its native step, and an engine."""
+    loaded = load_model("random:tiny", quantization=QuantConfig("int4", kernel="int8x2"), max_model_len=256)
+    step = NativeDecodeStep.for_model(loaded.model)
+    assert step is not None and native.available() is None
+    engine = make_engine(loaded, max_num_seqs=4, block_size=16, num_blocks=96)
+    return loaded, step, engine
+
+
+def _decode_works(rng: random.Random, rows: int, num_blocks: int, block_size: int = 16) -> list[SeqWork]:
+    works = []
+    for _ in range(rows):
+        width = rng.randint(1, 6)
+        table = rng.sample(range(1, num_blocks), width)
+        works.append(SeqWork([rng.randrange(49152)], rng.randint((width - 1) * block_size, width * block_size - 1),
+                             table))
+    return works
+
+
+def _step(loaded, engine, step, works, native_on: bool, **kwargs) -> torch.Tensor:
+    loaded.model.native_step = step if native_on else None
+    try:
+        return engine.runner.execute(works, [], **kwargs)
+    finally:
+        loaded.model.native_step = None
+
+
+def _assert_near(native_logits: torch.Tensor, eager_logits: torch.Tensor) -> None:
+    """Norm, rotary and SiLU round differently from torch's in the last bits, and that can move an
+    activation's int8x2 rounding step: differences ~1e-5 of the logits' scale, not an error's ~1."""
+    scale = eager_logits.abs().max().item()
+    torch.testing.assert_close(native_logits, eager_logits, atol=2e-4 * scale, rtol=0)
+
+
+def test_native_logits_match_the_eager_layers_for_every_decode_shape(tiny_q4):
+    loaded, step, engine = tiny_q4
+    rng = random.Random(0)
+    for rows in [1, 2, 3, 4, 1, 4]:
+        works = _decode_works(rng, rows, engine.block_manager.num_blocks)
+        eager = _step(loaded, engine, step, works, native_on=False)
+        k_eager = [pool.clone() for pool in engine.kv_cache.k]
+        native_logits = _step(loaded, engine, step, works, native_on=True)
+        assert native_logits.shape == (rows, loaded.config.vocab_size)
+        _assert_near(native_logits, eager)
+        for layer, pool in enumerate(engine.kv_cache.k):  # the K it wrote: rotated the same way
+            torch.testing.assert_close(pool.float(), k_eager[layer].float(), atol=2e-3, rtol=1e-3)
+
+
+def test_native_step_runs_when_it_can_and_the_runner_takes_it(tiny_q4, monkeypatch):
+    loaded, step, engine = tiny_q4
+    calls = []
+    real = torch.ops.minivllm_native.decode_layers
+
+    class Spy:
+        def __call__(self, *args):
+            calls.append(args[0].shape[0])
+            return real(*args)
+
+    monkeypatch.setattr(torch.ops.minivllm_native, "decode_layers", Spy())
+    _step(loaded, engine, step, _decode_works(random.Random(1), 3, engine.block_manager.num_blocks), native_on=True)
+    assert calls == [3]
+
+
+def test_an_early_exit_runs_only_its_layers(tiny_q4):
+    loaded, step, engine = tiny_q4
+    works = _decode_works(random.Random(2), 2, engine.block_manager.num_blocks)
+    eager = _step(loaded, engine, step, works, native_on=False, num_layers=1)
+    _assert_near(_step(loaded, engine, step, works, native_on=True, num_layers=1), eager)
+
+
+def test_a_sequence_gets_the_same_bits_alone_and_in_a_batch(tiny_q4):
+    loaded, step, engine = tiny_q4
+    works = _decode_works(random.Random(3), 4, engine.block_manager.num_blocks)
+    batched = _step(loaded, engine, step, works, native_on=True)
+    for i, work in enumerate(works):
+        assert torch.equal(_step(loaded, engine, step, [work], native_on=True), batched[i:i + 1])
+
+
+class NotOurs(Kernel):
+    """A kernel the native step does not run (torch's, by name), computing what ours computes."""
+
+    name = "int4pack/fp32"
+
+    def __init__(self, ours: Kernel):
+        self.ours = ours
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ours(x)
+
+
+def test_a_row_count_whose_plan_is_not_ours_runs_the_other_path(tiny_q4):
+    loaded, _, engine = tiny_q4
+    layer = loaded.model.layers[0].mlp.down_proj
+    plan = layer.plan
+    try:
+        assert product_kinds(loaded.model.layers, 3) is not None
+        layer.plan = [(2, plan[0][1]), (2**62, NotOurs(plan[0][1]))]
+        fresh = NativeDecodeStep(loaded.model)  # row counts are looked up once per step object
+        assert fresh.kinds(2) is not None and fresh.kinds(3) is None
+        works = _decode_works(random.Random(4), 3, engine.block_manager.num_blocks)
+        eager = _step(loaded, engine, None, works, native_on=False)
+        torch.testing.assert_close(_step(loaded, engine, fresh, works, native_on=True), eager, atol=0, rtol=0)
+    finally:
+        layer.plan = plan
+
+
+def test_a_slot_outside_the_pool_is_refused_before_anything_is_written(tiny_q4):
+    loaded, step, engine = tiny_q4
+    works = _decode_works(random.Random(5), 2, engine.block_manager.num_blocks)
+    pools = [pool.clone() for pool in (*engine.kv_cache.k, *engine.kv_cache.v)]
+    real_slot = engine.runner._slot
+    engine.runner._slot = lambda table, position: 10**9
+    try:
+        with pytest.raises(RuntimeError, match="slot 1000000000 outside the pool"):
+            _step(loaded, engine, step, works, native_on=True)
+    finally:
+        engine.runner._slot = real_slot
+    assert all(torch.equal(a, b) for a, b in zip(pools, (*engine.kv_cache.k, *engine.kv_cache.v)))
+
+
+@pytest.fixture(scope="module")
+def tiny_fp32():
+    """A tiny fp32 model with every product on our fp32 kernel (the load's timing may pick MKL on
+    another machine; here it is set), its native step, and an engine."""
+    loaded = load_model("random:tiny", quantization="none", max_model_len=256)
+    for module in loaded.model.modules():
+        if isinstance(module, PackedLinear):
+            module.native = True
+    engine = make_engine(loaded, max_num_seqs=4, block_size=16, num_blocks=96)
+    return loaded, NativeDecodeStep.for_model(loaded.model), engine
+
+
+def test_fp32_native_logits_match_eager_within_1e_4_for_every_decode_shape(tiny_fp32):
+    loaded, step, engine = tiny_fp32
+    assert step is not None and step.kinds(1) == [3] * 4 * len(loaded.model.layers)
+    rng = random.Random(6)
+    for rows in [1, 2, 3, 4, 2]:
+        works = _decode_works(rng, rows, engine.block_manager.num_blocks)
+        eager = _step(loaded, engine, step, works, native_on=False)
+        torch.testing.assert_close(_step(loaded, engine, step, works, native_on=True), eager, atol=1e-4, rtol=0)
+
+
+def test_mkl_products_and_enforce_eager_have_no_native_step(tiny_model):
+    """The session's tiny fp32 model as loaded: MKL serves it or ours does (a timing); MKL has no native step."""
+    mkl = any(isinstance(m, PackedLinear) and not m.native for m in tiny_model.model.modules())
+    assert (NativeDecodeStep.for_model(tiny_model.model) is None) == mkl
+    assert create_engine("random:tiny", enforce_eager=True).loaded.model.native_step is None
+
+
+def test_the_default_engine_runs_it_and_says_so(monkeypatch, capfd):
+    monkeypatch.setenv("MINIVLLM_ENFORCE_EAGER", "0")  # the test session's default is eager (conftest)
+    engine = create_engine("random:tiny", EngineConfig(max_num_seqs=2), quantization=QuantConfig("int4", kernel="int8x2"))
+    info = engine.info().compilation
+    assert info.startswith("native decode step") and "otherwise compiled (inductor" in info, info
+    # every warm-up shape ran natively: nothing compiled, and a later compile stays possible
+    assert not engine.loaded.model.compiled.steady
+    assert info in capfd.readouterr().err
+
+
+QUESTIONS = ("What is the capital of France?", "Name three colors.", "Write a haiku about the sea.")
+
+
+def _eager_and_native(loaded, step, params: SamplingParams) -> tuple[dict, dict]:
+    """The questions' final outputs eagerly, then through the native step (one request at a time)."""
+    runs = []
+    try:
+        for native_step in (None, step):
+            loaded.model.native_step = native_step
+            engine = make_engine(loaded, max_num_seqs=1, num_blocks=32)
+            for i, question in enumerate(QUESTIONS):
+                engine.add_request(f"r{i}", prompt_token_ids=chat_ids(loaded.tokenizer, question), params=params)
+            runs.append(run(engine))
+    finally:
+        loaded.model.native_step = None
+    return runs[0], runs[1]
+
+
+def test_embedded_model_greedy_parts_from_eager_only_at_near_ties(embedded_model_q4):
+    """The default precision: the int8x2 activation rounding can turn a last-bit difference of the norm
+    into a flipped near-tie, as for the compiled step (engine_utils.first_part_at_a_near_tie)."""
+    step = NativeDecodeStep.for_model(embedded_model_q4.model)
+    params = SamplingParams(temperature=0, max_tokens=32, logprobs=5, ignore_eos=True)
+    eager, native_run = _eager_and_native(embedded_model_q4, step, params)
+    for rid in eager:
+        first_part_at_a_near_tie(eager[rid].outputs[0], native_run[rid].outputs[0])
+
+
+def test_embedded_model_in_fp32_decodes_the_eager_greedy_tokens(embedded_model):
+    linears = [m for m in embedded_model.model.modules() if isinstance(m, PackedLinear)]
+    chosen = [m.native for m in linears]
+    try:
+        for m in linears:  # our fp32 kernel, whichever won at load on this machine
+            m.native = True
+        step = NativeDecodeStep.for_model(embedded_model.model)
+        eager, native_run = _eager_and_native(embedded_model, step, SamplingParams(temperature=0, max_tokens=32))
+    finally:
+        for m, native_chosen in zip(linears, chosen):
+            m.native = native_chosen
+    assert {r: o.outputs[0].token_ids for r, o in native_run.items()} == \
+        {r: o.outputs[0].token_ids for r, o in eager.items()}

@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from engine_utils import chat_ids, first_part_at_a_near_tie, make_engine, run
+from engine_utils import assert_all_blocks_free, chat_ids, first_part_at_a_near_tie, make_engine, run
 from minivllm.engine.config import EngineConfig
 from minivllm.engine.factory import create_engine
 from minivllm.engine.model_runner import SeqWork
@@ -36,6 +36,18 @@ def tiny_q4():
     return loaded, step, engine
 
 
+@pytest.fixture(scope="module")
+def tiny_fp32():
+    """A tiny fp32 model with every product on our fp32 kernel (the load's timing may pick MKL on
+    another machine; here it is set), its native step, and an engine."""
+    loaded = load_model("random:tiny", quantization="none", max_model_len=256)
+    for module in loaded.model.modules():
+        if isinstance(module, PackedLinear):
+            module.native = True
+    engine = make_engine(loaded, max_num_seqs=4, block_size=16, num_blocks=96)
+    return loaded, NativeDecodeStep.for_model(loaded.model), engine
+
+
 def _decode_works(rng: random.Random, rows: int, num_blocks: int, block_size: int = 16) -> list[SeqWork]:
     works = []
     for _ in range(rows):
@@ -46,10 +58,11 @@ def _decode_works(rng: random.Random, rows: int, num_blocks: int, block_size: in
     return works
 
 
-def _step(loaded, engine, step, works, native_on: bool, **kwargs) -> torch.Tensor:
-    loaded.model.native_step = step if native_on else None
+def _step(loaded, engine, step, works, chunks=(), **kwargs) -> torch.Tensor:
+    """A step's logits with this native step (None: eager)."""
+    loaded.model.native_step = step
     try:
-        return engine.runner.execute(works, [], **kwargs)
+        return engine.runner.execute(works, list(chunks), **kwargs)
     finally:
         loaded.model.native_step = None
 
@@ -66,9 +79,9 @@ def test_native_logits_match_the_eager_layers_for_every_decode_shape(tiny_q4):
     rng = random.Random(0)
     for rows in [1, 2, 3, 4, 1, 4]:
         works = _decode_works(rng, rows, engine.block_manager.num_blocks)
-        eager = _step(loaded, engine, step, works, native_on=False)
+        eager = _step(loaded, engine, None, works)
         k_eager = [pool.clone() for pool in engine.kv_cache.k]
-        native_logits = _step(loaded, engine, step, works, native_on=True)
+        native_logits = _step(loaded, engine, step, works)
         assert native_logits.shape == (rows, loaded.config.vocab_size)
         _assert_near(native_logits, eager)
         for layer, pool in enumerate(engine.kv_cache.k):  # the K it wrote: rotated the same way
@@ -86,23 +99,73 @@ def test_native_step_runs_when_it_can_and_the_runner_takes_it(tiny_q4, monkeypat
             return real(*args)
 
     monkeypatch.setattr(torch.ops.minivllm_native, "decode_layers", Spy())
-    _step(loaded, engine, step, _decode_works(random.Random(1), 3, engine.block_manager.num_blocks), native_on=True)
+    _step(loaded, engine, step, _decode_works(random.Random(1), 3, engine.block_manager.num_blocks))
     assert calls == [3]
 
 
 def test_an_early_exit_runs_only_its_layers(tiny_q4):
     loaded, step, engine = tiny_q4
     works = _decode_works(random.Random(2), 2, engine.block_manager.num_blocks)
-    eager = _step(loaded, engine, step, works, native_on=False, num_layers=1)
-    _assert_near(_step(loaded, engine, step, works, native_on=True, num_layers=1), eager)
+    eager = _step(loaded, engine, None, works, num_layers=1)
+    _assert_near(_step(loaded, engine, step, works, num_layers=1), eager)
 
 
 def test_a_sequence_gets_the_same_bits_alone_and_in_a_batch(tiny_q4):
     loaded, step, engine = tiny_q4
     works = _decode_works(random.Random(3), 4, engine.block_manager.num_blocks)
-    batched = _step(loaded, engine, step, works, native_on=True)
+    batched = _step(loaded, engine, step, works)
     for i, work in enumerate(works):
-        assert torch.equal(_step(loaded, engine, step, [work], native_on=True), batched[i:i + 1])
+        assert torch.equal(_step(loaded, engine, step, [work]), batched[i:i + 1])
+
+
+def test_a_mixed_step_runs_its_single_rows_natively_with_their_bits_alone(tiny_q4):
+    """The runner gives a step's single-token rows a pass of their own beside a prefill chunk: they run
+    natively, with the same bits as without the chunk, and the chunk's rows are eager's exactly."""
+    loaded, step, engine = tiny_q4
+    rng = random.Random(7)
+    single = _decode_works(rng, 2, engine.block_manager.num_blocks)
+    chunk = SeqWork([rng.randrange(49152) for _ in range(5)], 16, [40, 41], num_logits=5)
+    eager = _step(loaded, engine, None, single, [chunk])
+    mixed = _step(loaded, engine, step, single, [chunk])
+    torch.testing.assert_close(mixed[2:], eager[2:], atol=0, rtol=0)
+    assert torch.equal(mixed[:2], _step(loaded, engine, step, single))
+    _assert_near(mixed[:2], eager[:2])
+
+
+def test_a_rebuilt_pool_runs_natively(tiny_fp32):
+    """The dashboard's settings rebuild the KV pool (another block count and size): the native step
+    reads the new pools as they come."""
+    loaded, step, engine = tiny_fp32
+    try:
+        engine.reconfigure(num_blocks=80, block_size=8)
+        works = _decode_works(random.Random(8), 3, 80, block_size=8)
+        eager = _step(loaded, engine, None, works)
+        torch.testing.assert_close(_step(loaded, engine, step, works), eager, atol=1e-4, rtol=0)
+    finally:
+        engine.reconfigure(num_blocks=96, block_size=16)
+
+
+def test_engine_outputs_with_beams_and_n_equal_eager_in_fp32(tiny_fp32):
+    """Greedy, n > 1 (seeded sampling) and beam search through the whole engine: native == eager."""
+    loaded, step, _ = tiny_fp32
+    requests = [
+        ("greedy", SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)),
+        ("n3", SamplingParams(temperature=0.9, top_p=0.9, n=3, seed=7, max_tokens=20, ignore_eos=True)),
+        ("beam", SamplingParams(use_beam_search=True, beam_width=3, n=2, max_tokens=12, ignore_eos=True)),
+    ]
+    results = []
+    try:
+        for native_step in (step, None):
+            loaded.model.native_step = native_step
+            engine = make_engine(loaded, max_num_seqs=4, num_blocks=96)
+            for i, (name, params) in enumerate(requests):
+                engine.add_request(name, prompt_token_ids=[5 + i, 17, 300, 4000, 9], params=params)
+            done = run(engine)
+            assert_all_blocks_free(engine)
+            results.append({rid: [o.token_ids for o in out.outputs] for rid, out in done.items()})
+    finally:
+        loaded.model.native_step = None
+    assert results[0] == results[1]
 
 
 class NotOurs(Kernel):
@@ -127,8 +190,8 @@ def test_a_row_count_whose_plan_is_not_ours_runs_the_other_path(tiny_q4):
         fresh = NativeDecodeStep(loaded.model)  # row counts are looked up once per step object
         assert fresh.kinds(2) is not None and fresh.kinds(3) is None
         works = _decode_works(random.Random(4), 3, engine.block_manager.num_blocks)
-        eager = _step(loaded, engine, None, works, native_on=False)
-        torch.testing.assert_close(_step(loaded, engine, fresh, works, native_on=True), eager, atol=0, rtol=0)
+        eager = _step(loaded, engine, None, works)
+        torch.testing.assert_close(_step(loaded, engine, fresh, works), eager, atol=0, rtol=0)
     finally:
         layer.plan = plan
 
@@ -141,22 +204,10 @@ def test_a_slot_outside_the_pool_is_refused_before_anything_is_written(tiny_q4):
     engine.runner._slot = lambda table, position: 10**9
     try:
         with pytest.raises(RuntimeError, match="slot 1000000000 outside the pool"):
-            _step(loaded, engine, step, works, native_on=True)
+            _step(loaded, engine, step, works)
     finally:
         engine.runner._slot = real_slot
     assert all(torch.equal(a, b) for a, b in zip(pools, (*engine.kv_cache.k, *engine.kv_cache.v)))
-
-
-@pytest.fixture(scope="module")
-def tiny_fp32():
-    """A tiny fp32 model with every product on our fp32 kernel (the load's timing may pick MKL on
-    another machine; here it is set), its native step, and an engine."""
-    loaded = load_model("random:tiny", quantization="none", max_model_len=256)
-    for module in loaded.model.modules():
-        if isinstance(module, PackedLinear):
-            module.native = True
-    engine = make_engine(loaded, max_num_seqs=4, block_size=16, num_blocks=96)
-    return loaded, NativeDecodeStep.for_model(loaded.model), engine
 
 
 def test_fp32_native_logits_match_eager_within_1e_4_for_every_decode_shape(tiny_fp32):
@@ -165,8 +216,8 @@ def test_fp32_native_logits_match_eager_within_1e_4_for_every_decode_shape(tiny_
     rng = random.Random(6)
     for rows in [1, 2, 3, 4, 2]:
         works = _decode_works(rng, rows, engine.block_manager.num_blocks)
-        eager = _step(loaded, engine, step, works, native_on=False)
-        torch.testing.assert_close(_step(loaded, engine, step, works, native_on=True), eager, atol=1e-4, rtol=0)
+        eager = _step(loaded, engine, None, works)
+        torch.testing.assert_close(_step(loaded, engine, step, works), eager, atol=1e-4, rtol=0)
 
 
 def test_mkl_products_and_enforce_eager_have_no_native_step(tiny_model):

@@ -338,12 +338,13 @@ class DecodeCase:
 
     block_size, heads, dim = 16, 9, 64
 
-    def __init__(self, blocks: int = 40, kv_heads: int = 3):
+    def __init__(self, blocks: int = 40, kv_heads: int = 3, lens: tuple[int, ...] = (37, 150, 5, 96, 64, 121, 17, 80),
+                 width: int = 12):
         torch.manual_seed(0)
         shape = (blocks, self.block_size, kv_heads, self.dim)
         self.k_pool, self.v_pool = torch.randn(shape), torch.randn(shape)
-        self.lens = torch.tensor([37, 150, 5, 96, 64, 121, 17, 80])
-        self.tables = torch.stack([torch.randperm(blocks)[:12] for _ in self.lens])  # up to 192 tokens
+        self.lens = torch.tensor(lens)
+        self.tables = torch.stack([torch.randperm(blocks)[:width] for _ in self.lens])  # up to width * 16 tokens
         self.q = torch.randn(len(self.lens), self.heads, self.dim)
 
     def mask(self, block_tables: torch.Tensor, context_lens: torch.Tensor) -> torch.Tensor:
@@ -395,6 +396,24 @@ def test_native_decode_in_the_compiled_step_keeps_a_rows_bits_in_any_batch_and_p
     portable = attention.gathered_decode_attention(
         q, case.k_pool, case.v_pool, tables, case.mask(tables, lens), dim ** -0.5)
     torch.testing.assert_close(batch, portable, atol=1e-5, rtol=0)
+
+
+def test_native_decode_of_long_contexts_in_parts_keeps_a_rows_bits_in_any_batch():
+    """Contexts past 256 tokens are attended in parts of 256 (each a task where sequences are few, so one
+    long sequence keeps both threads streaming), merged by their maxima: the same result as SDPA, and a
+    sequence's bits do not depend on the batch (alone: a task per part, or per part and head; in a batch
+    of 2 x threads or more: a task per sequence) nor on its table's padding."""
+    if native.available() is not None:
+        pytest.skip(f"native kernels unavailable here: {native.available()}")
+    case = DecodeCase(blocks=400, lens=(700, 300, 1000, 33, 512, 257, 256, 900), width=64)
+    q, tables, lens, attend, dim = case.q, case.tables, case.lens, case.attend, case.dim
+    batch = attend(q, tables, lens)
+    portable = attention.gathered_decode_attention(
+        q, case.k_pool, case.v_pool, tables, case.mask(tables, lens), dim ** -0.5)
+    torch.testing.assert_close(batch, portable, atol=1e-5, rtol=0)
+    for rows in ([0], [1], [2, 7], [0, 3, 5], [6]):
+        assert torch.equal(attend(q[rows], tables[rows], lens[rows]), batch[rows])
+    assert torch.equal(attend(q[[1]], tables[[1], :19], lens[[1]]), batch[[1]])  # 300 tokens: 19 blocks
 
 
 def _resident_mib() -> float:

@@ -6,16 +6,19 @@
 // of ~200 tokens that was ~0.6 ms a layer, about a fifth of the step. Here each K/V row is read once,
 // from the pool, in the pool's own precision (fp32, fp16 or bf16; converted in registers).
 //
-// One task is one sequence (or, with few sequences, one of its KV heads): each KV head's query heads
-// (the GQA group) share every K/V row it loads. Two passes: scores for the whole context into the
-// thread's scratch (eight tokens at a time against each query head), a softmax over them, then the
-// weighted sums of V, block by block, in register accumulators. Summation order is fixed per task, so a sequence gets the same bits alone and in any
-// batch.
+// One task is one sequence (or, with few sequences, one part of one: contexts are attended in parts of
+// 256 tokens, merged by their maxima, so a lone long sequence keeps every thread streaming; with fewer
+// parts than threads, one KV head of a part): each KV head's query heads (the GQA group) share every
+// K/V row it loads. Two passes: scores into the thread's scratch (eight tokens at a time against each
+// query head), a softmax per part, then the weighted sums of V, block by block, in register
+// accumulators. Parts are fixed by position and summed in one order per task, so a sequence gets the
+// same bits alone and in any batch.
 
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -45,9 +48,10 @@ struct Geometry {
   int64_t block_size, kv_heads, dim, group, max_blocks;
 };
 
-// Softmax of scores[0, len) in place, returned unnormalised; the result is the reciprocal of the sum.
-inline float exp_shifted(float* scores, int64_t len) {
-  float top = -std::numeric_limits<float>::infinity();
+// Softmax numerators of scores[0, len) in place: e^(score - top), top the maximum (returned in `top`);
+// returns their sum.
+inline float exp_shifted(float* scores, int64_t len, float& top) {
+  top = -std::numeric_limits<float>::infinity();
   for (int64_t t = 0; t < len; ++t) top = std::max(top, scores[t]);
   const __m256 shift = _mm256_set1_ps(top);
   __m256 sums = _mm256_setzero_ps();
@@ -59,20 +63,21 @@ inline float exp_shifted(float* scores, int64_t len) {
   }
   float sum = hsum(sums);
   for (; t < len; ++t) sum += scores[t] = std::exp(scores[t] - top);
-  return 1.0f / sum;
+  return sum;
 }
 
-// Calls f(first, rows, n) for each block's run of n <= block_size tokens [first, first + n), `rows`
-// pointing at the first one's K or V row (all its heads; consecutive tokens are kv_heads * dim apart).
+// Calls f(first, rows, n) for each block's run of n <= block_size tokens [first, first + n) within
+// [t0, t1) (t0 on a block boundary), `rows` pointing at the first one's K or V row (all its heads;
+// consecutive tokens are kv_heads * dim apart).
 template <typename T, typename F>
-inline void over_blocks(const T* pool, const int64_t* table, int64_t len, const Geometry& g, F&& f) {
+inline void over_blocks(const T* pool, const int64_t* table, int64_t t0, int64_t t1, const Geometry& g, F&& f) {
   const int64_t token_stride = g.kv_heads * g.dim, block_bytes = g.block_size * token_stride * sizeof(T);
-  for (int64_t first = 0, b = 0; first < len; first += g.block_size, ++b) {
-    if (first + g.block_size < len) {  // the next block into L2 while this one computes: blocks are scattered
+  for (int64_t first = t0, b = t0 / g.block_size; first < t1; first += g.block_size, ++b) {
+    if (first + g.block_size < t1) {  // the next block into L2 while this one computes: blocks are scattered
       const char* next = reinterpret_cast<const char*>(pool + table[b + 1] * g.block_size * token_stride);
       for (int64_t line = 0; line < block_bytes; line += 64) _mm_prefetch(next + line, _MM_HINT_T1);
     }
-    f(first, pool + table[b] * g.block_size * token_stride, std::min(g.block_size, len - first));
+    f(first, pool + table[b] * g.block_size * token_stride, std::min(g.block_size, t1 - first));
   }
 }
 
@@ -137,28 +142,35 @@ void weigh_row(const float* p, const T* rows, int64_t n, int64_t stride, const G
   }
 }
 
-// One sequence's KV heads [h0, h1): q holds their query heads ((h1 - h0) * group of them, in order),
-// already scaled; out likewise. K and V are read block by block, every KV head of the range while the
-// block is in L1: a token's row holds all its heads side by side, so a task that takes every head
-// reads its blocks front to back.
-// Each output sums its tokens in order, whatever the range: the same bits however heads are split.
+// Tokens [t0, t1) of one sequence for its KV heads [h0, h1), in parts of `part_len` tokens from t0 (t0 and
+// part_len on block boundaries): q holds their query heads ((h1 - h0) * group of them, in order), already
+// scaled. Per part and query head, `out` [part][head][dim] gets the weighted sum of V, unnormalised, and
+// `top` / `sum` [part][head] its scores' maximum and softmax denominator. K, then V, are read block by
+// block front to back, every KV head of the range while the block is in L1 (a token's row holds all its
+// heads side by side). Each output sums its part's tokens in order, whatever the range or the heads'
+// split: the same bits however a sequence is divided into tasks.
 template <typename T>
-void attend(const float* q, const T* k_pool, const T* v_pool, const int64_t* table, int64_t len, int64_t h0,
-            int64_t h1, const Geometry& g, float* scores, float* norm, float* out) {
-  const int64_t stride = g.kv_heads * g.dim, heads = (h1 - h0) * g.group;  // scores: [query head][token]
-  over_blocks(k_pool, table, len, g, [&](int64_t first, const T* rows, int64_t n) {
+void attend(const float* q, const T* k_pool, const T* v_pool, const int64_t* table, int64_t t0, int64_t t1,
+            int64_t part_len, int64_t h0, int64_t h1, const Geometry& g, float* scores, float* top, float* sum,
+            float* out) {
+  const int64_t stride = g.kv_heads * g.dim, heads = (h1 - h0) * g.group, n = t1 - t0;  // scores: [query head][token]
+  over_blocks(k_pool, table, t0, t1, g, [&](int64_t first, const T* rows, int64_t count) {
     for (int64_t kv = h0; kv < h1; ++kv)
-      score_rows(q + (kv - h0) * g.group * g.dim, rows + kv * g.dim, n, stride, g,
-                 scores + (kv - h0) * g.group * len + first, len);
+      score_rows(q + (kv - h0) * g.group * g.dim, rows + kv * g.dim, count, stride, g,
+                 scores + (kv - h0) * g.group * n + (first - t0), n);
   });
-  for (int64_t i = 0; i < heads; ++i) norm[i] = exp_shifted(scores + i * len, len);
-  std::fill(out, out + heads * g.dim, 0.0f);
-  over_blocks(v_pool, table, len, g, [&](int64_t first, const T* rows, int64_t n) {
+  const int64_t parts = (n + part_len - 1) / part_len;
+  for (int64_t p = 0; p < parts; ++p)
+    for (int64_t i = 0; i < heads; ++i)
+      sum[p * heads + i] = exp_shifted(scores + i * n + p * part_len, std::min(part_len, n - p * part_len),
+                                       top[p * heads + i]);
+  std::fill(out, out + parts * heads * g.dim, 0.0f);
+  over_blocks(v_pool, table, t0, t1, g, [&](int64_t first, const T* rows, int64_t count) {
+    float* part_out = out + (first - t0) / part_len * heads * g.dim;  // a block lies in one part
     for (int64_t i = 0; i < heads; ++i)  // query head i reads KV head h0 + i / group
-      weigh_row(scores + i * len + first, rows + (h0 + i / g.group) * g.dim, n, stride, g, out + i * g.dim);
+      weigh_row(scores + i * n + (first - t0), rows + (h0 + i / g.group) * g.dim, count, stride, g,
+                part_out + i * g.dim);
   });
-  for (int64_t i = 0; i < heads; ++i)
-    for (int64_t d = 0; d < g.dim; ++d) out[i * g.dim + d] *= norm[i];
 }
 
 void check_inputs(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
@@ -191,41 +203,148 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k_pool, const at::Tenso
   }
 }
 
+// A context longer than this is attended in parts of this many tokens (whole blocks), each a task of its
+// own, merged afterwards: one long sequence then keeps every thread streaming its own part of the pool. A
+// task of one KV head of a whole context streamed the other heads' lines too (a token's row holds them
+// all), so splitting one long sequence by heads had each thread read the whole context (measured: 2,048
+// tokens, one sequence, 174 us a layer, ~9 GB/s). Parts are fixed by position, never by the batch.
+constexpr int64_t kPartTokens = 256;
+
+// Each query head of a sequence whose context came in several parts: its parts' weighted sums rescaled
+// to the largest maximum and summed in part order, over the parts' summed denominators. One part: its
+// sum over its denominator.
+void merge_parts(const float* part_out, const float* part_top, const float* part_sum, int64_t parts, int64_t heads,
+                 int64_t dim, float* out) {
+  for (int64_t h = 0; h < heads; ++h) {
+    float* o = out + h * dim;
+    if (parts == 1) {
+      const float norm = 1.0f / part_sum[h];
+      for (int64_t d = 0; d < dim; ++d) o[d] = part_out[h * dim + d] * norm;
+      continue;
+    }
+    float top = -std::numeric_limits<float>::infinity(), sum = 0.0f;
+    for (int64_t p = 0; p < parts; ++p) top = std::max(top, part_top[p * heads + h]);
+    std::fill(o, o + dim, 0.0f);
+    for (int64_t p = 0; p < parts; ++p) {
+      const float weight = std::exp(part_top[p * heads + h] - top);
+      sum += weight * part_sum[p * heads + h];
+      const float* po = part_out + (p * heads + h) * dim;
+      for (int64_t d = 0; d < dim; ++d) o[d] += weight * po[d];
+    }
+    const float norm = 1.0f / sum;
+    for (int64_t d = 0; d < dim; ++d) o[d] *= norm;
+  }
+}
+
+// One call's inputs, and the attention of one sequence's tokens for a range of its KV heads.
+template <typename T>
+struct Attention {
+  Geometry g;
+  int64_t part_len, all_heads;
+  const float* q;
+  int64_t q_seq, q_head, q_dim;
+  float scale;
+  const T *k, *v;
+  const int64_t *tables, *lens;
+
+  int64_t parts(int64_t seq) const { return (lens[seq] + part_len - 1) / part_len; }
+
+  // Parts [p0, p1) of sequence `seq` for KV heads [h0, h0 + kv_count) into o, top, sum (attend's layout).
+  // `scaled`: room for the query heads, `scores` for the parts' scores.
+  void parts(int64_t seq, int64_t p0, int64_t p1, int64_t h0, int64_t kv_count, float* scaled, float* scores,
+             float* top, float* sum, float* o) const {
+    const int64_t heads = kv_count * g.group;
+    for (int64_t j = 0; j < heads; ++j) {  // the query heads, scaled, packed
+      const float* src = q + seq * q_seq + (h0 * g.group + j) * q_head;
+      for (int64_t d = 0; d < g.dim; ++d) scaled[j * g.dim + d] = src[d * q_dim] * scale;
+    }
+    attend(scaled, k, v, tables + seq * g.max_blocks, p0 * part_len, std::min(lens[seq], p1 * part_len), part_len,
+           h0, h0 + kv_count, g, scores, top, sum, o);
+  }
+};
+
+// The thread's scratch, kept across calls (a fresh one was allocated and zeroed every layer), 64-byte
+// aligned pieces of the given float counts.
+template <size_t N>
+std::array<float*, N> thread_scratch(const std::array<int64_t, N>& floats) {
+  static thread_local std::vector<float> scratch;
+  int64_t total = 0;
+  for (int64_t f : floats) total += round_up16(f);
+  std::array<float*, N> pieces;
+  pieces[0] = aligned_scratch(scratch, total);
+  for (size_t i = 1; i < N; ++i) pieces[i] = pieces[i - 1] + round_up16(floats[i - 1]);
+  return pieces;
+}
+
+// Sequences enough to keep the threads busy: one task a sequence, every head, every part (read front to
+// back as one stream), merged in the thread's scratch.
+template <typename T>
+void by_sequence(const Attention<T>& a, int64_t seqs, float* out) {
+  const int64_t max_len = a.g.max_blocks * a.g.block_size, most_parts = (max_len + a.part_len - 1) / a.part_len;
+  at::parallel_for(0, seqs, 1, [&](int64_t begin, int64_t end) {
+    const auto [scaled, scores, top, sum, parts_out] = thread_scratch<5>(
+        {a.all_heads * a.g.dim, a.all_heads * max_len, most_parts * a.all_heads, most_parts * a.all_heads,
+         most_parts * a.all_heads * a.g.dim});
+    for (int64_t s = begin; s < end; ++s) {
+      a.parts(s, 0, a.parts(s), 0, a.g.kv_heads, scaled, scores, top, sum, parts_out);
+      merge_parts(parts_out, top, sum, a.parts(s), a.all_heads, a.g.dim, out + s * a.all_heads * a.g.dim);
+    }
+  });
+}
+
+// Fewer sequences: one task per (sequence, part, KV head), so a lone sequence still uses every thread, a
+// long one by its parts (each thread streaming its own); a sequence of one part is normalised in its task,
+// one of several merged after.
+template <typename T>
+void by_part(const Attention<T>& a, int64_t seqs, float* out) {
+  struct Task { int64_t seq, part, h0; };
+  std::vector<int64_t> first_part(seqs, -1);  // where a sequence of several parts keeps them until the merge
+  int64_t kept = 0, pieces = 0;
+  for (int64_t s = 0; s < seqs; ++s) {
+    pieces += a.parts(s);
+    if (a.parts(s) > 1) first_part[s] = kept, kept += a.parts(s);
+  }
+  // every KV head of a part in one task (its blocks read once) where parts are enough for the threads
+  const int64_t kv_count = pieces >= 2 * at::get_num_threads() ? a.g.kv_heads : 1, heads = kv_count * a.g.group;
+  std::vector<Task> tasks;
+  for (int64_t s = 0; s < seqs; ++s)
+    for (int64_t p = 0; p < a.parts(s); ++p)
+      for (int64_t h = 0; h < a.g.kv_heads; h += kv_count) tasks.push_back({s, p, h});
+  std::vector<float> parts_out(kept * a.all_heads * a.g.dim), tops(kept * a.all_heads), sums(kept * a.all_heads);
+  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
+    const auto [scaled, scores, top, sum] = thread_scratch<4>({heads * a.g.dim, heads * a.part_len, heads, heads});
+    for (int64_t i = begin; i < end; ++i) {
+      const Task& t = tasks[i];
+      if (first_part[t.seq] < 0) {  // one part: straight out
+        float* o = out + (t.seq * a.all_heads + t.h0 * a.g.group) * a.g.dim;
+        a.parts(t.seq, 0, 1, t.h0, kv_count, scaled, scores, top, sum, o);
+        merge_parts(o, top, sum, 1, heads, a.g.dim, o);
+        continue;
+      }
+      const int64_t at = (first_part[t.seq] + t.part) * a.all_heads + t.h0 * a.g.group;
+      a.parts(t.seq, t.part, t.part + 1, t.h0, kv_count, scaled, scores, tops.data() + at, sums.data() + at,
+              parts_out.data() + at * a.g.dim);
+    }
+  });
+  for (int64_t s = 0; s < seqs; ++s) {
+    if (first_part[s] < 0) continue;
+    const int64_t at = first_part[s] * a.all_heads;
+    merge_parts(parts_out.data() + at * a.g.dim, tops.data() + at, sums.data() + at, a.parts(s), a.all_heads,
+                a.g.dim, out + s * a.all_heads * a.g.dim);
+  }
+}
+
 template <typename T>
 void run(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool, const at::Tensor& block_tables,
          const at::Tensor& context_lens, float scale, at::Tensor& out) {
   const Geometry g{k_pool.size(1), k_pool.size(2), q.size(2), q.size(1) / k_pool.size(2), block_tables.size(1)};
-  const int64_t seqs = q.size(0), max_len = g.max_blocks * g.block_size;
-  // A task takes every KV head of a sequence (sequential reads) once there are sequences enough to
-  // keep the threads busy; with fewer, one head each, so a lone long sequence still uses every thread.
-  const int64_t heads_per_task = seqs >= 2 * at::get_num_threads() ? g.kv_heads : 1;
-  const int64_t splits = g.kv_heads / heads_per_task;
-  const float* qp = q.data_ptr<float>();
-  const T* kp = k_pool.data_ptr<T>();
-  const T* vp = v_pool.data_ptr<T>();
-  const int64_t* tables = block_tables.data_ptr<int64_t>();
-  const int64_t* lens = context_lens.data_ptr<int64_t>();
-  float* op = out.data_ptr<float>();
-  const int64_t q_seq = q.stride(0), q_head = q.stride(1), q_dim = q.stride(2);
-  at::parallel_for(0, seqs * splits, 1, [&](int64_t begin, int64_t end) {
-    const int64_t heads = heads_per_task * g.group;
-    const int64_t score_floats = round_up16(heads * max_len), scaled_floats = round_up16(heads * g.dim);
-    // the thread's, kept across calls (a fresh one was allocated and zeroed every layer): scores, the
-    // scaled query heads, norms, 64-byte aligned each
-    static thread_local std::vector<float> scratch;
-    float* scores = aligned_scratch(scratch, score_floats + scaled_floats + heads);
-    float* scaled = scores + score_floats;
-    float* norm = scaled + scaled_floats;
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t seq = task / splits, h0 = task % splits * heads_per_task;
-      for (int64_t i = 0; i < heads; ++i) {  // this task's query heads, scaled, packed
-        const float* src = qp + seq * q_seq + (h0 * g.group + i) * q_head;
-        for (int64_t d = 0; d < g.dim; ++d) scaled[i * g.dim + d] = src[d * q_dim] * scale;
-      }
-      attend(scaled, kp, vp, tables + seq * g.max_blocks, lens[seq], h0, h0 + heads_per_task, g,
-             scores, norm, op + (seq * g.kv_heads + h0) * g.group * g.dim);
-    }
-  });
+  const Attention<T> a{g, (kPartTokens + g.block_size - 1) / g.block_size * g.block_size, g.kv_heads * g.group,
+                       q.data_ptr<float>(), q.stride(0), q.stride(1), q.stride(2), scale,
+                       k_pool.data_ptr<T>(), v_pool.data_ptr<T>(), block_tables.data_ptr<int64_t>(),
+                       context_lens.data_ptr<int64_t>()};
+  const int64_t seqs = q.size(0);
+  if (seqs >= 2 * at::get_num_threads()) by_sequence(a, seqs, out.data_ptr<float>());
+  else by_part(a, seqs, out.data_ptr<float>());
 }
 
 }  // namespace

@@ -69,8 +69,9 @@ def bench_compile(engine: LLMEngine, args) -> int:
             prompts = chat_prompt_ids(engine.tokenizer, (CHAT_PROMPTS * 8)[:level])
             run = CompileRun(level, {m: [] for m in modes}, streamed_bytes(model, level) / bandwidth / 1e6)
             for r in range(rounds):
-                progress(f"{level} concurrent, round {r + 1}/{rounds}: {', then '.join(modes)}")
-                for mode in modes:
+                order = modes if r % 2 == 0 else modes[::-1]  # alternating: a drifting box favours no mode
+                progress(f"{level} concurrent, round {r + 1}/{rounds}: {', then '.join(order)}")
+                for mode in order:
                     _use(model, mode, compiled, native_step)
                     tok_s = run_engine(engine, prompts, params, "compile", level).decode_tokens_per_s
                     run.tok_s[mode].append(tok_s or 0.0)

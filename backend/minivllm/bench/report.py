@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import textwrap
 from dataclasses import asdict
 from pathlib import Path
 
@@ -62,6 +63,11 @@ def plot_throughput(results: list[RunResult], path: Path, title: str) -> Path:
     return path
 
 
+def wrapped(title: str, width: int = 100) -> str:
+    """A plot title in lines that fit the figure (its own line breaks kept)."""
+    return "\n".join(part for line in title.split("\n") for part in textwrap.wrap(line, width) or [""])
+
+
 def plot_paired_bars(levels: list[int], series: tuple[tuple[str, list[float]], ...], path: Path,
                      title: str, decorate=None, ylabel: str = "decode tokens/s (median)") -> Path:
     """Side-by-side bars per concurrency level, one per setup (medians already taken); `decorate(ax, xs,
@@ -83,7 +89,7 @@ def plot_paired_bars(levels: list[int], series: tuple[tuple[str, list[float]], .
     ax.set_ylabel(ylabel)
     ax.legend()
     ax.grid(axis="y", alpha=0.3)
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(wrapped(title), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

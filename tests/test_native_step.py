@@ -74,10 +74,11 @@ def _assert_near(native_logits: torch.Tensor, eager_logits: torch.Tensor) -> Non
     torch.testing.assert_close(native_logits, eager_logits, atol=2e-4 * scale, rtol=0)
 
 
-def test_native_logits_match_the_eager_layers_for_every_decode_shape(tiny_q4):
+def test_native_logits_match_the_eager_layers_for_every_decode_shape(tiny_q4, native_calls):
     loaded, step, engine = tiny_q4
     rng = random.Random(0)
-    for rows in [1, 2, 3, 4, 1, 4]:
+    shapes = [1, 2, 3, 4, 1, 4]
+    for rows in shapes:
         works = _decode_works(rng, rows, engine.block_manager.num_blocks)
         eager = _step(loaded, engine, None, works)
         k_eager = [pool.clone() for pool in engine.kv_cache.k]
@@ -86,28 +87,35 @@ def test_native_logits_match_the_eager_layers_for_every_decode_shape(tiny_q4):
         _assert_near(native_logits, eager)
         for layer, pool in enumerate(engine.kv_cache.k):  # the K it wrote: rotated the same way
             torch.testing.assert_close(pool.float(), k_eager[layer].float(), atol=2e-3, rtol=1e-3)
+    assert native_calls == shapes
 
 
-def test_native_step_runs_when_it_can_and_the_runner_takes_it(tiny_q4, monkeypatch):
-    loaded, step, engine = tiny_q4
-    calls = []
+@pytest.fixture
+def native_calls(monkeypatch) -> list[int]:
+    """The row counts of the native step's calls while a test runs."""
+    calls: list[int] = []
     real = torch.ops.minivllm_native.decode_layers
 
-    class Spy:
-        def __call__(self, *args):
-            calls.append(args[0].shape[0])
-            return real(*args)
+    def spy(*args):
+        calls.append(args[0].shape[0])
+        return real(*args)
 
-    monkeypatch.setattr(torch.ops.minivllm_native, "decode_layers", Spy())
+    monkeypatch.setattr(torch.ops.minivllm_native, "decode_layers", spy)
+    return calls
+
+
+def test_native_step_runs_when_it_can_and_the_runner_takes_it(tiny_q4, native_calls):
+    loaded, step, engine = tiny_q4
     _step(loaded, engine, step, _decode_works(random.Random(1), 3, engine.block_manager.num_blocks))
-    assert calls == [3]
+    assert native_calls == [3]
 
 
-def test_an_early_exit_runs_only_its_layers(tiny_q4):
+def test_an_early_exit_runs_only_its_layers(tiny_q4, native_calls):
     loaded, step, engine = tiny_q4
     works = _decode_works(random.Random(2), 2, engine.block_manager.num_blocks)
     eager = _step(loaded, engine, None, works, num_layers=1)
     _assert_near(_step(loaded, engine, step, works, num_layers=1), eager)
+    assert native_calls == [2]
 
 
 def test_a_sequence_gets_the_same_bits_alone_and_in_a_batch(tiny_q4):
@@ -118,7 +126,7 @@ def test_a_sequence_gets_the_same_bits_alone_and_in_a_batch(tiny_q4):
         assert torch.equal(_step(loaded, engine, step, [work]), batched[i:i + 1])
 
 
-def test_a_mixed_step_runs_its_single_rows_natively_with_their_bits_alone(tiny_q4):
+def test_a_mixed_step_runs_its_single_rows_natively_with_their_bits_alone(tiny_q4, native_calls):
     """The runner gives a step's single-token rows a pass of their own beside a prefill chunk: they run
     natively, with the same bits as without the chunk, and the chunk's rows are eager's exactly."""
     loaded, step, engine = tiny_q4
@@ -127,6 +135,7 @@ def test_a_mixed_step_runs_its_single_rows_natively_with_their_bits_alone(tiny_q
     chunk = SeqWork([rng.randrange(49152) for _ in range(5)], 16, [40, 41], num_logits=5)
     eager = _step(loaded, engine, None, single, [chunk])
     mixed = _step(loaded, engine, step, single, [chunk])
+    assert native_calls == [2]
     torch.testing.assert_close(mixed[2:], eager[2:], atol=0, rtol=0)
     assert torch.equal(mixed[:2], _step(loaded, engine, step, single))
     _assert_near(mixed[:2], eager[:2])
@@ -210,14 +219,16 @@ def test_a_slot_outside_the_pool_is_refused_before_anything_is_written(tiny_q4):
     assert all(torch.equal(a, b) for a, b in zip(pools, (*engine.kv_cache.k, *engine.kv_cache.v)))
 
 
-def test_fp32_native_logits_match_eager_within_1e_4_for_every_decode_shape(tiny_fp32):
+def test_fp32_native_logits_match_eager_within_1e_4_for_every_decode_shape(tiny_fp32, native_calls):
     loaded, step, engine = tiny_fp32
     assert step is not None and step.kinds(1) == [3] * 4 * len(loaded.model.layers)
     rng = random.Random(6)
-    for rows in [1, 2, 3, 4, 2]:
+    shapes = [1, 2, 3, 4, 2]
+    for rows in shapes:
         works = _decode_works(rng, rows, engine.block_manager.num_blocks)
         eager = _step(loaded, engine, None, works)
         torch.testing.assert_close(_step(loaded, engine, step, works), eager, atol=1e-4, rtol=0)
+    assert native_calls == shapes
 
 
 def test_mkl_products_and_enforce_eager_have_no_native_step(tiny_model):

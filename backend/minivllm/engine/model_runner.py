@@ -79,12 +79,12 @@ class ModelRunner:
         single-token rows, then chunks. `num_layers`: the early-exit draft (see LlamaModel). A work
         with `prompt_logprobs` also gets its rows' log-probs, handed to its sink.
 
-        With a compiled step, single-token rows run through it even beside chunks, in a pass of
-        their own: compiled and eager code sum in different orders, so otherwise a token's bits (and
-        a seeded sample) would depend on whether another request's prompt shared its step."""
+        With a native or compiled step, single-token rows run through it even beside chunks, in a pass
+        of their own: those steps and eager code sum in different orders, so otherwise a token's bits
+        (and a seeded sample) would depend on whether another request's prompt shared its step."""
         self.kv_cache.copy_blocks(copies or [])
         compiled = self.model.compiled is not None and self.model.compiled.active
-        if single and chunks and compiled and hidden_states_out is None:
+        if single and chunks and (compiled or self.model.native_step is not None) and hidden_states_out is None:
             return torch.cat([self._forward(single, [], None, num_layers), self._forward([], chunks, None, num_layers)])
         return self._forward(single, chunks, hidden_states_out, num_layers)
 

@@ -103,9 +103,13 @@ class LlamaModel(nn.Module):
         x = self.embed_tokens(input_ids)
         rope = self.rotary.tables(positions, x.dtype)
         num_layers = len(self.layers) if num_layers is None else num_layers
+        if hidden_states_out is None and self.native_step is not None:  # decode steps, where it can
+            normed = self.native_step.run(x, rope, kv_cache, meta, num_layers)  # the final norm included
+            if normed is not None:
+                return normed
         done = 0
-        if not meta.prefills and hidden_states_out is None:
-            x, done = self._decode_layers(x, rope, kv_cache, meta, num_layers)
+        if self.compiled is not None and not meta.prefills and hidden_states_out is None:
+            x, done = self.compiled.run(self.layers, x, rope, kv_cache, meta, num_layers)
         for i in range(done, num_layers):
             if hidden_states_out is not None:
                 hidden_states_out.append(x)
@@ -114,16 +118,6 @@ class LlamaModel(nn.Module):
         if hidden_states_out is not None:
             hidden_states_out.append(x)
         return x
-
-    def _decode_layers(self, x, rope, kv_cache, meta, num_layers: int) -> tuple[torch.Tensor, int]:
-        """A decode step's layers natively, else compiled; returns x and how many layers ran (0: none)."""
-        if self.native_step is not None:
-            out = self.native_step.run(x, rope, kv_cache, meta, num_layers)
-            if out is not None:
-                return out, num_layers
-        if self.compiled is not None:
-            return self.compiled.run(self.layers, x, rope, kv_cache, meta, num_layers)
-        return x, 0
 
     def compilation(self) -> str:
         """How decode steps run, in words (the Engine tab shows it)."""

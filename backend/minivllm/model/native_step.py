@@ -60,6 +60,7 @@ class NativeDecodeStep:
         attention = self.layers[0].self_attn
         self.heads, self.scale = attention.num_heads, attention.scale
         self.eps = self.layers[0].input_layernorm.eps
+        self.final_norm = model.norm.weight.detach()
         self.weights = tuple(t for layer in self.layers for t in self._layer_weights(layer))
         self._kinds: dict[int, list[int] | None] = {}  # by row count; kernel plans are fixed once chosen
 
@@ -75,6 +76,9 @@ class NativeDecodeStep:
         torch's kernels or MKL, activations not fp32)."""
         if native.available() is not None or model.norm.weight.dtype != torch.float32:
             return None
+        if any(norm.eps != model.norm.eps for layer in model.layers
+               for norm in (layer.input_layernorm, layer.post_attention_layernorm)):
+            return None  # one eps for every norm in the call
         if any(native_weight(p) is None for layer in model.layers for p in products(layer)):
             return None
         return NativeDecodeStep(model)
@@ -86,7 +90,8 @@ class NativeDecodeStep:
 
     def run(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv_cache: KVCache,
             meta: AttentionMetadata, num_layers: int) -> torch.Tensor | None:
-        """x after the first `num_layers` layers, or None when this step cannot run natively."""
+        """x after the first `num_layers` layers and the final norm, or None when this step cannot run
+        natively."""
         kinds = self.kinds(x.shape[0])
         if kinds is None or meta.prefills or not reads_pool_natively(kv_cache.k[0]):
             return None
@@ -94,7 +99,7 @@ class NativeDecodeStep:
         return torch.ops.minivllm_native.decode_layers(
             x, cos, signed_sin, self.weights[: 6 * num_layers], kv_cache.k[:num_layers], kv_cache.v[:num_layers],
             meta.slot_mapping, meta.decode_block_tables, meta.decode_context_lens, kinds[: 4 * num_layers],
-            self.heads, self.eps, self.scale)
+            self.heads, self.eps, self.scale, self.final_norm)
 
     @staticmethod
     def describe() -> str:

@@ -28,6 +28,8 @@ from minivllm.quant.linear import QuantLinear
 # or an fp32 weight on our fp32 kernel
 Q4_KINDS = {"int8": 0, "int8x2": 1, "fp32": 2}
 FP32_KIND = 3
+WEIGHTS_PER_LAYER = 6  # input norm, QKV, O, post-attention norm, gate/up, down: decode_step.cpp's order
+PRODUCTS_PER_LAYER = 4
 
 
 def products(layer: torch.nn.Module) -> tuple[torch.nn.Module, ...]:
@@ -97,8 +99,9 @@ class NativeDecodeStep:
             return None
         cos, signed_sin = rope
         return torch.ops.minivllm_native.decode_layers(
-            x, cos, signed_sin, self.weights[: 6 * num_layers], kv_cache.k[:num_layers], kv_cache.v[:num_layers],
-            meta.slot_mapping, meta.decode_block_tables, meta.decode_context_lens, kinds[: 4 * num_layers],
+            x, cos, signed_sin, self.weights[: WEIGHTS_PER_LAYER * num_layers], kv_cache.k[:num_layers],
+            kv_cache.v[:num_layers], meta.slot_mapping, meta.decode_block_tables, meta.decode_context_lens,
+            kinds[: PRODUCTS_PER_LAYER * num_layers],
             self.heads, self.eps, self.scale, self.final_norm)
 
     @staticmethod

@@ -81,8 +81,6 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 }
 
 // Each head of `heads` (dim floats apart) rotated in place: x * cos + swap_halves(x) * signed_sin, the
-// sign of rotate_half folded into the table (model/rope.py).
-// Each head of `heads` (dim floats apart) rotated in place: x * cos + swap_halves(x) * signed_sin, the
 // sign of rotate_half folded into the table (model/rope.py). Both halves of a lane are read before
 // either is written, so no copy is needed; eight lanes at a time where the half is a multiple of 8.
 void rotate(float* x, int64_t heads, int64_t dim, const float* cos, const float* signed_sin) {
@@ -204,8 +202,10 @@ void check_step(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
               " product kinds; got ", k_pools.size(), " / ", v_pools.size(), " / ", weights.size(), " / ",
               kinds.size());
   const at::Tensor& pool = k_pools[0];
-  TORCH_CHECK(pool.dim() == 4 && heads % pool.size(2) == 0 && pool.size(3) % 2 == 0, "pools must be [blocks, block_size, kv_heads, dim] with ",
-              heads, " query heads a multiple of the KV heads and an even head dim, got ", pool.sizes());
+  TORCH_CHECK(pool.dim() == 4 && heads % pool.size(2) == 0 && pool.size(3) % 2 == 0,
+              "pools must be [blocks, block_size, kv_heads, dim] with ", heads,
+              " query heads a multiple of the KV heads and an even head dim, got ", pool.sizes());
+  for (int64_t kind : kinds) TORCH_CHECK(kind >= kQ4Int8 && kind <= kFp32, "unknown product kind ", kind);
   for (const at::Tensor* t : {&cos, &signed_sin})
     TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->numel() == rows * pool.size(3),
                 "rotary tables must be contiguous fp32 [rows, 1, head_dim], got ", t->sizes());
@@ -217,8 +217,9 @@ void check_step(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
     TORCH_CHECK(s[r] >= 0 && s[r] < capacity, "row ", r, ": slot ", s[r], " outside the pool's ", capacity, " slots");
   for (int64_t l = 0; l < layers; ++l) {
     TORCH_CHECK(k_pools[l].sizes() == pool.sizes() && v_pools[l].sizes() == pool.sizes() &&
+                k_pools[l].scalar_type() == pool.scalar_type() && v_pools[l].scalar_type() == pool.scalar_type() &&
                 k_pools[l].is_contiguous() && v_pools[l].is_contiguous(),
-                "layer ", l, ": every K and V pool must be contiguous and of one shape");
+                "layer ", l, ": every K and V pool must be contiguous and of one shape and dtype");
     for (int64_t i : {0, 3}) check_norm(weights[kWeightsPerLayer * l + i], x.size(1), "a layer's");
   }
   if (final_norm) check_norm(*final_norm, x.size(1), "the final");

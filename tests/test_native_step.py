@@ -13,6 +13,7 @@ import torch
 from engine_utils import assert_all_blocks_free, chat_ids, first_part_at_a_near_tie, make_engine, run
 from minivllm.engine.config import EngineConfig
 from minivllm.engine.factory import create_engine
+from minivllm.engine.llm_engine import LLMEngine
 from minivllm.engine.model_runner import SeqWork
 from minivllm.loader import load_model
 from minivllm.model.native_step import NativeDecodeStep, product_kinds
@@ -21,6 +22,7 @@ from minivllm.model.packed_linear import PackedLinear
 from minivllm.quant.kernels import Kernel
 from minivllm.quant.policy import QuantConfig
 from minivllm.sampling.params import SamplingParams
+from minivllm.spec.config import SpeculativeConfig
 
 pytestmark = pytest.mark.skipif(not native.cpu_has_avx2(), reason=f"CPU capability "
                                 f"{torch.backends.cpu.get_cpu_capability()} has no AVX2: no native kernels")
@@ -175,6 +177,32 @@ def test_engine_outputs_with_beams_and_n_equal_eager_in_fp32(tiny_fp32):
     finally:
         loaded.model.native_step = None
     assert results[0] == results[1]
+
+
+@pytest.mark.parametrize("method", ["ngram", "early_exit"])
+def test_speculative_decoding_through_the_native_step_keeps_the_greedy_tokens(tiny_q4, native_calls, method):
+    """Verification rows are decode rows (one per drafted position, each at its own context length): the
+    native step runs them, and greedy drafts verified there leave the tokens of plain decoding."""
+    loaded, step, _ = tiny_q4
+    spec = {"ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
+                      "prompt_lookup_max": 3, "disable_by_batch_size": None, "adaptive": False},
+            "early_exit": {"method": "early_exit", "exit_layer": 1, "num_speculative_tokens": 3,
+                           "disable_by_batch_size": None, "adaptive": False}}[method]
+    prompts = [[5, 17, 300, 5, 17, 300, 5, 17], [9, 9, 40, 9, 9, 40, 9]]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    runs = []
+    try:
+        loaded.model.native_step = step
+        for speculative in (None, SpeculativeConfig.parse(spec)):
+            engine = LLMEngine(loaded, EngineConfig(num_blocks=64, metrics_interval_s=3600.0), speculative=speculative)
+            for i, ids in enumerate(prompts):
+                engine.add_request(f"r{i}", prompt_token_ids=ids, params=params)
+            runs.append({rid: out.outputs[0].token_ids for rid, out in run(engine).items()})
+            assert_all_blocks_free(engine)
+    finally:
+        loaded.model.native_step = None
+    assert runs[1] == runs[0]
+    assert any(rows > len(prompts) for rows in native_calls)  # some step verified drafts natively
 
 
 class NotOurs(Kernel):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import weakref
 
 import msgspec
@@ -9,8 +10,16 @@ import msgspec
 from minivllm.events import types as ev
 from minivllm.engine.config import EngineConfig
 from minivllm.engine.llm_engine import LLMEngine
+from minivllm.engine.model_runner import SeqWork
 from minivllm.engine.outputs import OutputAccumulator, RequestOutput
+from minivllm.sampling.params import SamplingParams
 
+
+# Speculative configs that draft whenever possible (adaptive: false), so every test exercises verification
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3,
+         "disable_by_batch_size": None, "adaptive": False}
+EARLY_EXIT = {"method": "early_exit", "exit_layer": 1, "num_speculative_tokens": 3, "disable_by_batch_size": None,
+              "adaptive": False}
 
 # Batched and alone runs (or compiled and eager ones) sum in different orders, and rounding of
 # activations can turn a last-bit difference into a flipped near-tie (docs/ARCHITECTURE.md).
@@ -113,3 +122,34 @@ def compare(folded: ev.Snapshot, snap: ev.Snapshot) -> None:
         assert by_id[request.request_id] == request, (
             f"{request.request_id}:\n folded   {msgspec.json.encode(by_id[request.request_id])}\n"
             f" snapshot {msgspec.json.encode(request)}")
+
+
+def random_decode_works(rng: random.Random, rows: int, num_blocks: int, block_size: int = 16,
+                        max_width: int = 8) -> list[SeqWork]:
+    """`rows` single-token decode rows of a tiny-vocabulary model: random tokens, block tables of 1 to
+    `max_width` distinct blocks (never block 0), a random context length within each table."""
+    works = []
+    for _ in range(rows):
+        width = rng.randint(1, max_width)
+        table = rng.sample(range(1, num_blocks), width)
+        works.append(SeqWork([rng.randrange(49152)], rng.randint((width - 1) * block_size, width * block_size - 1),
+                             table))
+    return works
+
+
+# Greedy, n > 1 (seeded sampling) and beam search: what a decode path must carry through the whole engine
+SAMPLING_MIX = [
+    ("greedy", SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)),
+    ("n3", SamplingParams(temperature=0.9, top_p=0.9, n=3, seed=7, max_tokens=20, ignore_eos=True)),
+    ("beam", SamplingParams(use_beam_search=True, beam_width=3, n=2, max_tokens=12, ignore_eos=True)),
+]
+
+
+def sampling_mix_outputs(loaded, max_num_seqs: int) -> dict[str, list[list[int]]]:
+    """Each SAMPLING_MIX request's completions' tokens, served together by a fresh engine (blocks checked free)."""
+    engine = make_engine(loaded, max_num_seqs=max_num_seqs, num_blocks=96)
+    for i, (name, params) in enumerate(SAMPLING_MIX):
+        engine.add_request(name, prompt_token_ids=[5 + i, 17, 300, 4000, 9], params=params)
+    done = run(engine)
+    assert_all_blocks_free(engine)
+    return {rid: [o.token_ids for o in out.outputs] for rid, out in done.items()}

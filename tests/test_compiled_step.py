@@ -15,7 +15,8 @@ from minivllm.loader import load_model
 from minivllm.model.compiled import CompiledLayers, decode_row_counts, graph_count, layers_per_graph
 from minivllm.sampling.params import SamplingParams
 
-from engine_utils import assert_all_blocks_free, chat_ids, first_part_at_a_near_tie, make_engine, run
+from engine_utils import (chat_ids, first_part_at_a_near_tie, make_engine, random_decode_works, run,
+                          sampling_mix_outputs)
 
 MAX_ROWS = 4  # row counts 1-4: one row, padded to a bucket, exactly a bucket (one dynamic graph from 2)
 
@@ -48,15 +49,6 @@ def _logits(loaded, engine, single, chunks, compiled: bool) -> torch.Tensor:
         loaded.model.compiled = keep
 
 
-def _decode_works(rng: random.Random, rows: int, num_blocks: int, block_size: int = 16) -> list[SeqWork]:
-    works = []
-    for _ in range(rows):
-        width = rng.randint(1, 8)
-        table = rng.sample(range(1, num_blocks), width)
-        works.append(SeqWork([rng.randrange(49152)], rng.randint((width - 1) * block_size, width * block_size - 1), table))
-    return works
-
-
 def test_compiled_logits_match_eager_for_every_decode_shape(tiny):
     """After warm-up the graphs run with only their differentiating guards (the row count): that mode
     must pick the right graph for every shape."""
@@ -64,7 +56,7 @@ def test_compiled_logits_match_eager_for_every_decode_shape(tiny):
     assert loaded.model.compiled.steady
     rng = random.Random(0)
     for rows in [1, 2, 3, 4, 1, 3]:
-        works = _decode_works(rng, rows, engine.block_manager.num_blocks)
+        works = random_decode_works(rng, rows, engine.block_manager.num_blocks)
         eager = _logits(loaded, engine, works, [], compiled=False)
         compiled = _logits(loaded, engine, works, [], compiled=True)
         assert compiled.shape == (rows, loaded.config.vocab_size)
@@ -76,7 +68,7 @@ def test_a_step_with_chunks_runs_them_eagerly_and_its_single_rows_compiled(tiny)
     the single-token rows are exactly what the compiled step gives them alone, and eager's within 1e-4."""
     loaded, engine = tiny
     rng = random.Random(1)
-    single = _decode_works(rng, 2, engine.block_manager.num_blocks)
+    single = random_decode_works(rng, 2, engine.block_manager.num_blocks)
     chunk = SeqWork([rng.randrange(49152) for _ in range(5)], 16, [40, 41], num_logits=5)
     before = graph_count()
     eager = _logits(loaded, engine, single, [chunk], compiled=False)
@@ -97,7 +89,8 @@ def test_no_recompiles_in_steady_state(tiny):
     loaded.model.compiled.steady = False
     try:
         for _ in range(200):
-            engine.runner.execute(_decode_works(rng, rng.randint(1, MAX_ROWS), engine.block_manager.num_blocks), [])
+            rows = rng.randint(1, MAX_ROWS)
+            engine.runner.execute(random_decode_works(rng, rows, engine.block_manager.num_blocks), [])
     finally:
         loaded.model.compiled.steady = True
     assert graph_count() == before
@@ -110,7 +103,7 @@ def test_a_rebuilt_pool_compiles_nothing_new(tiny):
     before = graph_count()
     try:
         engine.reconfigure(num_blocks=80, block_size=8)
-        works = _decode_works(random.Random(4), 3, 80, block_size=8)
+        works = random_decode_works(random.Random(4), 3, 80, block_size=8)
         compiled = _logits(loaded, engine, works, [], compiled=True)
         torch.testing.assert_close(compiled, _logits(loaded, engine, works, [], compiled=False), atol=1e-4, rtol=0)
         assert graph_count() == before
@@ -122,19 +115,7 @@ def test_engine_outputs_equal_eager_with_beams_and_n(tiny):
     """Greedy, n > 1 (seeded sampling) and beam search through the whole engine: compiled == eager."""
     loaded, _ = tiny
     eager_loaded = load_model("random:tiny", quantization="none", max_model_len=256)
-    requests = [
-        ("greedy", SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)),
-        ("n3", SamplingParams(temperature=0.9, top_p=0.9, n=3, seed=7, max_tokens=20, ignore_eos=True)),
-        ("beam", SamplingParams(use_beam_search=True, beam_width=3, n=2, max_tokens=12, ignore_eos=True)),
-    ]
-    results = []
-    for model in (loaded, eager_loaded):
-        engine = make_engine(model, max_num_seqs=MAX_ROWS, num_blocks=96)
-        for i, (name, params) in enumerate(requests):
-            engine.add_request(name, prompt_token_ids=[5 + i, 17, 300, 4000, 9], params=params)
-        done = run(engine)
-        assert_all_blocks_free(engine)
-        results.append({rid: [o.token_ids for o in out.outputs] for rid, out in done.items()})
+    results = [sampling_mix_outputs(model, MAX_ROWS) for model in (loaded, eager_loaded)]
     assert results[0] == results[1]
 
 
@@ -145,7 +126,7 @@ def test_layers_run_in_equal_groups_and_an_early_exit_remainder_runs_eagerly(tin
     loaded, engine = tiny
     group = loaded.model.compiled.group
     assert group == layers_per_graph(len(loaded.model.layers)) and group > 1
-    works = _decode_works(random.Random(5), 2, engine.block_manager.num_blocks)
+    works = random_decode_works(random.Random(5), 2, engine.block_manager.num_blocks)
     before = graph_count()
     partial = group + 1 if group + 1 < len(loaded.model.layers) else group - 1
     for num_layers in (partial, len(loaded.model.layers)):
@@ -168,7 +149,7 @@ def test_compile_failure_falls_back_to_eager_with_one_warning(tiny, capfd):
     keep = loaded.model.compiled
     loaded.model.compiled = CompiledLayers(keep.group, backend=broken_backend)
     try:
-        works = _decode_works(random.Random(3), 3, engine.block_manager.num_blocks)
+        works = random_decode_works(random.Random(3), 3, engine.block_manager.num_blocks)
         out = engine.runner.execute(works, [])
         again = engine.runner.execute(works, [])
         assert not loaded.model.compiled.active

@@ -10,7 +10,8 @@ import random
 import pytest
 import torch
 
-from engine_utils import assert_all_blocks_free, chat_ids, first_part_at_a_near_tie, make_engine, run
+from engine_utils import (EARLY_EXIT, NGRAM, assert_all_blocks_free, chat_ids, first_part_at_a_near_tie, make_engine,
+                          random_decode_works, run, sampling_mix_outputs)
 from minivllm.engine.config import EngineConfig
 from minivllm.engine.factory import create_engine
 from minivllm.engine.llm_engine import LLMEngine
@@ -50,16 +51,6 @@ def tiny_fp32():
     return loaded, NativeDecodeStep.for_model(loaded.model), engine
 
 
-def _decode_works(rng: random.Random, rows: int, num_blocks: int, block_size: int = 16) -> list[SeqWork]:
-    works = []
-    for _ in range(rows):
-        width = rng.randint(1, 6)
-        table = rng.sample(range(1, num_blocks), width)
-        works.append(SeqWork([rng.randrange(49152)], rng.randint((width - 1) * block_size, width * block_size - 1),
-                             table))
-    return works
-
-
 def _step(loaded, engine, step, works, chunks=(), **kwargs) -> torch.Tensor:
     """A step's logits with this native step (None: eager)."""
     loaded.model.native_step = step
@@ -81,7 +72,7 @@ def test_native_logits_match_the_eager_layers_for_every_decode_shape(tiny_q4, na
     rng = random.Random(0)
     shapes = [1, 2, 3, 4, 1, 4]
     for rows in shapes:
-        works = _decode_works(rng, rows, engine.block_manager.num_blocks)
+        works = random_decode_works(rng, rows, engine.block_manager.num_blocks, max_width=6)
         eager = _step(loaded, engine, None, works)
         k_eager = [pool.clone() for pool in engine.kv_cache.k]
         native_logits = _step(loaded, engine, step, works)
@@ -108,13 +99,13 @@ def native_calls(monkeypatch) -> list[int]:
 
 def test_native_step_runs_when_it_can_and_the_runner_takes_it(tiny_q4, native_calls):
     loaded, step, engine = tiny_q4
-    _step(loaded, engine, step, _decode_works(random.Random(1), 3, engine.block_manager.num_blocks))
+    _step(loaded, engine, step, random_decode_works(random.Random(1), 3, engine.block_manager.num_blocks, max_width=6))
     assert native_calls == [3]
 
 
 def test_an_early_exit_runs_only_its_layers(tiny_q4, native_calls):
     loaded, step, engine = tiny_q4
-    works = _decode_works(random.Random(2), 2, engine.block_manager.num_blocks)
+    works = random_decode_works(random.Random(2), 2, engine.block_manager.num_blocks, max_width=6)
     eager = _step(loaded, engine, None, works, num_layers=1)
     _assert_near(_step(loaded, engine, step, works, num_layers=1), eager)
     assert native_calls == [2]
@@ -122,7 +113,7 @@ def test_an_early_exit_runs_only_its_layers(tiny_q4, native_calls):
 
 def test_a_sequence_gets_the_same_bits_alone_and_in_a_batch(tiny_q4):
     loaded, step, engine = tiny_q4
-    works = _decode_works(random.Random(3), 4, engine.block_manager.num_blocks)
+    works = random_decode_works(random.Random(3), 4, engine.block_manager.num_blocks, max_width=6)
     batched = _step(loaded, engine, step, works)
     for i, work in enumerate(works):
         assert torch.equal(_step(loaded, engine, step, [work]), batched[i:i + 1])
@@ -133,7 +124,7 @@ def test_a_mixed_step_runs_its_single_rows_natively_with_their_bits_alone(tiny_q
     natively, with the same bits as without the chunk, and the chunk's rows are eager's exactly."""
     loaded, step, engine = tiny_q4
     rng = random.Random(7)
-    single = _decode_works(rng, 2, engine.block_manager.num_blocks)
+    single = random_decode_works(rng, 2, engine.block_manager.num_blocks, max_width=6)
     chunk = SeqWork([rng.randrange(49152) for _ in range(5)], 16, [40, 41], num_logits=5)
     eager = _step(loaded, engine, None, single, [chunk])
     mixed = _step(loaded, engine, step, single, [chunk])
@@ -149,7 +140,7 @@ def test_a_rebuilt_pool_runs_natively(tiny_fp32):
     loaded, step, engine = tiny_fp32
     try:
         engine.reconfigure(num_blocks=80, block_size=8)
-        works = _decode_works(random.Random(8), 3, 80, block_size=8)
+        works = random_decode_works(random.Random(8), 3, 80, block_size=8, max_width=6)
         eager = _step(loaded, engine, None, works)
         torch.testing.assert_close(_step(loaded, engine, step, works), eager, atol=1e-4, rtol=0)
     finally:
@@ -159,21 +150,11 @@ def test_a_rebuilt_pool_runs_natively(tiny_fp32):
 def test_engine_outputs_with_beams_and_n_equal_eager_in_fp32(tiny_fp32):
     """Greedy, n > 1 (seeded sampling) and beam search through the whole engine: native == eager."""
     loaded, step, _ = tiny_fp32
-    requests = [
-        ("greedy", SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)),
-        ("n3", SamplingParams(temperature=0.9, top_p=0.9, n=3, seed=7, max_tokens=20, ignore_eos=True)),
-        ("beam", SamplingParams(use_beam_search=True, beam_width=3, n=2, max_tokens=12, ignore_eos=True)),
-    ]
     results = []
     try:
         for native_step in (step, None):
             loaded.model.native_step = native_step
-            engine = make_engine(loaded, max_num_seqs=4, num_blocks=96)
-            for i, (name, params) in enumerate(requests):
-                engine.add_request(name, prompt_token_ids=[5 + i, 17, 300, 4000, 9], params=params)
-            done = run(engine)
-            assert_all_blocks_free(engine)
-            results.append({rid: [o.token_ids for o in out.outputs] for rid, out in done.items()})
+            results.append(sampling_mix_outputs(loaded, 4))
     finally:
         loaded.model.native_step = None
     assert results[0] == results[1]
@@ -184,10 +165,7 @@ def test_speculative_decoding_through_the_native_step_keeps_the_greedy_tokens(ti
     """Verification rows are decode rows (one per drafted position, each at its own context length): the
     native step runs them, and greedy drafts verified there leave the tokens of plain decoding."""
     loaded, step, _ = tiny_q4
-    spec = {"ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
-                      "prompt_lookup_max": 3, "disable_by_batch_size": None, "adaptive": False},
-            "early_exit": {"method": "early_exit", "exit_layer": 1, "num_speculative_tokens": 3,
-                           "disable_by_batch_size": None, "adaptive": False}}[method]
+    spec = {"ngram": NGRAM, "early_exit": EARLY_EXIT}[method]
     prompts = [[5, 17, 300, 5, 17, 300, 5, 17], [9, 9, 40, 9, 9, 40, 9]]
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     runs = []
@@ -226,7 +204,7 @@ def test_a_row_count_whose_plan_is_not_ours_runs_the_other_path(tiny_q4):
         layer.plan = [(2, plan[0][1]), (2**62, NotOurs(plan[0][1]))]
         fresh = NativeDecodeStep(loaded.model)  # row counts are looked up once per step object
         assert fresh.kinds(2) is not None and fresh.kinds(3) is None
-        works = _decode_works(random.Random(4), 3, engine.block_manager.num_blocks)
+        works = random_decode_works(random.Random(4), 3, engine.block_manager.num_blocks, max_width=6)
         eager = _step(loaded, engine, None, works)
         torch.testing.assert_close(_step(loaded, engine, fresh, works), eager, atol=0, rtol=0)
     finally:
@@ -235,7 +213,7 @@ def test_a_row_count_whose_plan_is_not_ours_runs_the_other_path(tiny_q4):
 
 def test_a_slot_outside_the_pool_is_refused_before_anything_is_written(tiny_q4):
     loaded, step, engine = tiny_q4
-    works = _decode_works(random.Random(5), 2, engine.block_manager.num_blocks)
+    works = random_decode_works(random.Random(5), 2, engine.block_manager.num_blocks, max_width=6)
     pools = [pool.clone() for pool in (*engine.kv_cache.k, *engine.kv_cache.v)]
     real_slot = engine.runner._slot
     engine.runner._slot = lambda table, position: 10**9
@@ -253,7 +231,7 @@ def test_fp32_native_logits_match_eager_within_1e_4_for_every_decode_shape(tiny_
     rng = random.Random(6)
     shapes = [1, 2, 3, 4, 2]
     for rows in shapes:
-        works = _decode_works(rng, rows, engine.block_manager.num_blocks)
+        works = random_decode_works(rng, rows, engine.block_manager.num_blocks, max_width=6)
         eager = _step(loaded, engine, None, works)
         torch.testing.assert_close(_step(loaded, engine, step, works), eager, atol=1e-4, rtol=0)
     assert native_calls == shapes
@@ -268,7 +246,8 @@ def test_mkl_products_and_enforce_eager_have_no_native_step(tiny_model):
 
 def test_the_default_engine_runs_it_and_says_so(monkeypatch, capfd):
     monkeypatch.setenv("MINIVLLM_ENFORCE_EAGER", "0")  # the test session's default is eager (conftest)
-    engine = create_engine("random:tiny", EngineConfig(max_num_seqs=2), quantization=QuantConfig("int4", kernel="int8x2"))
+    engine = create_engine("random:tiny", EngineConfig(max_num_seqs=2),
+                           quantization=QuantConfig("int4", kernel="int8x2"))
     info = engine.info().compilation
     assert info.startswith("native decode step") and "otherwise compiled (inductor" in info, info
     # every warm-up shape ran natively: nothing compiled, and a later compile stays possible

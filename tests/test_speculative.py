@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 import torch
-from engine_utils import EventLog, assert_all_blocks_free, compare, run, step_engine
+from engine_utils import EARLY_EXIT, NGRAM, EventLog, assert_all_blocks_free, compare, run, step_engine
 
 from minivllm.core.block_manager import hash_block_tokens
 from minivllm.engine.config import ConfigError, EngineConfig
@@ -25,11 +25,7 @@ from minivllm.spec.planner import EMA, Acceptance, StepCosts, plan_drafts
 from minivllm.spec.rejection import accept_greedy, rejection_sample
 from minivllm.spec.factory import check_same_vocabulary
 
-# drafts whenever possible (adaptive: false), so every test exercises verification
-NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3,
-         "disable_by_batch_size": None, "adaptive": False}
-EARLY_EXIT = {"method": "early_exit", "exit_layer": 1, "num_speculative_tokens": 3, "disable_by_batch_size": None,
-              "adaptive": False}
+# drafts whenever possible (adaptive: false), so every test exercises verification (NGRAM, EARLY_EXIT: engine_utils)
 DRAFT = {"method": "draft_model", "model": "random:tiny", "num_speculative_tokens": 3,
          "disable_by_batch_size": None, "adaptive": False}
 

@@ -54,7 +54,7 @@ def bench_compile(engine: LLMEngine, args) -> int:
     if compiled is None or not compiled.active:
         raise SystemExit(f"bench compile compares the compiled step with eager, but this engine runs "
                          f"{model.compilation()}: drop --enforce-eager")
-    modes = [m for m in MODES if m != "native" or native_step is not None]  # native: 4-bit weights on our kernels
+    modes = [m for m in MODES if m != "native" or native_step is not None]  # native: every product on our kernels
     out_dir = Path(args.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     max_tokens, rounds = (16, 1) if args.quick else (args.max_tokens, 3)
@@ -66,15 +66,8 @@ def bench_compile(engine: LLMEngine, args) -> int:
             _use(model, "compiled", compiled, native_step)
             engine.runner.warmed_up(engine.config.max_num_seqs, engine.max_model_len)
         for level in args.concurrency:
-            prompts = chat_prompt_ids(engine.tokenizer, (CHAT_PROMPTS * 8)[:level])
             run = CompileRun(level, {m: [] for m in modes}, streamed_bytes(model, level) / bandwidth / 1e6)
-            for r in range(rounds):
-                order = modes if r % 2 == 0 else modes[::-1]  # alternating: a drifting box favours no mode
-                progress(f"{level} concurrent, round {r + 1}/{rounds}: {', then '.join(order)}")
-                for mode in order:
-                    _use(model, mode, compiled, native_step)
-                    tok_s = run_engine(engine, prompts, params, "compile", level).decode_tokens_per_s
-                    run.tok_s[mode].append(tok_s or 0.0)
+            _time_level(engine, run, rounds, params, lambda mode: _use(model, mode, compiled, native_step))
             runs.append(run)
     finally:
         model.compiled, model.native_step = compiled, native_step
@@ -88,6 +81,19 @@ def bench_compile(engine: LLMEngine, args) -> int:
     return 0
 
 
+def _time_level(engine: LLMEngine, run: CompileRun, rounds: int, params: SamplingParams, use) -> None:
+    """`rounds` rounds at run's concurrency, each mode (`use(mode)` switches to it) once a round, the order
+    reversed every other round: a drifting box favours no mode."""
+    level, modes = run.concurrency, list(run.tok_s)
+    prompts = chat_prompt_ids(engine.tokenizer, (CHAT_PROMPTS * 8)[:level])
+    for r in range(rounds):
+        order = modes if r % 2 == 0 else modes[::-1]
+        progress(f"{level} concurrent, round {r + 1}/{rounds}: {', then '.join(order)}")
+        for mode in order:
+            use(mode)
+            run.tok_s[mode].append(run_engine(engine, prompts, params, "compile", level).decode_tokens_per_s or 0.0)
+
+
 def _print(runs: list[CompileRun], modes: list[str], title: str, bandwidth: float) -> None:
     """Per level: each mode's tok/s, each faster mode's ratio to eager, and the fastest default's step
     against the weight-read floor (the default: the native step where there is one)."""
@@ -99,7 +105,8 @@ def _print(runs: list[CompileRun], modes: list[str], title: str, bandwidth: floa
         speeds = "".join(f"{r.median(m):>15.1f}" for m in modes)
         ratios = "".join(f"{(f'{r.ratio(m):.2f}x' if r.ratio(m) else '-'):>16}" for m in modes[1:])
         step = r.step_ms(default) or 0.0
-        print(f"{r.concurrency:>11}{speeds}{ratios} {step:>11.1f} ms {r.floor_ms:>15.1f} ms {step / r.floor_ms:>12.2f}x")
+        print(f"{r.concurrency:>11}{speeds}{ratios} {step:>11.1f} ms {r.floor_ms:>15.1f} ms "
+              f"{step / r.floor_ms:>12.2f}x")
     print(f"(floor: the bytes of weights one step reads / {bandwidth:.1f} GB/s streamed, measured now; "
           f"native: every layer of a decode step in one C++ call, model/native_step.py)")
 

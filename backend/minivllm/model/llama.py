@@ -121,10 +121,8 @@ class LlamaModel(nn.Module):
 
     def compilation(self) -> str:
         """How decode steps run, in words (the Engine tab shows it)."""
-        if self.compiled is None and self.native_step is None:
-            return f"eager ({self.eager_reason})"
         modes = [m.describe() for m in (self.native_step, self.compiled) if m is not None]
-        return "; otherwise ".join(modes)
+        return "; otherwise ".join(modes) if modes else f"eager ({self.eager_reason})"
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

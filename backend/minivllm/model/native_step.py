@@ -94,8 +94,10 @@ class NativeDecodeStep:
             meta: AttentionMetadata, num_layers: int) -> torch.Tensor | None:
         """x after the first `num_layers` layers and the final norm, or None when this step cannot run
         natively."""
+        if meta.prefills or not reads_pool_natively(kv_cache.k[0]):  # before a prefill's row count is looked up
+            return None
         kinds = self.kinds(x.shape[0])
-        if kinds is None or meta.prefills or not reads_pool_natively(kv_cache.k[0]):
+        if kinds is None:
             return None
         cos, signed_sin = rope
         return torch.ops.minivllm_native.decode_layers(

@@ -85,6 +85,17 @@ void over_row_tiles(int64_t begin, int64_t end, F&& f) {
   }
 }
 
+// f(T{}) with T the KV pool's element type: fp32, fp16 or bf16, the types the native kernels read and write.
+template <typename F>
+void with_pool_type(const at::Tensor& pool, F&& f) {
+  switch (pool.scalar_type()) {
+    case at::kFloat: f(float{}); break;
+    case at::kHalf: f(at::Half{}); break;
+    case at::kBFloat16: f(at::BFloat16{}); break;
+    default: TORCH_CHECK(false, "KV pool dtype ", pool.scalar_type(), " is not float32, float16 or bfloat16");
+  }
+}
+
 inline void check_activations(const at::Tensor& x, int64_t multiple) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "expected contiguous fp32 activations [rows, K], got ", x.sizes(), " ", x.scalar_type());

@@ -142,12 +142,9 @@ void rotate_and_store(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& 
 
 void rotate_and_store(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& signed_sin, at::Tensor k_pool,
                       at::Tensor v_pool, const int64_t* slots, const Shape& s) {
-  switch (k_pool.scalar_type()) {
-    case at::kFloat: rotate_and_store<float>(qkv, cos, signed_sin, k_pool, v_pool, slots, s); break;
-    case at::kHalf: rotate_and_store<at::Half>(qkv, cos, signed_sin, k_pool, v_pool, slots, s); break;
-    case at::kBFloat16: rotate_and_store<at::BFloat16>(qkv, cos, signed_sin, k_pool, v_pool, slots, s); break;
-    default: TORCH_CHECK(false, "KV pool dtype ", k_pool.scalar_type(), " is not float32, float16 or bfloat16");
-  }
+  with_pool_type(k_pool, [&](auto element) {
+    rotate_and_store<decltype(element)>(qkv, cos, signed_sin, k_pool, v_pool, slots, s);
+  });
 }
 
 // silu(g) = g / (1 + e^-g), from e^-|g| <= 1 on both sides (exp8 takes x <= 0): g e^g / (1 + e^g) below 0.

@@ -247,12 +247,12 @@ struct Attention {
   const T *k, *v;
   const int64_t *tables, *lens;
 
-  int64_t parts(int64_t seq) const { return (lens[seq] + part_len - 1) / part_len; }
+  int64_t part_count(int64_t seq) const { return (lens[seq] + part_len - 1) / part_len; }
 
   // Parts [p0, p1) of sequence `seq` for KV heads [h0, h0 + kv_count) into o, top, sum (attend's layout).
   // `scaled`: room for the query heads, `scores` for the parts' scores.
-  void parts(int64_t seq, int64_t p0, int64_t p1, int64_t h0, int64_t kv_count, float* scaled, float* scores,
-             float* top, float* sum, float* o) const {
+  void attend_parts(int64_t seq, int64_t p0, int64_t p1, int64_t h0, int64_t kv_count, float* scaled,
+                    float* scores, float* top, float* sum, float* o) const {
     const int64_t heads = kv_count * g.group;
     for (int64_t j = 0; j < heads; ++j) {  // the query heads, scaled, packed
       const float* src = q + seq * q_seq + (h0 * g.group + j) * q_head;
@@ -286,8 +286,8 @@ void by_sequence(const Attention<T>& a, int64_t seqs, float* out) {
         {a.all_heads * a.g.dim, a.all_heads * max_len, most_parts * a.all_heads, most_parts * a.all_heads,
          most_parts * a.all_heads * a.g.dim});
     for (int64_t s = begin; s < end; ++s) {
-      a.parts(s, 0, a.parts(s), 0, a.g.kv_heads, scaled, scores, top, sum, parts_out);
-      merge_parts(parts_out, top, sum, a.parts(s), a.all_heads, a.g.dim, out + s * a.all_heads * a.g.dim);
+      a.attend_parts(s, 0, a.part_count(s), 0, a.g.kv_heads, scaled, scores, top, sum, parts_out);
+      merge_parts(parts_out, top, sum, a.part_count(s), a.all_heads, a.g.dim, out + s * a.all_heads * a.g.dim);
     }
   });
 }
@@ -301,14 +301,14 @@ void by_part(const Attention<T>& a, int64_t seqs, float* out) {
   std::vector<int64_t> first_part(seqs, -1);  // where a sequence of several parts keeps them until the merge
   int64_t kept = 0, pieces = 0;
   for (int64_t s = 0; s < seqs; ++s) {
-    pieces += a.parts(s);
-    if (a.parts(s) > 1) first_part[s] = kept, kept += a.parts(s);
+    pieces += a.part_count(s);
+    if (a.part_count(s) > 1) first_part[s] = kept, kept += a.part_count(s);
   }
   // every KV head of a part in one task (its blocks read once) where parts are enough for the threads
   const int64_t kv_count = pieces >= 2 * at::get_num_threads() ? a.g.kv_heads : 1, heads = kv_count * a.g.group;
   std::vector<Task> tasks;
   for (int64_t s = 0; s < seqs; ++s)
-    for (int64_t p = 0; p < a.parts(s); ++p)
+    for (int64_t p = 0; p < a.part_count(s); ++p)
       for (int64_t h = 0; h < a.g.kv_heads; h += kv_count) tasks.push_back({s, p, h});
   std::vector<float> parts_out(kept * a.all_heads * a.g.dim), tops(kept * a.all_heads), sums(kept * a.all_heads);
   at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
@@ -317,19 +317,19 @@ void by_part(const Attention<T>& a, int64_t seqs, float* out) {
       const Task& t = tasks[i];
       if (first_part[t.seq] < 0) {  // one part: straight out
         float* o = out + (t.seq * a.all_heads + t.h0 * a.g.group) * a.g.dim;
-        a.parts(t.seq, 0, 1, t.h0, kv_count, scaled, scores, top, sum, o);
+        a.attend_parts(t.seq, 0, 1, t.h0, kv_count, scaled, scores, top, sum, o);
         merge_parts(o, top, sum, 1, heads, a.g.dim, o);
         continue;
       }
       const int64_t at = (first_part[t.seq] + t.part) * a.all_heads + t.h0 * a.g.group;
-      a.parts(t.seq, t.part, t.part + 1, t.h0, kv_count, scaled, scores, tops.data() + at, sums.data() + at,
-              parts_out.data() + at * a.g.dim);
+      a.attend_parts(t.seq, t.part, t.part + 1, t.h0, kv_count, scaled, scores, tops.data() + at,
+                     sums.data() + at, parts_out.data() + at * a.g.dim);
     }
   });
   for (int64_t s = 0; s < seqs; ++s) {
     if (first_part[s] < 0) continue;
     const int64_t at = first_part[s] * a.all_heads;
-    merge_parts(parts_out.data() + at * a.g.dim, tops.data() + at, sums.data() + at, a.parts(s), a.all_heads,
+    merge_parts(parts_out.data() + at * a.g.dim, tops.data() + at, sums.data() + at, a.part_count(s), a.all_heads,
                 a.g.dim, out + s * a.all_heads * a.g.dim);
   }
 }
@@ -354,12 +354,9 @@ at::Tensor minivllm_native::paged_decode_attention(const at::Tensor& q, const at
                                                    const at::Tensor& context_lens, double scale) {
   check_inputs(q, k_pool, v_pool, block_tables, context_lens);
   at::Tensor out = at::empty(q.sizes(), q.options());  // contiguous, whatever q's strides
-  switch (k_pool.scalar_type()) {
-    case at::kFloat: run<float>(q, k_pool, v_pool, block_tables, context_lens, scale, out); break;
-    case at::kHalf: run<at::Half>(q, k_pool, v_pool, block_tables, context_lens, scale, out); break;
-    case at::kBFloat16: run<at::BFloat16>(q, k_pool, v_pool, block_tables, context_lens, scale, out); break;
-    default: TORCH_CHECK(false, "KV pool dtype ", k_pool.scalar_type(), " is not float32, float16 or bfloat16");
-  }
+  with_pool_type(k_pool, [&](auto element) {
+    run<decltype(element)>(q, k_pool, v_pool, block_tables, context_lens, scale, out);
+  });
   return out;
 }
 

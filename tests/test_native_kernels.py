@@ -55,9 +55,9 @@ def _native(kind: str, acts: str, n: int, k: int):
 
 @needs_avx2
 @pytest.mark.parametrize("acts", kernels.NATIVE_ACTS)
-@pytest.mark.parametrize("kind", ["int4", "int8"])
-def test_each_row_gets_the_same_bits_alone_and_in_any_batch(kind, acts):
-    k = 576
+# int4 at 9, 7, 24 and 2 pairs: a last group of 1 or 3 pairs, none, one; a lone row runs its own loop
+@pytest.mark.parametrize("kind,k", [("int4", 576), ("int4", 448), ("int4", 1536), ("int4", 128), ("int8", 576)])
+def test_each_row_gets_the_same_bits_alone_and_in_any_batch(kind, k, acts):
     kernel = _native(kind, acts, 300, k)
     x = torch.randn(70, k)  # more rows than one L1 chunk of int8x2 activations (q8_features.inc)
     batch = kernel(x)
@@ -119,9 +119,9 @@ def test_the_vnni_loops_give_the_avx2_loops_bits(kind, acts, k):
     x = torch.randn(7, k)
     try:
         assert native.use_vnni(True)
-        with_vnni = kernel(x)
+        with_vnni = kernel(x), kernel(x[:1])  # a lone row runs its own loop
         assert not native.use_vnni(False)
-        assert torch.equal(kernel(x), with_vnni)
+        assert torch.equal(kernel(x), with_vnni[0]) and torch.equal(kernel(x[:1]), with_vnni[1])
     finally:
         native.use_vnni(True)
 

@@ -48,6 +48,8 @@ struct QuantizedActivations {
   int64_t row_bytes = 0;                    // pairs * 64
   int64_t pair_scale_stride = 0;            // pairs * 8 (also the offsets')
   int64_t sum_stride = 0;                   // blocks rounded up to 8, zeros after
+  const float* block_scale_ptr = nullptr;   // fp32 [M, sum_stride]: the pair scales' values once per block, zeros
+                                            // after (the one-row 4-bit loop multiplies eight at a time)
 };
 
 inline int64_t round_up8(int64_t n) { return (n + 7) / 8 * 8; }
@@ -143,14 +145,15 @@ QuantizedActivations quantize_rows(const at::Tensor& x, bool split, bool offsets
   const int64_t r_floats = split ? q_floats : 0;
   static thread_local std::vector<float> scratch;
   const int64_t lanes = rows * pairs * 8;
-  float* base = aligned_scratch(scratch, q_floats + r_floats + lanes * (offsets ? 2 : 1) + rows * sum_stride);
+  float* base = aligned_scratch(scratch, q_floats + r_floats + lanes * (offsets ? 2 : 1) + 2 * rows * sum_stride);
   int8_t* q = reinterpret_cast<int8_t*>(base);
   int8_t* remainder = split ? reinterpret_cast<int8_t*>(base + q_floats) : nullptr;
   float* pair_scale = base + q_floats + r_floats;
   float* sum = pair_scale + lanes;
-  int32_t* offset = offsets ? reinterpret_cast<int32_t*>(sum + rows * sum_stride) : nullptr;
+  float* block_scale = sum + rows * sum_stride;
+  int32_t* offset = offsets ? reinterpret_cast<int32_t*>(block_scale + rows * sum_stride) : nullptr;
   for (int64_t r = 0; r < rows; ++r) {
-    std::fill(sum + r * sum_stride + blocks, sum + (r + 1) * sum_stride, 0.f);
+    for (float* per_block : {sum, block_scale}) std::fill(per_block + r * sum_stride + blocks, per_block + (r + 1) * sum_stride, 0.f);
     if (blocks % 2) {  // the last pair's missing second block: zero codes, zero scales
       for (int8_t* part : {q, remainder})
         if (part) for (int half = 0; half < 2; ++half) std::fill_n(part + (r + 1) * row_bytes - kPair + 16 + half * kBlock, 16, 0);
@@ -171,10 +174,11 @@ QuantizedActivations quantize_rows(const at::Tensor& x, bool split, bool offsets
       const int64_t lane = row * pairs * 8 + (b / 2) * 8 + (b % 2) * 4;
       std::fill_n(pair_scale + lane, 4, d_unit);
       sum[row * sum_stride + b] = d_unit * static_cast<float>(codes.total);
+      block_scale[row * sum_stride + b] = d_unit;
       if (offset) _mm_storeu_si128(reinterpret_cast<__m128i*>(offset + lane), _mm_slli_epi32(codes.lane_total, 7));
     }
   });
-  return QuantizedActivations{q, remainder, pair_scale, sum, offset, row_bytes, pairs * 8, sum_stride};
+  return QuantizedActivations{q, remainder, pair_scale, sum, offset, row_bytes, pairs * 8, sum_stride, block_scale};
 }
 
 namespace avx2 {

@@ -172,7 +172,9 @@ def test_enforce_eager_and_the_default(monkeypatch, capfd):
     assert create_engine("random:tiny").info().compilation == "eager (--enforce-eager)"
     monkeypatch.setenv("MINIVLLM_ENFORCE_EAGER", "0")
     compiled = create_engine("random:tiny", EngineConfig(max_num_seqs=2), quantization="none")
-    assert compiled.info().compilation.startswith("compiled (inductor")
+    # "compiled (inductor ...", or "native decode step ...; otherwise compiled (inductor ..." where our fp32
+    # kernel beat MKL for the tiny model when timed at load
+    assert compiled.info().compilation.split("; otherwise ")[-1].startswith("compiled (inductor")
     assert "compiling decode step 1/" in capfd.readouterr().err
 
 

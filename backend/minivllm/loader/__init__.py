@@ -20,6 +20,7 @@ import torch
 from minivllm.console import progress
 from minivllm.loader import gguf_loader, hf_loader, random_shapes
 from minivllm.loader.hf_loader import ModelNotFoundError
+from minivllm.loader.huge_pages import thp_mode
 from minivllm.loader.weights import CorruptCheckpointError, build_model
 from minivllm.model.config import LlamaConfig, UnsupportedModelError
 from minivllm.model.llama import LlamaModel
@@ -92,7 +93,7 @@ def load_model(spec: str | None = None, dtype: str | torch.dtype = "float32", de
         loaded = _load_path_or_hub(spec, options)
     progress(f"loaded {loaded.name} ({loaded.config.num_parameters / 1e6:.0f}M parameters, "
               f"{str(torch_dtype).removeprefix('torch.')}, {torch_device}) in {time.perf_counter() - started:.1f}s")
-    _report_quantization(loaded.quant)
+    _report_quantization(loaded.quant, torch_device)
     return loaded
 
 
@@ -104,11 +105,13 @@ class _Options:
     quant: QuantConfig
 
 
-def _report_quantization(report: QuantReport) -> None:
+def _report_quantization(report: QuantReport, device: torch.device) -> None:
     if report.dequantized_note:
         progress(report.dequantized_note)
+    pages = ("" if device.type != "cpu" else ", on 2 MiB pages" if report.huge_page_bytes
+             else f", on 4 KiB pages (transparent huge pages: {thp_mode() or 'unavailable'})")
     progress(f"weights: {report.mode}, {report.weight_bytes / 2**20:.0f} MiB "
-              f"({report.ratio:.0%} of the {report.fp32_bytes / 2**20:.0f} MiB fp32 model)")
+              f"({report.ratio:.0%} of the {report.fp32_bytes / 2**20:.0f} MiB fp32 model){pages}")
     if report.kernel_choices and not any(c.timings_ms for c in report.kernel_choices):
         progress("kernels forced ($MINIVLLM_QUANT_KERNEL), not timed:")
     elif report.kernel_choices and all(c.cached for c in report.kernel_choices):

@@ -7,12 +7,13 @@ from collections.abc import Iterable, Mapping
 
 import torch
 
+from minivllm.loader.huge_pages import move_to_huge_pages
 from minivllm.model.config import LlamaConfig
 from minivllm.model.llama import LlamaModel
 from minivllm.model.packed_linear import pack_model
 from minivllm.quant.formats import QuantizedWeight
 from minivllm.quant.install import (QuantReport, choose_model_kernels, fp32_bytes, install_quantized,
-                                   stored_bytes)
+                                   stored_bytes, weight_tensors)
 from minivllm.quant.policy import QuantConfig, apply_policy, describe_mode, fuse
 
 
@@ -78,8 +79,14 @@ def build_model(cfg: LlamaConfig, hf_tensors: Mapping[str, torch.Tensor | Quanti
     choices, seconds = choose_model_kernels(model, quant.kernel)
     if os.environ.get("MINIVLLM_NO_PACK") != "1":  # escape hatch for A/B benchmarks
         pack_model(model)
-    return model, QuantReport(describe_mode(state), stored_bytes(model), fp32_bytes(cfg), choices, seconds,
-                              quantized=bool(quantized))
+    report = QuantReport(describe_mode(state), stored_bytes(model), fp32_bytes(cfg), choices, seconds,
+                         quantized=bool(quantized))
+    if device.type == "cpu" and os.environ.get(NO_HUGE_PAGES_ENV) != "1":
+        report.huge_page_bytes = move_to_huge_pages(weight_tensors(model))
+    return model, report
+
+
+NO_HUGE_PAGES_ENV = "MINIVLLM_NO_HUGE_PAGES"  # 1: weights stay where loading put them (A/B benchmarks)
 
 
 def _check_shapes(model: LlamaModel, state: Mapping[str, torch.Tensor | QuantizedWeight]) -> None:

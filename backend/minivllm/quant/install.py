@@ -25,6 +25,7 @@ class QuantReport:
     choose_seconds: float = 0.0  # time spent timing kernels at load
     dequantized_note: str | None = None  # GGUF types that had no native path
     quantized: bool = False  # whether any weight is held in 4 or 8 bits
+    huge_page_bytes: int = 0  # weights moved onto 2 MiB pages (loader/huge_pages.py); 0: left on 4 KiB pages
 
     @property
     def ratio(self) -> float:
@@ -73,20 +74,21 @@ def _parent(model: nn.Module, dotted: str) -> tuple[nn.Module, str]:
     return parent, attr
 
 
-def stored_bytes(model: nn.Module) -> int:
-    """Bytes of every distinct tensor the model keeps for weights (shared storage counted once)."""
-    seen: dict[int, int] = {}
-    tensors = [p for p in model.parameters()]
-    packed = 0
+def weight_tensors(model: nn.Module) -> list[torch.Tensor]:
+    """Every tensor the model keeps for weights: parameters and the quantized modules' stored forms."""
+    tensors = list(model.parameters())
     for module in model.modules():
         if isinstance(module, (QuantLinear, QuantEmbedding)):
             tensors += module.stored_tensors()
-        # an MKL-packed fp32 copy is opaque, and its numel() says 2.7x what it holds: RSS grows by about
-        # its weight's size (measured: 7.3 MiB per copy of a 6.75 MiB [3072x576] weight)
-        if getattr(module, "packs", None):
-            packed += len(module.packs) * weight_bytes(module.weight)
-    for t in tensors:
-        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return tensors
+
+
+def stored_bytes(model: nn.Module) -> int:
+    """Bytes of every distinct tensor the model keeps for weights (shared storage counted once)."""
+    seen = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in weight_tensors(model)}
+    # an MKL-packed fp32 copy is opaque, and its numel() says 2.7x what it holds: RSS grows by about
+    # its weight's size (measured: 7.3 MiB per copy of a 6.75 MiB [3072x576] weight)
+    packed = sum(len(m.packs) * weight_bytes(m.weight) for m in model.modules() if getattr(m, "packs", None))
     return sum(seen.values()) + packed
 
 

@@ -32,5 +32,9 @@ def streaming_bandwidth_gbs(repeats: int = 5) -> float:
 
 
 def machine_line() -> str:
+    from minivllm.loader.huge_pages import thp_mode
+
+    # huge pages: the weights sit on them only where the kernel offers them (loader/huge_pages.py)
     return (f"machine: CPU capability {cpu_capability()}, {torch.get_num_threads()} threads, "
-            f"streaming bandwidth {streaming_bandwidth_gbs():.1f} GB/s (measured now)")
+            f"streaming bandwidth {streaming_bandwidth_gbs():.1f} GB/s (measured now), "
+            f"transparent huge pages: {thp_mode() or 'unavailable'}")

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,7 +109,7 @@ class _Options:
 def _report_quantization(report: QuantReport, device: torch.device) -> None:
     if report.dequantized_note:
         progress(report.dequantized_note)
-    pages = ("" if device.type != "cpu" else ", on 2 MiB pages" if report.huge_page_bytes
+    pages = ("" if device.type != "cpu" or sys.platform != "linux" else ", on 2 MiB pages" if report.huge_page_bytes
              else f", on 4 KiB pages (transparent huge pages: {thp_mode() or 'unavailable'})")
     progress(f"weights: {report.mode}, {report.weight_bytes / 2**20:.0f} MiB "
               f"({report.ratio:.0%} of the {report.fp32_bytes / 2**20:.0f} MiB fp32 model){pages}")

@@ -76,8 +76,8 @@ def _live_viewers(storages: dict[int, torch.UntypedStorage]) -> dict[int, list[t
     """Every live tensor object on one of `storages`, by storage: the modules' own, their kernels' and
     any view of them (a view left on the old storage would keep it alive and read 4 KiB pages)."""
     viewers: dict[int, list[torch.Tensor]] = defaultdict(list)
-    for obj in gc.get_objects():
-        if issubclass(type(obj), torch.Tensor) and (ptr := _storage_ptr(obj)) in storages:  # type(): no proxy __class__
+    for obj in gc.get_objects():  # type(obj), not isinstance: a lazy module proxy warns when asked its __class__
+        if issubclass(type(obj), torch.Tensor) and (ptr := _storage_ptr(obj)) in storages:
             viewers[ptr].append(obj)
     return viewers
 

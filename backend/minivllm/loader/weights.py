@@ -16,6 +16,8 @@ from minivllm.quant.install import (QuantReport, choose_model_kernels, fp32_byte
                                    stored_bytes, weight_tensors)
 from minivllm.quant.policy import QuantConfig, apply_policy, describe_mode, fuse
 
+NO_HUGE_PAGES_ENV = "MINIVLLM_NO_HUGE_PAGES"  # 1: weights stay where loading put them (A/B benchmarks)
+
 
 class CorruptCheckpointError(ValueError):
     """A checkpoint is missing tensors or has tensors of the wrong shape."""
@@ -84,9 +86,6 @@ def build_model(cfg: LlamaConfig, hf_tensors: Mapping[str, torch.Tensor | Quanti
     if device.type == "cpu" and os.environ.get(NO_HUGE_PAGES_ENV) != "1":
         report.huge_page_bytes = move_to_huge_pages(weight_tensors(model))
     return model, report
-
-
-NO_HUGE_PAGES_ENV = "MINIVLLM_NO_HUGE_PAGES"  # 1: weights stay where loading put them (A/B benchmarks)
 
 
 def _check_shapes(model: LlamaModel, state: Mapping[str, torch.Tensor | QuantizedWeight]) -> None:

@@ -49,7 +49,7 @@ struct QuantizedActivations {
   int64_t pair_scale_stride = 0;            // pairs * 8 (also the offsets')
   int64_t sum_stride = 0;                   // blocks rounded up to 8, zeros after
   const float* block_scale_ptr = nullptr;   // fp32 [M, sum_stride]: the pair scales' values once per block, zeros
-                                            // after (the one-row 4-bit loop multiplies eight at a time)
+                                            // after (the 4-bit loop multiplies eight at a time by d)
 };
 
 inline int64_t round_up8(int64_t n) { return (n + 7) / 8 * 8; }

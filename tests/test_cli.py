@@ -198,6 +198,29 @@ def test_bench_sampler_puts_ours_next_to_hf_generate(tmp_path):
     assert (tmp_path / "sampler.png").stat().st_size > 0 and (tmp_path / "sampler.json").exists()
 
 
+def test_bench_pages_puts_huge_pages_next_to_small_ones(tmp_path, monkeypatch):
+    from minivllm.loader.huge_pages import thp_mode
+
+    monkeypatch.setenv("MINIVLLM_NO_HUGE_PAGES", "1")  # the engine under test on 4 KiB pages: nothing to compare
+    proc = cli("bench", "pages", "--quick", "--model", "random:tiny", "--concurrency", "1")
+    assert proc.returncode != 0 and "weights are on 4 KiB pages" in proc.stderr, proc.stderr
+    monkeypatch.delenv("MINIVLLM_NO_HUGE_PAGES")
+    proc = cli("bench", "pages", "--quick", "--model", "random:tiny", "--max-num-seqs", "2", "--concurrency", "1", "2",
+               "--output-dir", str(tmp_path), timeout=600)
+    if thp_mode() not in ("always", "madvise"):  # no huge pages to be had: told so, nothing timed
+        assert proc.returncode != 0 and "transparent huge pages" in proc.stderr, proc.stderr
+        return
+    assert proc.returncode == 0, proc.stderr
+    assert "its weights left on 4 KiB pages" in proc.stderr
+    for conc in (1, 2):  # 4 KiB, 2 MiB, ratio, the step on huge pages, the floor, step / floor
+        assert re.search(rf"^\s+{conc}\s+[\d.]+\s+[\d.]+\s+[\d.]+x\s+[\d.]+ ms\s+[\d.]+ ms\s+[\d.]+x$", proc.stdout,
+                         re.MULTILINE), proc.stdout
+    assert re.search(r"machine: .*, transparent huge pages: (always|madvise)", proc.stdout)
+    runs = json.loads((tmp_path / "pages.json").read_text())["runs"]
+    assert [r["concurrency"] for r in runs] == [1, 2] and all(r["4 KiB pages"][0] > 0 < r["2 MiB pages"][0] for r in runs)
+    assert (tmp_path / "pages.png").stat().st_size > 0
+
+
 def test_bench_compile_puts_compiled_next_to_eager(tmp_path, monkeypatch):
     monkeypatch.setenv("MINIVLLM_ENFORCE_EAGER", "1")
     proc = cli("bench", "compile", "--quick", "--model", "random:tiny", "--concurrency", "1", "2")

@@ -110,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="benchmarks that print comparisons side by side")
     p.add_argument("kind", choices=["single", "throughput", "profile", "quality", "llamacpp", "spec", "structured",
-                                      "compile", "sampler"])
+                                      "compile", "pages", "sampler"])
     p.add_argument("--draft-model", default=None,
                    help="spec: the draft model's spec (default: the embedded model, in int4)")
     p.add_argument("--only", nargs="+", default=None, metavar="METHOD",

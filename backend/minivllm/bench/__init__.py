@@ -33,6 +33,10 @@ def run_bench(args) -> int:
         from minivllm.bench.compiled import bench_compile
 
         return bench_compile(engine, args)
+    if args.kind == "pages":
+        from minivllm.bench.pages import bench_pages
+
+        return bench_pages(engine, args)
     if args.kind == "sampler":
         from minivllm.bench.sampler import bench_sampler
 

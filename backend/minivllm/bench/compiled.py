@@ -8,6 +8,7 @@ weights, the KV pool and the prompts are the same."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,8 +31,9 @@ class CompileRun:
         return median(self.tok_s.get(mode, [])) or 0.0
 
     def ratio(self, mode: str) -> float | None:
-        eager, other = self.median("eager"), self.median(mode)
-        return other / eager if eager and other else None
+        """`mode`'s throughput over the first mode's (the baseline: eager here)."""
+        base, other = self.median(next(iter(self.tok_s))), self.median(mode)
+        return other / base if base and other else None
 
     def step_ms(self, mode: str) -> float | None:
         tok_s = self.median(mode)
@@ -67,7 +69,7 @@ def bench_compile(engine: LLMEngine, args) -> int:
             engine.runner.warmed_up(engine.config.max_num_seqs, engine.max_model_len)
         for level in args.concurrency:
             run = CompileRun(level, {m: [] for m in modes}, streamed_bytes(model, level) / bandwidth / 1e6)
-            _time_level(engine, run, rounds, params, lambda mode: _use(model, mode, compiled, native_step))
+            time_rounds(lambda mode: _use(model, mode, compiled, native_step) or engine, run, rounds, params)
             runs.append(run)
     finally:
         model.compiled, model.native_step = compiled, native_step
@@ -81,16 +83,17 @@ def bench_compile(engine: LLMEngine, args) -> int:
     return 0
 
 
-def _time_level(engine: LLMEngine, run: CompileRun, rounds: int, params: SamplingParams, use) -> None:
-    """`rounds` rounds at run's concurrency, each mode (`use(mode)` switches to it) once a round, the order
-    reversed every other round: a drifting box favours no mode."""
+def time_rounds(engine_for: Callable[[str], LLMEngine], run: CompileRun, rounds: int,
+                params: SamplingParams) -> None:
+    """`rounds` rounds at run's concurrency, each mode once a round on the engine `engine_for(mode)` sets up
+    for it, the order reversed every other round: a drifting box favours no mode."""
     level, modes = run.concurrency, list(run.tok_s)
-    prompts = chat_prompt_ids(engine.tokenizer, (CHAT_PROMPTS * 8)[:level])
     for r in range(rounds):
         order = modes if r % 2 == 0 else modes[::-1]
         progress(f"{level} concurrent, round {r + 1}/{rounds}: {', then '.join(order)}")
         for mode in order:
-            use(mode)
+            engine = engine_for(mode)
+            prompts = chat_prompt_ids(engine.tokenizer, (CHAT_PROMPTS * 8)[:level])
             run.tok_s[mode].append(run_engine(engine, prompts, params, "compile", level).decode_tokens_per_s or 0.0)
 
 

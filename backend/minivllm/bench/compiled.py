@@ -57,11 +57,7 @@ def bench_compile(engine: LLMEngine, args) -> int:
         raise SystemExit(f"bench compile compares the compiled step with eager, but this engine runs "
                          f"{model.compilation()}: drop --enforce-eager")
     modes = [m for m in MODES if m != "native" or native_step is not None]  # native: every product on our kernels
-    out_dir = Path(args.output_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    max_tokens, rounds = (16, 1) if args.quick else (args.max_tokens, 3)
-    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    bandwidth = streaming_bandwidth_gbs()
+    out_dir, max_tokens, rounds, params, bandwidth = rounds_setup(args)
     runs = []
     try:
         if native_step is not None:  # the engine's warm-up ran natively: compile the graphs now, not in a timed run
@@ -81,6 +77,16 @@ def bench_compile(engine: LLMEngine, args) -> int:
         {"concurrency": r.concurrency, **r.tok_s, "floor_ms": r.floor_ms} for r in runs]}))
     print(f"plot: {plot_compile(runs, modes, out_dir / 'compile.png', title)}")
     return 0
+
+
+def rounds_setup(args) -> tuple[Path, int, int, SamplingParams, float]:
+    """What a rounds benchmark needs: its output folder (made), tokens per request, rounds, the greedy
+    parameters, and the streaming bandwidth measured now (for the floor)."""
+    out_dir = Path(args.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    max_tokens, rounds = (16, 1) if args.quick else (args.max_tokens, 3)
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    return out_dir, max_tokens, rounds, params, streaming_bandwidth_gbs()
 
 
 def time_rounds(engine_for: Callable[[str], LLMEngine], run: CompileRun, rounds: int,

@@ -7,17 +7,15 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 from minivllm.bench.common import progress
-from minivllm.bench.compiled import CompileRun, time_rounds
-from minivllm.bench.machine import machine_line, streaming_bandwidth_gbs
+from minivllm.bench.compiled import CompileRun, rounds_setup, time_rounds
+from minivllm.bench.machine import machine_line
 from minivllm.bench.report import plot_paired_bars
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.loader.huge_pages import thp_mode
 from minivllm.loader.weights import NO_HUGE_PAGES_ENV
 from minivllm.quant.install import streamed_bytes
-from minivllm.sampling.params import SamplingParams
 
 SMALL, HUGE = "4 KiB pages", "2 MiB pages"
 
@@ -29,11 +27,7 @@ def bench_pages(engine: LLMEngine, args) -> int:
                          f"{NO_HUGE_PAGES_ENV}={os.environ.get(NO_HUGE_PAGES_ENV, '')!r})")
     progress("loading the model again, its weights left on 4 KiB pages")
     engines = {SMALL: _small_pages_engine(args), HUGE: engine}
-    out_dir = Path(args.output_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    max_tokens, rounds = (16, 1) if args.quick else (args.max_tokens, 3)
-    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    bandwidth = streaming_bandwidth_gbs()
+    out_dir, max_tokens, rounds, params, bandwidth = rounds_setup(args)
     runs = []
     for level in args.concurrency:
         run = CompileRun(level, {mode: [] for mode in engines},

@@ -22,7 +22,9 @@ from minivllm.sampling.params import SamplingParams
 
 
 @dataclass
-class CompileRun:
+class RoundsRun:
+    """One concurrency level of a rounds benchmark (bench compile, bench pages): each mode's samples."""
+
     concurrency: int
     tok_s: dict[str, list[float]]  # per mode (MODES), one sample a round
     floor_ms: float  # the weight-read floor of one step at this concurrency
@@ -44,10 +46,12 @@ class CompileRun:
 MODES = {"eager": (False, False), "compiled": (True, False), "native": (True, True)}
 
 
-def _use(model, mode: str, compiled, native_step) -> None:
+def _use(engine: LLMEngine, mode: str, compiled, native_step) -> LLMEngine:
+    """The engine, its model switched to `mode`."""
     on_compiled, on_native = MODES[mode]
-    model.compiled = compiled if on_compiled else None
-    model.native_step = native_step if on_native else None
+    engine.loaded.model.compiled = compiled if on_compiled else None
+    engine.loaded.model.native_step = native_step if on_native else None
+    return engine
 
 
 def bench_compile(engine: LLMEngine, args) -> int:
@@ -61,11 +65,11 @@ def bench_compile(engine: LLMEngine, args) -> int:
     runs = []
     try:
         if native_step is not None:  # the engine's warm-up ran natively: compile the graphs now, not in a timed run
-            _use(model, "compiled", compiled, native_step)
+            _use(engine, "compiled", compiled, native_step)
             engine.runner.warmed_up(engine.config.max_num_seqs, engine.max_model_len)
         for level in args.concurrency:
-            run = CompileRun(level, {m: [] for m in modes}, streamed_bytes(model, level) / bandwidth / 1e6)
-            time_rounds(lambda mode: _use(model, mode, compiled, native_step) or engine, run, rounds, params)
+            run = RoundsRun(level, {m: [] for m in modes}, streamed_bytes(model, level) / bandwidth / 1e6)
+            time_rounds(lambda mode: _use(engine, mode, compiled, native_step), run, rounds, params)
             runs.append(run)
     finally:
         model.compiled, model.native_step = compiled, native_step
@@ -89,7 +93,7 @@ def rounds_setup(args) -> tuple[Path, int, int, SamplingParams, float]:
     return out_dir, max_tokens, rounds, params, streaming_bandwidth_gbs()
 
 
-def time_rounds(engine_for: Callable[[str], LLMEngine], run: CompileRun, rounds: int,
+def time_rounds(engine_for: Callable[[str], LLMEngine], run: RoundsRun, rounds: int,
                 params: SamplingParams) -> None:
     """`rounds` rounds at run's concurrency, each mode once a round on the engine `engine_for(mode)` sets up
     for it, the order reversed every other round: a drifting box favours no mode."""
@@ -103,7 +107,7 @@ def time_rounds(engine_for: Callable[[str], LLMEngine], run: CompileRun, rounds:
             run.tok_s[mode].append(run_engine(engine, prompts, params, "compile", level).decode_tokens_per_s or 0.0)
 
 
-def _print(runs: list[CompileRun], modes: list[str], title: str, bandwidth: float) -> None:
+def _print(runs: list[RoundsRun], modes: list[str], title: str, bandwidth: float) -> None:
     """Per level: each mode's tok/s, each faster mode's ratio to eager, and the fastest default's step
     against the weight-read floor (the default: the native step where there is one)."""
     default = modes[-1]
@@ -120,7 +124,7 @@ def _print(runs: list[CompileRun], modes: list[str], title: str, bandwidth: floa
           f"native: every layer of a decode step in one C++ call, model/native_step.py)")
 
 
-def plot_compile(runs: list[CompileRun], modes: list[str], path: Path, title: str) -> Path:
+def plot_compile(runs: list[RoundsRun], modes: list[str], path: Path, title: str) -> Path:
     default = modes[-1]
 
     def floor_labels(ax, xs, offset):  # the floor itself would dwarf the bars: say how far above it each step is

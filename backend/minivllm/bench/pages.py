@@ -9,7 +9,7 @@ import json
 import os
 
 from minivllm.bench.common import progress
-from minivllm.bench.compiled import CompileRun, rounds_setup, time_rounds
+from minivllm.bench.compiled import RoundsRun, rounds_setup, time_rounds
 from minivllm.bench.machine import machine_line
 from minivllm.bench.report import plot_paired_bars
 from minivllm.engine.llm_engine import LLMEngine
@@ -30,7 +30,7 @@ def bench_pages(engine: LLMEngine, args) -> int:
     out_dir, max_tokens, rounds, params, bandwidth = rounds_setup(args)
     runs = []
     for level in args.concurrency:
-        run = CompileRun(level, {mode: [] for mode in engines},
+        run = RoundsRun(level, {mode: [] for mode in engines},
                          streamed_bytes(engine.loaded.model, level) / bandwidth / 1e6)
         time_rounds(engines.__getitem__, run, rounds, params)
         runs.append(run)
@@ -60,7 +60,7 @@ def _small_pages_engine(args) -> LLMEngine:
             os.environ[NO_HUGE_PAGES_ENV] = before
 
 
-def _print(runs: list[CompileRun], title: str, bandwidth: float) -> None:
+def _print(runs: list[RoundsRun], title: str, bandwidth: float) -> None:
     print(f"\n== {title} ==")
     print(f"{'concurrency':>11}{SMALL + ' tok/s':>19}{HUGE + ' tok/s':>19}{'huge / small':>14}"
           f"{'step on huge pages':>20}{'weight-read floor':>19}{'step / floor':>14}")

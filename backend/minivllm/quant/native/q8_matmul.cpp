@@ -41,14 +41,15 @@ using namespace minivllm_native;
 struct QuantizedActivations {
   const int8_t* q_ptr = nullptr;            // int8 [M, row_bytes]
   const int8_t* r_ptr = nullptr;            // split only: int8 [M, row_bytes], the remainder, in q's layout
-  const float* pair_scale_ptr = nullptr;    // fp32 [M, pairs, 8]: x ~= scale * q; block0's scale x4, block1's x4
-  const float* sum_ptr = nullptr;           // fp32 [M, sum_stride]: scale * sum(q), a Q4_1 minimum's partner
-  const int32_t* offset_ptr = nullptr;      // on request: int32 [M, pairs, 8], 128 * the sum of each product lane's
+  const float* pair_scale_ptr = nullptr;    // int8 weights: fp32 [M, pairs, 8]: x ~= scale * q; block0's scale x4,
+                                            // block1's x4
+  const float* sum_ptr = nullptr;           // 4-bit weights: fp32 [M, sum_stride]: scale * sum(q), a Q4_1 minimum's partner
+  const int32_t* offset_ptr = nullptr;      // int8 weights, on request: int32 [M, pairs, 8], 128 * the sum of each product lane's
                                             // 8 codes (as combined: 128 q + r when split), in the pair scales' lanes
   int64_t row_bytes = 0;                    // pairs * 64
   int64_t pair_scale_stride = 0;            // pairs * 8 (also the offsets')
   int64_t sum_stride = 0;                   // blocks rounded up to 8, zeros after
-  const float* block_scale_ptr = nullptr;   // fp32 [M, sum_stride]: the pair scales' values once per block, zeros
+  const float* block_scale_ptr = nullptr;   // 4-bit weights: fp32 [M, sum_stride]: x ~= scale * q per block, zeros
                                             // after (the 4-bit loop multiplies eight at a time by d)
 };
 
@@ -137,27 +138,33 @@ inline BlockCodes quantize_block(const float* v, bool split, bool lanes) {
 // too (|r| <= 64 + a rounding step): about 15 bits per block instead of 8, for two integer products
 // instead of one; the scales then hold d / 128 (a power of two: exact).
 //
-// `offsets`: also each lane's code sum x 128, what the int8 kernel's unsigned weights (w + 128) add (VNNI).
-QuantizedActivations quantize_rows(const at::Tensor& x, bool split, bool offsets) {
+// `int8_weights`: the scales as the int8 kernel reads them (each pair's lanes), else as the 4-bit one does
+// (per block: the scale, and scale x the codes' sum for Q4_1's minimum); each kernel's only.
+// `offsets` (int8 weights): also each lane's code sum x 128, what the int8 kernel's unsigned weights
+// (w + 128) add (VNNI).
+QuantizedActivations quantize_rows(const at::Tensor& x, bool split, bool int8_weights, bool offsets) {
   const int64_t rows = x.size(0), k = x.size(1), blocks = k / kBlock, pairs = (blocks + 1) / 2;
   const int64_t row_bytes = pairs * kPair, sum_stride = round_up8(blocks);
   const int64_t q_floats = rows * row_bytes / 4;  // whole 64-byte lines: every row starts on one
   const int64_t r_floats = split ? q_floats : 0;
   static thread_local std::vector<float> scratch;
-  const int64_t lanes = rows * pairs * 8;
-  float* base = aligned_scratch(scratch, q_floats + r_floats + lanes * (offsets ? 2 : 1) + 2 * rows * sum_stride);
+  const int64_t lanes = int8_weights ? rows * pairs * 8 : 0, per_block = int8_weights ? 0 : rows * sum_stride;
+  offsets = offsets && int8_weights;
+  float* base = aligned_scratch(scratch, q_floats + r_floats + lanes * (offsets ? 2 : 1) + 2 * per_block);
   int8_t* q = reinterpret_cast<int8_t*>(base);
   int8_t* remainder = split ? reinterpret_cast<int8_t*>(base + q_floats) : nullptr;
-  float* pair_scale = base + q_floats + r_floats;
-  float* sum = pair_scale + lanes;
-  float* block_scale = sum + rows * sum_stride;
-  int32_t* offset = offsets ? reinterpret_cast<int32_t*>(block_scale + rows * sum_stride) : nullptr;
+  float* scales = base + q_floats + r_floats;
+  float* pair_scale = int8_weights ? scales : nullptr;
+  float* sum = int8_weights ? nullptr : scales;
+  float* block_scale = int8_weights ? nullptr : scales + per_block;
+  int32_t* offset = offsets ? reinterpret_cast<int32_t*>(scales + lanes) : nullptr;
   for (int64_t r = 0; r < rows; ++r) {
-    for (float* per_block : {sum, block_scale}) std::fill(per_block + r * sum_stride + blocks, per_block + (r + 1) * sum_stride, 0.f);
+    if (sum)
+      for (float* per : {sum, block_scale}) std::fill(per + r * sum_stride + blocks, per + (r + 1) * sum_stride, 0.f);
     if (blocks % 2) {  // the last pair's missing second block: zero codes, zero scales
       for (int8_t* part : {q, remainder})
         if (part) for (int half = 0; half < 2; ++half) std::fill_n(part + (r + 1) * row_bytes - kPair + 16 + half * kBlock, 16, 0);
-      std::fill_n(pair_scale + (r + 1) * pairs * 8 - 4, 4, 0.f);
+      if (pair_scale) std::fill_n(pair_scale + (r + 1) * pairs * 8 - 4, 4, 0.f);
       if (offset) std::fill_n(offset + (r + 1) * pairs * 8 - 4, 4, 0);
     }
   }
@@ -172,9 +179,12 @@ QuantizedActivations quantize_rows(const at::Tensor& x, bool split, bool offsets
       if (split) store_halves(remainder + low, codes.rest);
       const float d_unit = codes.amax / 127.f / static_cast<float>(unit);
       const int64_t lane = row * pairs * 8 + (b / 2) * 8 + (b % 2) * 4;
-      std::fill_n(pair_scale + lane, 4, d_unit);
-      sum[row * sum_stride + b] = d_unit * static_cast<float>(codes.total);
-      block_scale[row * sum_stride + b] = d_unit;
+      if (pair_scale) {
+        std::fill_n(pair_scale + lane, 4, d_unit);
+      } else {
+        sum[row * sum_stride + b] = d_unit * static_cast<float>(codes.total);
+        block_scale[row * sum_stride + b] = d_unit;
+      }
       if (offset) _mm_storeu_si128(reinterpret_cast<__m128i*>(offset + lane), _mm_slli_epi32(codes.lane_total, 7));
     }
   });
@@ -215,7 +225,7 @@ at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& w) {
   check_activations(x, kPair);
   const int64_t rows = x.size(0), blocks = x.size(1) / kBlock, n = w.size(0);
   check_q4_weight(w, blocks);
-  const QuantizedActivations a = quantize_rows(x, SPLIT, /*offsets=*/false);
+  const QuantizedActivations a = quantize_rows(x, SPLIT, /*int8_weights=*/false, /*offsets=*/false);
   at::Tensor out = at::empty({rows, n}, x.options());
   const uint8_t* weights = w.data_ptr<uint8_t>();
   float* o = out.data_ptr<float>();
@@ -232,7 +242,7 @@ at::Tensor i8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
   const int64_t rows = x.size(0), blocks = x.size(1) / kBlock, n = w.size(0);
   const bool grouped = check_i8_weight(w, w_scale, x.size(1));
   const bool vnni_on = use_vnni_kernels;
-  const QuantizedActivations a = quantize_rows(x, SPLIT, /*offsets=*/vnni_on);
+  const QuantizedActivations a = quantize_rows(x, SPLIT, /*int8_weights=*/true, /*offsets=*/vnni_on);
   at::Tensor out = at::empty({rows, n}, x.options());
   const int8_t* weights = w.data_ptr<int8_t>();
   const float* scales = w_scale.data_ptr<float>();

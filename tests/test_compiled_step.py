@@ -12,7 +12,9 @@ from minivllm.engine.config import EngineConfig
 from minivllm.engine.factory import create_engine
 from minivllm.engine.model_runner import SeqWork
 from minivllm.loader import load_model
+from minivllm.model import attention
 from minivllm.model.compiled import CompiledLayers, decode_row_counts, graph_count, layers_per_graph
+from minivllm.quant.policy import QuantConfig
 from minivllm.sampling.params import SamplingParams
 
 from engine_utils import (chat_ids, first_part_at_a_near_tie, make_engine, random_decode_works, run,
@@ -171,10 +173,26 @@ def test_enforce_eager_and_the_default(monkeypatch, capfd):
     monkeypatch.setenv("MINIVLLM_ENFORCE_EAGER", "1")
     assert create_engine("random:tiny").info().compilation == "eager (--enforce-eager)"
     monkeypatch.setenv("MINIVLLM_ENFORCE_EAGER", "0")
-    compiled = create_engine("random:tiny", EngineConfig(max_num_seqs=2), quantization="none")
-    # "compiled (inductor ...", or "native decode step ...; otherwise compiled (inductor ..." where our fp32
-    # kernel beat MKL for the tiny model when timed at load
-    assert compiled.info().compilation.split("; otherwise ")[-1].startswith("compiled (inductor")
+    default = create_engine("random:tiny", EngineConfig(max_num_seqs=2), quantization="none")
+    model = default.loaded.model
+    if model.native_step is not None:  # our fp32 kernel beat MKL for the tiny model when timed at load:
+        # the native step runs every decode step, so no compiled step is built (nor torch's compiler imported)
+        assert model.compiled is None and default.info().compilation == model.native_step.describe()
+        assert "compiling decode step" not in capfd.readouterr().err
+    else:
+        assert default.info().compilation.startswith("compiled (inductor")
+        assert "compiling decode step 1/" in capfd.readouterr().err
+
+
+def test_the_compiled_step_is_built_where_the_native_step_cannot_run_every_decode_step(monkeypatch, capfd):
+    """Without the native attention (the portable path's pool), neither a native step nor a model's 4-bit
+    products on our kernels can serve decode steps: the warm-up builds and compiles the compiled step."""
+    monkeypatch.setenv("MINIVLLM_ENFORCE_EAGER", "0")
+    monkeypatch.setattr(attention, "USE_NATIVE_DECODE", False)
+    engine = create_engine("random:tiny", EngineConfig(max_num_seqs=2),
+                           quantization=QuantConfig("int4", kernel="int8x2"))
+    assert engine.loaded.model.compiled is not None and engine.loaded.model.compiled.steady
+    assert "otherwise compiled (inductor" in engine.info().compilation, engine.info().compilation
     assert "compiling decode step 1/" in capfd.readouterr().err
 
 

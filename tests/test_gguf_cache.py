@@ -3,11 +3,15 @@ file must never be served from an old entry, and a damaged or unwritable cache o
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import numpy as np
 import pytest
 from gguf import GGUFReader, GGUFWriter
 
 from minivllm.loader import gguf_cache
+from minivllm.model.config import LlamaConfig
 
 
 @pytest.fixture
@@ -86,16 +90,16 @@ def test_cached_config_and_tokenizer_equal_a_fresh_conversion(cache, embedded_pa
     """The embedded model's config and tokenizer, converted (and stored), then read back from the cache."""
     from transformers import AutoConfig, AutoTokenizer
 
-    fresh_config = AutoConfig.from_pretrained(str(embedded_path.parent), gguf_file=embedded_path.name)
+    fresh_config = LlamaConfig.from_hf(AutoConfig.from_pretrained(str(embedded_path.parent),
+                                                                  gguf_file=embedded_path.name), "smol")
     fresh_tokenizer = AutoTokenizer.from_pretrained(str(embedded_path.parent), gguf_file=embedded_path.name)
-    gguf_cache.load_config(embedded_path), gguf_cache.load_tokenizer(embedded_path)  # convert and store
+    assert gguf_cache.load_config(embedded_path, "smol") == fresh_config  # converted and stored
+    gguf_cache.load_tokenizer(embedded_path)
     entry = gguf_cache.entry_dir(embedded_path)
-    assert (entry / "config" / "config.json").is_file() and (entry / "tokenizer" / "tokenizer.json").is_file()
-    config, tokenizer = gguf_cache.load_config(embedded_path), gguf_cache.load_tokenizer(embedded_path)
+    assert (entry / gguf_cache.LLAMA_CONFIG).is_file() and (entry / "tokenizer" / "tokenizer.json").is_file()
+    config, tokenizer = gguf_cache.load_config(embedded_path, "other"), gguf_cache.load_tokenizer(embedded_path)
 
-    ignore = {"_name_or_path"}
-    assert {k: v for k, v in config.to_dict().items() if k not in ignore} == \
-        {k: v for k, v in fresh_config.to_dict().items() if k not in ignore}
+    assert config == dataclasses.replace(fresh_config, name="other")
     texts = ["Hello, wörld!  \n\t  indented", "The capital of France is Paris.", "<|im_start|>user\nhi<|im_end|>",
              "数学 123 ∑ emoji 🙂", ""]
     for text in texts:
@@ -108,3 +112,13 @@ def test_cached_config_and_tokenizer_equal_a_fresh_conversion(cache, embedded_pa
     for attr in ("eos_token_id", "bos_token_id", "pad_token_id", "all_special_ids"):
         assert getattr(tokenizer, attr) == getattr(fresh_tokenizer, attr), attr
     assert len(tokenizer) == len(fresh_tokenizer)
+
+
+@pytest.mark.parametrize("damage", ["{not json", '{"vocab_size": 3}', '["a list"]'])
+def test_a_damaged_cached_config_is_derived_again(cache, embedded_path, damage, caplog):
+    expected = gguf_cache.load_config(embedded_path, "smol")
+    file = gguf_cache.entry_dir(embedded_path) / gguf_cache.LLAMA_CONFIG
+    file.write_text(damage)
+    assert gguf_cache.load_config(embedded_path, "smol") == expected
+    assert gguf_cache.load_config(embedded_path, "smol") == expected  # and stored whole again
+    assert dataclasses.replace(LlamaConfig.from_json_dict(json.loads(file.read_text())), name="smol") == expected

@@ -5,7 +5,10 @@ slot refused before anything is written, and the embedded model's greedy tokens.
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -249,10 +252,27 @@ def test_the_default_engine_runs_it_and_says_so(monkeypatch, capfd):
     engine = create_engine("random:tiny", EngineConfig(max_num_seqs=2),
                            quantization=QuantConfig("int4", kernel="int8x2"))
     info = engine.info().compilation
-    assert info.startswith("native decode step") and "otherwise compiled (inductor" in info, info
-    # every warm-up shape ran natively: nothing compiled, and a later compile stays possible
-    assert not engine.loaded.model.compiled.steady
-    assert info in capfd.readouterr().err
+    # every decode step up to max_num_seqs runs natively: no compiled step is built
+    assert info == NativeDecodeStep.describe() and engine.loaded.model.compiled is None, info
+    err = capfd.readouterr().err
+    assert info in err and "compiling decode step" not in err
+
+
+def test_the_default_engine_imports_no_compiler(embedded_model):
+    """The embedded model at its defaults in a fresh process (the session's loads have filled the
+    cache): the native step runs every decode step, so torch's compiler is never imported, and neither
+    are transformers' config classes (the cached config is ours); either costs ~50-70 MiB of RSS."""
+    script = ("import sys; from minivllm import LLM, SamplingParams; llm = LLM(); "
+              "out = llm.generate(['Hi'], SamplingParams(max_tokens=4)); "
+              "print(llm.engine.info().compilation); "
+              "print(sorted(m for m in ('torch._dynamo', 'torch._inductor', 'sympy', "
+              "'transformers.core_model_loading') if m in sys.modules))")
+    env = {**os.environ, "MINIVLLM_ENFORCE_EAGER": "0"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    compilation, imported = done.stdout.strip().splitlines()[-2:]
+    assert compilation == NativeDecodeStep.describe()
+    assert imported == "[]"
 
 
 QUESTIONS = ("What is the capital of France?", "Name three colors.", "Write a haiku about the sea.")

@@ -192,9 +192,8 @@ def test_embedded_gguf_tensors_equal_transformers_dequantized_reading(embedded_p
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
     from minivllm.loader.gguf_loader import _name_map_source, load_gguf_config
-    from minivllm.model.config import LlamaConfig
 
-    cfg = LlamaConfig.from_hf(load_gguf_config(embedded_path), name="x")
+    cfg = load_gguf_config(embedded_path, "x")
     ours = read_gguf_tensors(embedded_path, cfg.num_attention_heads, cfg.num_key_value_heads)
     theirs = load_gguf_checkpoint(str(embedded_path), return_tensors=True, model_to_load=_name_map_source(cfg),
                                   torch_dtype=torch.float32)["tensors"]

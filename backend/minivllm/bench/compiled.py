@@ -17,6 +17,7 @@ from minivllm.bench.machine import machine_line, streaming_bandwidth_gbs
 from minivllm.bench.prompts import CHAT_PROMPTS
 from minivllm.bench.report import plot_paired_bars
 from minivllm.engine.llm_engine import LLMEngine
+from minivllm.model.compiled import attach_compiled_step
 from minivllm.quant.install import streamed_bytes
 from minivllm.sampling.params import SamplingParams
 
@@ -56,6 +57,8 @@ def _use(engine: LLMEngine, mode: str, compiled, native_step) -> LLMEngine:
 
 def bench_compile(engine: LLMEngine, args) -> int:
     model = engine.loaded.model
+    if model.compiled is None and model.may_compile:  # the native step runs every decode step: none was built
+        attach_compiled_step(model)
     compiled, native_step = model.compiled, model.native_step
     if compiled is None or not compiled.active:
         raise SystemExit(f"bench compile compares the compiled step with eager, but this engine runs "

@@ -19,7 +19,7 @@ from minivllm.model.attention import (AttentionMetadata, KVCache, PrefillChunk, 
 from minivllm.arith import ceil_div
 from minivllm.console import progress
 from minivllm.cache import compiler_cache_dir
-from minivllm.model.compiled import graph_count, warm_up_shapes
+from minivllm.model.compiled import compiled_step_for, graph_count, warm_up_shapes
 from minivllm.model.llama import LlamaModel
 
 
@@ -47,13 +47,15 @@ class ModelRunner:
 
     def warmed_up(self, max_rows: int, max_model_len: int) -> "ModelRunner":
         """Compile every decode graph a step of up to `max_rows` sequences can need, now (with
-        progress) rather than in the first requests' steps. Writes garbage K/V into block 0: only
-        for a fresh pool. Eagerly only the native decode attention is readied (built on a first start:
-        seconds that a first request would otherwise wait)."""
+        progress) rather than in the first requests' steps; none where the native step runs every
+        decode step. Writes garbage K/V into block 0: only for a fresh pool. Eagerly only the native
+        decode attention is readied (built on a first start: seconds that a first request would
+        otherwise wait)."""
         if self.device.type == "cpu":
             native_decode_ready()
-        compiled = self.model.compiled
+        compiled = compiled_step_for(self.model, max_rows, self.kv_cache.k[0])
         if compiled is None or not compiled.active:
+            progress(f"decode steps: {self.model.compilation()}")
             return self
         for pool in (*self.kv_cache.k, *self.kv_cache.v):  # a rebuilt pool of another size: no new graph
             torch._dynamo.maybe_mark_dynamic(pool, 0)

@@ -139,7 +139,7 @@ def _load_path_or_hub(spec: str, options: _Options) -> LoadedModel:
 
 def _load_gguf(path: Path, name: str, options: _Options) -> LoadedModel:
     progress(f"reading {path.name}")
-    cfg = LlamaConfig.from_hf(gguf_loader.load_gguf_config(path), name=name)
+    cfg = gguf_loader.load_gguf_config(path, name)
     progress("reading tensors in their stored precision")
     gguf = _read_gguf(path, cfg)
     progress("loading tokenizer and chat template")

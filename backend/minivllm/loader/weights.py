@@ -75,7 +75,6 @@ def build_model(cfg: LlamaConfig, hf_tensors: Mapping[str, torch.Tensor | Quanti
     model.load_state_dict(floats, strict=False, assign=True)
     if cfg.tie_word_embeddings and "embed_tokens.weight" not in quantized:
         model.lm_head.weight = model.embed_tokens.weight
-    _materialize_rope(model, cfg, max_positions)
     install_quantized(model, quantized, device, dtype, cfg.tie_word_embeddings)
     model = model.to(device).eval()
     choices, seconds = choose_model_kernels(model, quant.kernel)
@@ -94,14 +93,6 @@ def _check_shapes(model: LlamaModel, state: Mapping[str, torch.Tensor | Quantize
         if tuple(tensor.shape) != tuple(expected[name]):
             raise CorruptCheckpointError(
                 f"tensor {name} has shape {tuple(tensor.shape)}, expected {tuple(expected[name])}")
-
-
-def _materialize_rope(model: LlamaModel, cfg: LlamaConfig, max_positions: int | None) -> None:
-    """Non-persistent buffers stay on the meta device after load_state_dict: rebuild them."""
-    from minivllm.model.rope import RotaryEmbedding
-
-    model.rotary = RotaryEmbedding(cfg.head_dim, max_positions or cfg.max_position_embeddings,
-                                   cfg.rope_theta, cfg.rope_scaling)
 
 
 def iter_progress(items: Iterable, total: int, desc: str):

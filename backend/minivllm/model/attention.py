@@ -156,8 +156,9 @@ def reads_pool_natively(k_pool: torch.Tensor) -> bool:
 USE_NATIVE_DECODE = True  # tests turn it off to cover the portable path
 
 
-@torch.compiler.assume_constant_result  # decided before any graph: dynamo must not trace a build
 def native_decode_ready() -> bool:
+    """Marked a constant for dynamo (decided before any graph: it must not trace a build) where the
+    compiled step is set up (model/compiled.py), so that importing this module imports no compiler."""
     return USE_NATIVE_DECODE and native.available() is None
 
 

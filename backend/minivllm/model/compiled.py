@@ -31,6 +31,7 @@ import torch.fx.experimental._config as fx_config
 
 from minivllm.console import progress
 from minivllm.model import vec_isa_cache
+from minivllm.model.attention import native_decode_ready, reads_pool_natively
 from minivllm.model.native_step import NativeDecodeStep
 
 RECOMPILE_LIMIT = 64  # graphs per code object: row ranges x widths stay far below this
@@ -70,6 +71,7 @@ class CompiledLayers:
     has failed."""
 
     def __init__(self, group: int = 1, backend: str = "inductor"):
+        torch.compiler.assume_constant_result(native_decode_ready)  # marks it in place, for every graph
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         self.backend, self.group = backend, group
         # Guards on our modules' attributes cost ~0.26 ms a call (measured: dynamo's cache lookup, 0.35 ->
@@ -137,19 +139,45 @@ def eager_requested(enforce_eager: bool | None) -> bool:
 
 
 def use_compilation(model: torch.nn.Module, device: torch.device | str, enforce_eager: bool) -> None:
-    """Give the model its compiled layer step, or say why it runs eagerly."""
+    """Give the model its native decode step where its kernels allow one, and leave the compiled step
+    to `compiled_step_for` (the runner's warm-up), or say why it runs eagerly."""
+    model.may_compile = False
     if enforce_eager:
         model.eager_reason = "--enforce-eager"
     elif torch.device(device).type != "cpu":
         model.eager_reason = "compilation is implemented for CPUs only; CUDA graphs are not captured yet"
     else:
         model.native_step = NativeDecodeStep.for_model(model)
-        try:
-            vec_isa_cache.use_kept_probe()
-            model.compiled = CompiledLayers(layers_per_graph(len(model.layers)))
-        except Exception as exc:  # noqa: BLE001 - e.g. a Python torch.compile does not support
-            model.eager_reason = f"torch.compile unavailable: {type(exc).__name__}: {exc}"
-            progress(f"WARNING: {model.eager_reason}")
+        model.may_compile = True
+
+
+def compiled_step_for(model: torch.nn.Module, max_rows: int, k_pool: torch.Tensor) -> "CompiledLayers | None":
+    """The model's compiled step, built now if some decode step of up to `max_rows` rows over this
+    pool needs one: where the native step runs them all, none is built. Why not always: importing
+    dynamo and inductor costs ~130 MiB of resident memory and ~2 s of start-up that such a process
+    would never use (the embedded model's default)."""
+    if model.compiled is None and model.may_compile and not _native_runs_every_step(model, max_rows, k_pool):
+        attach_compiled_step(model)
+    return model.compiled
+
+
+def _native_runs_every_step(model: torch.nn.Module, max_rows: int, k_pool: torch.Tensor) -> bool:
+    """Whether the native step serves every decode step up to `max_rows` rows: kernel plans change
+    only at their edges, which `decode_row_counts` covers on both sides."""
+    step = model.native_step
+    return (step is not None and reads_pool_natively(k_pool)
+            and all(step.kinds(rows) is not None for rows in decode_row_counts(model, max_rows)))
+
+
+def attach_compiled_step(model: torch.nn.Module) -> None:
+    """Builds the model's compiled step (bench compile forces one beside a native step that needs none)."""
+    try:
+        vec_isa_cache.use_kept_probe()
+        model.compiled = CompiledLayers(layers_per_graph(len(model.layers)))
+    except Exception as exc:  # noqa: BLE001 - e.g. a Python torch.compile does not support
+        model.may_compile = False
+        model.eager_reason = f"torch.compile unavailable: {type(exc).__name__}: {exc}"
+        progress(f"WARNING: {model.eager_reason}")
 
 
 def decode_row_counts(model: torch.nn.Module, max_rows: int) -> list[int]:

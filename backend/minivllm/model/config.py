@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 
@@ -39,6 +39,15 @@ class LlamaConfig:
         per_layer = qkv + o + 3 * h * i + 2 * h
         head = 0 if self.tie_word_embeddings else v * h
         return v * h + self.num_hidden_layers * per_layer + h + head
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_json_dict(cls, values: dict[str, Any]) -> "LlamaConfig":
+        """The inverse of `to_json_dict` after a JSON round trip (a list back to a tuple); a TypeError
+        when a field is missing or unknown."""
+        return cls(**{**values, "eos_token_ids": tuple(values.get("eos_token_ids") or ())})
 
     @classmethod
     def from_hf(cls, hf: Any, name: str = "llama") -> "LlamaConfig":

@@ -82,14 +82,18 @@ class LlamaModel(nn.Module):
         self.config = cfg
         self.rotary = RotaryEmbedding(cfg.head_dim, max_positions or cfg.max_position_embeddings,
                                       cfg.rope_theta, cfg.rope_scaling)
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # from an uninitialised table: the loader builds the model on the meta device, where the
+        # default random init would import torch's compiler (~70 MiB resident) for nothing
+        self.embed_tokens = nn.Embedding.from_pretrained(torch.empty(cfg.vocab_size, cfg.hidden_size), freeze=False)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = PackedLinear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        self.compiled: CompiledLayers | None = None  # set by the engine unless --enforce-eager
-        self.native_step: NativeDecodeStep | None = None  # likewise, where the model's kernels allow it
+        self.native_step: NativeDecodeStep | None = None  # set by the engine unless --enforce-eager (use_compilation)
+        # built by the runner's warm-up where a decode step needs it (compiled.compiled_step_for)
+        self.compiled: CompiledLayers | None = None
+        self.may_compile = False  # whether it may be built: not --enforce-eager, a CPU, torch.compile there
         self.eager_reason = "--enforce-eager"  # shown when `compiled` is None
 
     @torch.inference_mode()

@@ -14,7 +14,7 @@ import torch
 
 
 def default_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim
     return 1.0 / (theta**exponents)
 
 
@@ -48,8 +48,10 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | N
 class RotaryEmbedding(torch.nn.Module):
     def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict[str, Any] | None):
         super().__init__()
+        # On the CPU even where the model is built on the meta device (the loader): these tables are
+        # not in a checkpoint, and meta tensors' arithmetic would import torch's compiler (~70 MiB).
         inv_freq = inverse_frequencies(head_dim, theta, scaling)
-        positions = torch.arange(max_positions, dtype=torch.float32)
+        positions = torch.arange(max_positions, dtype=torch.float32, device="cpu")
         freqs = torch.outer(positions, inv_freq)
         angles = torch.cat((freqs, freqs), dim=-1)  # HF layout: first half / second half, not interleaved
         self.register_buffer("cos", angles.cos(), persistent=False)

@@ -25,7 +25,7 @@ def load_draft(spec: SpeculativeConfig, target: LoadedModel, max_model_len: int 
                        quantization=spec.quantization)
     check_same_vocabulary(target, draft)
     # a draft decodes one row a step, where the compiled step pays most; it runs as its target does
-    use_compilation(draft.model, draft.device, enforce_eager=target.model.compiled is None)
+    use_compilation(draft.model, draft.device, enforce_eager=not target.model.may_compile)
     return draft
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import llguidance
 import llguidance.hf
-import llguidance.torch as lltorch
+import llguidance.numpy as llnumpy  # not llguidance.torch: importing it imports torch's compiler (~2.5 s, ~70 MiB)
 from llguidance.gbnf_to_lark import any_to_lark
 import torch
 
@@ -74,7 +74,7 @@ class GrammarMatcher:
         return self._matcher.is_stopped()
 
     def fill_mask(self, bitmask: torch.Tensor, row: int) -> None:
-        lltorch.fill_next_token_bitmask(self._matcher, bitmask, row)
+        llnumpy.fill_next_token_bitmask(self._matcher, bitmask.numpy(), row)  # a view: fills the tensor
 
 
 class CompiledGrammar:
@@ -138,7 +138,7 @@ _NAMES = {"json": "JSON schema", "json_object": "JSON object grammar", "regex": 
 
 
 def allocate_bitmask(rows: int, vocab_size: int) -> torch.Tensor:
-    return lltorch.allocate_token_bitmask(rows, vocab_size)
+    return torch.from_numpy(llnumpy.allocate_token_bitmask(rows, vocab_size))
 
 
 _BITS = torch.arange(32, dtype=torch.int32)

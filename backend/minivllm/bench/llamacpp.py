@@ -355,7 +355,7 @@ def memory_line(engine) -> str:
     return (f"RSS (what ps shows): mini-vllm is this one process, after each level (peak so far "
             f"{_mib(own_peak_rss_bytes())} MiB, start-up included): weights {_mib(weights)} MiB, KV pool "
             f"{_mib(pool)} MiB reserved (resident as its blocks are first written), the rest torch, the tokenizer "
-            f"and compiled code; llama.cpp is a new process a level "
+            f"and code; llama.cpp is a new process a level "
             f"(its peak), its KV context sized to the level")
 
 

@@ -93,7 +93,7 @@ def test_the_lm_head_gets_exact_top_logits_over_its_bf16_kernel(rows):
     head = {k.name: k for k in kernels.lm_head_candidates(weight, CPU, torch.float32)}
     ours = {"int8avx2+exact64/int8", "int8avx2/int8x2", "int8avx2/fp32"}
     assert set(head) - ours == {"int8pack+exact64/bf16", "int8pack/fp32"}
-    fast = kernels.Int8PackCPU(weight.q, weight.scale[:, 0], torch.bfloat16)
+    fast = kernels.Int8PackCPU(lambda: weight, torch.bfloat16)
     refined, exact, rounded = head["int8pack+exact64/bf16"](x), head["int8pack/fp32"](x), fast(x)
     top = rounded.topk(64, dim=-1).indices  # the candidates: the bf16 kernel's 64 highest
     assert torch.allclose(refined.gather(1, top), exact.gather(1, top), rtol=1e-5, atol=1e-5)
@@ -311,3 +311,23 @@ def test_the_weight_memory_counts_an_mkl_packed_copy_at_its_weights_size():
     assert plain == 3072 * 576 * 4
     layer.pack((4, 8))
     assert stored_bytes(layer) == 3 * plain
+
+
+def test_torchs_packed_copies_are_built_only_when_used():
+    """torch's int4/int8 packings are built at first use, once per weight for both activation dtypes, so
+    a plan kept from an earlier load that names our kernel never builds them (the load's peak RSS)."""
+    w4 = quantize_int4("w4", torch.randn(64, 128) * 0.05, 32)
+    w8 = quantize_int8("w8", torch.randn(64, 128) * 0.05, 32)
+    x = torch.randn(3, 128)
+    # torch's int8 kernel takes one scale per row: a grouped weight is re-rounded to that form first
+    for weight, built, form in ((w4, "packed", w4), (w8, "q", to_per_channel(w8))):
+        theirs = [k for k in kernels.candidates(weight, CPU, torch.float32)
+                  if k.name.startswith(("int4pack/", "int8pack/"))]
+        assert len(theirs) == 2 and not any(built in vars(k) for k in theirs)
+        exact = next(k for k in theirs if k.name.endswith("/fp32"))
+        torch.testing.assert_close(exact(x), x @ form.dequantize(torch.float32).T, atol=1e-4, rtol=1e-4)
+        bf16 = next(k for k in theirs if k.name.endswith("/bf16"))
+        assert built not in vars(bf16)
+        bf16(x)
+        if weight is w4:  # one packed copy serves both activation dtypes
+            assert bf16.packed is exact.packed

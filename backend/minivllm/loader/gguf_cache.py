@@ -4,8 +4,8 @@ Why: the `gguf` package parses every metadata field when it opens a file, and a 
 ~100,000 strings read one by one (3.5 s for the embedded model on 2 cores); transformers opens the
 file again for the config and again for the tokenizer, so a load parsed it three times (~12 s of a
 ~15 s load). The converted tokenizer is saved with transformers' own `save_pretrained`, the config as
-our LlamaConfig's fields, and the tensor table (name, GGML type, shape, byte offset) as JSON, so the tensors are read from a
-memory map of the file at those offsets with no parse at all.
+our LlamaConfig's fields, and the tensor table (name, GGML type, shape, byte offset) as JSON, so the
+tensors are read from a memory map of the file at those offsets with no parse at all.
 
 An entry is keyed by the file's resolved path, size and modification time and by the versions of the
 libraries that converted it, and appears atomically (written under a temporary name, then renamed):
@@ -73,10 +73,10 @@ def _converter_versions() -> str:
 
 
 def load_config(path: Path, name: str) -> LlamaConfig:
-    """Our config for the file, named `name`. The first load derives it from
-    the HF config transformers reads from the file (AutoConfig) and keeps our fields; later loads read
-    them back without transformers' config classes, whose imports alone cost ~50 MiB of resident memory
-    and ~1.5 s (torch.distributed.tensor, sympy)."""
+    """Our config for the file, named `name`. The first load derives it from the HF config transformers
+    reads from the file (AutoConfig) and keeps our fields; later loads read them back without
+    transformers' config classes, whose imports alone cost ~50 MiB of resident memory and ~1.5 s
+    (torch.distributed.tensor, sympy)."""
     file = entry_dir(path) / LLAMA_CONFIG
     values = read_json(file)
     if isinstance(values, dict):

@@ -23,6 +23,7 @@ from llguidance.gbnf_to_lark import any_to_lark
 import torch
 
 from minivllm.engine.errors import RequestRejectedError
+from minivllm.engine.malloc_tuning import release_free_heap
 from minivllm.structured.params import StructuredOutputsParams
 
 CACHE_SIZE = 256  # compiled constraints kept (a grammar string and its validation: small)
@@ -130,6 +131,9 @@ class GrammarCompiler:
                 raise GrammarError(f"{params.source}: structured outputs need the model's tokenizer, and this "
                                    f"engine runs without one", params.source)
             self._tokenizer = llguidance.hf.from_tokenizer(self._hf_tokenizer, n_vocab=self.vocab_size)
+            # building it serialises the whole tokenizer; the engine's malloc settings keep such freed
+            # memory for reuse, which held ~46 MiB of RSS for good (measured): hand it back, once
+            release_free_heap()
         return self._tokenizer
 
 

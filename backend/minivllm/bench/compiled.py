@@ -57,8 +57,7 @@ def _use(engine: LLMEngine, mode: str, compiled, native_step) -> LLMEngine:
 
 def bench_compile(engine: LLMEngine, args) -> int:
     model = engine.loaded.model
-    if model.compiled is None and model.may_compile:  # the native step runs every decode step: none was built
-        attach_compiled_step(model)
+    attach_compiled_step(model)  # none was built where the native step runs every decode step
     compiled, native_step = model.compiled, model.native_step
     if compiled is None or not compiled.active:
         raise SystemExit(f"bench compile compares the compiled step with eager, but this engine runs "
@@ -101,13 +100,14 @@ def time_rounds(engine_for: Callable[[str], LLMEngine], run: RoundsRun, rounds: 
     """`rounds` rounds at run's concurrency, each mode once a round on the engine `engine_for(mode)` sets up
     for it, the order reversed every other round: a drifting box favours no mode."""
     level, modes = run.concurrency, list(run.tok_s)
+    # once a level: every mode's engine has the same model, so the same tokenizer
+    prompts = chat_prompt_ids(engine_for(modes[0]).tokenizer, (CHAT_PROMPTS * 8)[:level])
     for r in range(rounds):
         order = modes if r % 2 == 0 else modes[::-1]
         progress(f"{level} concurrent, round {r + 1}/{rounds}: {', then '.join(order)}")
         for mode in order:
-            engine = engine_for(mode)
-            prompts = chat_prompt_ids(engine.tokenizer, (CHAT_PROMPTS * 8)[:level])
-            run.tok_s[mode].append(run_engine(engine, prompts, params, "compile", level).decode_tokens_per_s or 0.0)
+            result = run_engine(engine_for(mode), prompts, params, "compile", level)
+            run.tok_s[mode].append(result.decode_tokens_per_s or 0.0)
 
 
 def _print(runs: list[RoundsRun], modes: list[str], title: str, bandwidth: float) -> None:

@@ -156,7 +156,7 @@ def compiled_step_for(model: torch.nn.Module, max_rows: int, k_pool: torch.Tenso
     pool needs one: where the native step runs them all, none is built. Why not always: importing
     dynamo and inductor costs ~130 MiB of resident memory and ~2 s of start-up that such a process
     would never use (the embedded model's default)."""
-    if model.compiled is None and model.may_compile and not _native_runs_every_step(model, max_rows, k_pool):
+    if not _native_runs_every_step(model, max_rows, k_pool):
         attach_compiled_step(model)
     return model.compiled
 
@@ -170,7 +170,10 @@ def _native_runs_every_step(model: torch.nn.Module, max_rows: int, k_pool: torch
 
 
 def attach_compiled_step(model: torch.nn.Module) -> None:
-    """Builds the model's compiled step (bench compile forces one beside a native step that needs none)."""
+    """Builds the model's compiled step unless it has one or may not compile (bench compile forces one
+    beside a native step that needs none)."""
+    if model.compiled is not None or not model.may_compile:
+        return
     try:
         vec_isa_cache.use_kept_probe()
         model.compiled = CompiledLayers(layers_per_graph(len(model.layers)))

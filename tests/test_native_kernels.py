@@ -48,7 +48,7 @@ def test_the_native_kernels_build_and_are_candidates_on_an_avx2_cpu():
 
 def _native(kind: str, acts: str, n: int, k: int):
     if kind == "int4":
-        return kernels.Int4Native(native.pack_q4(_int4(n, k)), acts)
+        return kernels.Int4Native(_int4(n, k).packed, acts)
     w = quantize_int8("w", torch.randn(n, k, generator=torch.Generator().manual_seed(1)))
     return kernels.Int8Native(w.q, w.scale[:, 0], acts)
 
@@ -136,7 +136,7 @@ def test_a_gguf_q4_1_block_is_packed_with_its_own_fp16_d_and_m():
     raw[..., 0:2], raw[..., 2:4] = d[..., None].view(np.uint8), m[..., None].view(np.uint8)
     qb = q.reshape(4, 2, 32)
     raw[..., 4:] = qb[..., :16] | (qb[..., 16:] << 4)
-    packed = native.pack_q4(q4_1_blocks(raw.reshape(4, -1), 4, 64)).numpy()
+    packed = q4_1_blocks(raw.reshape(4, -1), 4, 64).packed.numpy()
     assert np.array_equal(packed[:, :4].view(np.float16), d)  # d, then m: the file's own halves
     assert np.array_equal(packed[:, 4:8].view(np.float16), m)
     assert np.array_equal(packed[:, 8:].reshape(4, 2, 16), raw[..., 4:])  # the file's nibble bytes
@@ -145,7 +145,7 @@ def test_a_gguf_q4_1_block_is_packed_with_its_own_fp16_d_and_m():
 @needs_avx2
 @pytest.mark.parametrize("acts", kernels.NATIVE_ACTS)
 def test_the_native_kernel_runs_inside_a_compiled_graph(acts):
-    kernel = kernels.Int4Native(native.pack_q4(_int4(128, 128)), acts)
+    kernel = kernels.Int4Native(_int4(128, 128).packed, acts)
     norm = torch.ones(128)
 
     def layer(x):

@@ -212,6 +212,45 @@ def test_rotary_unpermute_index_is_a_permutation_that_interleaves_halves():
     assert index.tolist() == [0, 2, 1, 3, 4, 6, 5, 7]
 
 
+@pytest.mark.parametrize("group", [32, 64, 128])
+def test_int4_values_come_back_exactly_from_the_stored_rows(group):
+    """The stored Q4_1 rows are the only form: q, d (scale) and m + 8d (zero) read back bit for bit."""
+    rng = np.random.default_rng(group)
+    q = torch.from_numpy(rng.integers(0, 16, (6, 256)).astype(np.uint8))
+    d = torch.from_numpy(rng.random((6, 256 // group)).astype(np.float16)).float()
+    m = -torch.from_numpy(rng.random((6, 256 // group)).astype(np.float16)).float()
+    weight = Int4Weight.from_values(q, d, m, group)
+    assert weight.shape == (6, 256) and weight.packed.shape == (6, 256 // 32 * 20)
+    assert torch.equal(weight.q, q) and torch.equal(weight.scale, d) and torch.equal(weight.zero, m + 8 * d)
+    rows = weight.rows(torch.tensor([4, 1]))
+    assert torch.equal(rows.q, q[[4, 1]]) and torch.equal(rows.zero, (m + 8 * d)[[4, 1]])
+
+
+@pytest.mark.skipif(native.available() is not None, reason="our kernels are not built on this CPU (no AVX2)")
+def test_our_4bit_kernels_read_the_stored_rows_without_a_copy(embedded_path):
+    """A GGUF Q4_1 weight is read into its stored rows once; our kernels compute from those bytes."""
+    from minivllm.loader.gguf_loader import load_gguf_config
+
+    cfg = load_gguf_config(embedded_path, "x")
+    weight = read_gguf_tensors(embedded_path, cfg.num_attention_heads,
+                               cfg.num_key_value_heads).tensors["model.layers.0.mlp.down_proj.weight"]
+    layer = QuantLinear("down", weight, CPU, torch.float32)
+    ours = [k for k in layer.candidates if k.name.startswith("int4avx2/")]
+    assert ours and all(k.packed.data_ptr() == weight.packed.data_ptr() for k in ours)
+
+
+def test_fusing_takes_each_part_out_of_the_loaded_tensors():
+    """Parts are freed as their fused weight is built, not when the load returns (the load's peak)."""
+    from minivllm.loader.random_shapes import random_config, random_tensors
+    from minivllm.loader.weights import fused_state_dict, hf_tensor_names
+
+    cfg = random_config("tiny")
+    loaded = random_tensors(cfg, 0, torch.float32)
+    fused = fused_state_dict(cfg, loaded)
+    assert not set(hf_tensor_names(cfg)) & set(loaded)
+    assert "layers.0.self_attn.qkv_proj.weight" in fused and "lm_head.weight" in fused
+
+
 def test_fused_rows_concatenate_and_mixed_groups_are_refused():
     a, b = random_int4(32, 64, seed=1), random_int4(16, 64, seed=2)
     fused = concat_rows([a, b])
@@ -227,9 +266,9 @@ def test_per_channel_requantization_of_q8_0_stays_within_half_a_row_step():
     assert ((per_channel.dequantize() - grouped.dequantize()).abs() <= per_channel.scale / 2 + 1e-6).all()
 
 
-def test_int4_g32_stores_half_a_byte_per_weight_plus_two_fp32_per_group():
+def test_int4_g32_stores_half_a_byte_per_weight_plus_two_fp16_per_group():
     weight = random_int4(960, 576)
-    assert weight_bytes(weight) == 960 * 576 // 2 + 2 * 960 * (576 // 32) * 4  # 18.75% of fp32
+    assert weight_bytes(weight) == 960 * 576 // 2 + 2 * 960 * (576 // 32) * 2  # 15.6% of fp32
 
 
 def test_embedding_lookup_and_tied_head_share_one_int8_table():

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, MutableMapping
 
 import torch
 
@@ -37,31 +37,34 @@ def hf_tensor_names(cfg: LlamaConfig) -> list[str]:
     return names
 
 
-def fused_state_dict(cfg: LlamaConfig, hf: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """HF names -> this model's names, concatenating q|k|v and gate|up."""
+def fused_state_dict(cfg: LlamaConfig, hf: MutableMapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """HF names -> this model's names, concatenating q|k|v and gate|up. Takes the tensors out of `hf` as
+    it goes, so each fused part is freed once its fused weight exists, not when the load returns."""
     missing = [n for n in hf_tensor_names(cfg) if n not in hf]
     if missing:
         raise CorruptCheckpointError(
             f"checkpoint is missing {len(missing)} tensor(s), e.g. {missing[:3]}")
-    out = {"embed_tokens.weight": hf["model.embed_tokens.weight"], "norm.weight": hf["model.norm.weight"]}
+    embedding = hf.pop("model.embed_tokens.weight")
+    out = {"embed_tokens.weight": embedding, "norm.weight": hf.pop("model.norm.weight")}
     for i in range(cfg.num_hidden_layers):
         src, dst = f"model.layers.{i}.", f"layers.{i}."
         attn, mlp = src + "self_attn.", src + "mlp."
         out[dst + "self_attn.qkv_proj.weight"] = fuse(
-            [hf[attn + "q_proj.weight"], hf[attn + "k_proj.weight"], hf[attn + "v_proj.weight"]])
-        out[dst + "self_attn.o_proj.weight"] = hf[attn + "o_proj.weight"]
-        out[dst + "mlp.gate_up_proj.weight"] = fuse([hf[mlp + "gate_proj.weight"], hf[mlp + "up_proj.weight"]])
-        out[dst + "mlp.down_proj.weight"] = hf[mlp + "down_proj.weight"]
+            [hf.pop(attn + "q_proj.weight"), hf.pop(attn + "k_proj.weight"), hf.pop(attn + "v_proj.weight")])
+        out[dst + "self_attn.o_proj.weight"] = hf.pop(attn + "o_proj.weight")
+        out[dst + "mlp.gate_up_proj.weight"] = fuse([hf.pop(mlp + "gate_proj.weight"), hf.pop(mlp + "up_proj.weight")])
+        out[dst + "mlp.down_proj.weight"] = hf.pop(mlp + "down_proj.weight")
         for norm in ("input_layernorm.weight", "post_attention_layernorm.weight"):
-            out[dst + norm] = hf[src + norm]
-    out["lm_head.weight"] = hf["model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"]
+            out[dst + norm] = hf.pop(src + norm)
+    out["lm_head.weight"] = embedding if cfg.tie_word_embeddings else hf.pop("lm_head.weight")
     return out
 
 
-def build_model(cfg: LlamaConfig, hf_tensors: Mapping[str, torch.Tensor | QuantizedWeight], dtype: torch.dtype,
+def build_model(cfg: LlamaConfig, hf_tensors: MutableMapping[str, torch.Tensor | QuantizedWeight], dtype: torch.dtype,
                 device: str | torch.device, max_positions: int | None = None,
                 quant: QuantConfig = QuantConfig("none")) -> tuple[LlamaModel, QuantReport]:
-    """The model, with each weight in the precision `quant` decides, and a report of that."""
+    """The model, with each weight in the precision `quant` decides, and a report of that. The model's
+    tensors are taken out of `hf_tensors` (it is left holding only what the model does not use)."""
     device = torch.device(device)
     with torch.device("meta"):
         model = LlamaModel(cfg, max_positions)

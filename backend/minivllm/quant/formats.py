@@ -22,17 +22,59 @@ class QuantizationError(ValueError):
     """A weight cannot be quantized as asked (e.g. its input size is not a multiple of the group)."""
 
 
+BLOCK = 32  # weights per stored 4-bit block (GGUF's Q4_1)
+_BLOCK_BYTES = 20  # an fp16 d, an fp16 m and 16 bytes of nibbles
+
+
 @dataclass
 class Int4Weight:
-    q: torch.Tensor  # uint8 [N, K], values 0..15 (unpacked: kernels pack it their own way)
-    scale: torch.Tensor  # float32 [N, K // group]
-    zero: torch.Tensor  # float32 [N, K // group]
+    """Stored as Q4_1 rows, the layout our 4-bit kernels read: per row fp16 d[K/32], fp16 m[K/32], then
+    16 bytes of nibbles per block (element j of a block is byte j's low nibble, element j + 16 its high
+    one), w = d*q + m. A GGUF Q4_1 tensor is its file bytes regrouped, with no unpacking: one byte per
+    weight held while loading the embedded model was ~100 MiB of the load's peak. A group wider than 32
+    repeats its d and m in each block. `q`, `scale` and `zero` are computed on demand (torch's kernels,
+    CUDA, dequantizing): nothing keeps a second form."""
+
+    packed: torch.Tensor  # uint8 [N, K/32 * 20]
     group_size: int
     bits = 4
 
+    @classmethod
+    def from_values(cls, q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, group_size: int) -> "Int4Weight":
+        """q [N, K] in 0..15; scale (d) and minimum (m) [N, K / group], fp16 values (as fp32 or fp16)."""
+        n, k = q.shape
+        repeat = group_size // BLOCK
+        halves = torch.cat([scale.repeat_interleave(repeat, dim=1), minimum.repeat_interleave(repeat, dim=1)], dim=1)
+        blocks = q.reshape(n, k // BLOCK, BLOCK).to(torch.uint8)
+        nibbles = (blocks[..., :16] | (blocks[..., 16:] << 4)).reshape(n, -1)
+        return cls(torch.cat([halves.to(torch.float16).view(torch.uint8), nibbles], dim=1), group_size)
+
     @property
     def shape(self) -> tuple[int, int]:
-        return tuple(self.q.shape)
+        rows, row_bytes = self.packed.shape
+        return rows, row_bytes // _BLOCK_BYTES * BLOCK
+
+    @property
+    def q(self) -> torch.Tensor:
+        """uint8 [N, K], values 0..15."""
+        n, k = self.shape
+        nibbles = self.packed[:, 4 * (k // BLOCK):].reshape(n, k // BLOCK, 16)
+        return torch.cat([nibbles & 0x0F, nibbles >> 4], dim=-1).reshape(n, k)
+
+    @property
+    def scale(self) -> torch.Tensor:
+        """float32 [N, K / group]: d."""
+        return self._halves(0)
+
+    @property
+    def zero(self) -> torch.Tensor:
+        """float32 [N, K / group]: m + 8d, so that w = (q - 8) * scale + zero (torch's int4 form)."""
+        return self._halves(1) + 8 * self._halves(0)
+
+    def _halves(self, which: int) -> torch.Tensor:
+        blocks = self.shape[1] // BLOCK
+        values = self.packed[:, 2 * blocks * which:2 * blocks * (which + 1)].contiguous().view(torch.float16)
+        return values[:, ::self.group_size // BLOCK].float()
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         scale = self.scale.repeat_interleave(self.group_size, dim=1)
@@ -40,7 +82,7 @@ class Int4Weight:
         return ((self.q.float() - 8) * scale + zero).to(dtype)
 
     def rows(self, index: torch.Tensor) -> "Int4Weight":
-        return Int4Weight(_take_rows(self.q, index), self.scale[index], self.zero[index], self.group_size)
+        return Int4Weight(_take_rows(self.packed, index), self.group_size)
 
 
 @dataclass
@@ -79,11 +121,9 @@ def concat_rows(parts: list[QuantizedWeight]) -> QuantizedWeight:
     if any(type(p) is not type(first) or p.group_size != first.group_size for p in parts):
         raise QuantizationError("cannot fuse weights of different quantized formats: "
                                 + ", ".join(f"{type(p).__name__}(group {p.group_size})" for p in parts))
-    q = torch.cat([p.q for p in parts])
-    scale = torch.cat([p.scale for p in parts])
     if isinstance(first, Int4Weight):
-        return Int4Weight(q, scale, torch.cat([p.zero for p in parts]), first.group_size)
-    return Int8Weight(q, scale, first.group_size)
+        return Int4Weight(torch.cat([p.packed for p in parts]), first.group_size)
+    return Int8Weight(torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]), first.group_size)
 
 
 def _check_groups(name: str, weight: torch.Tensor, group_size: int) -> None:
@@ -105,7 +145,7 @@ def quantize_int4(name: str, weight: torch.Tensor, group_size: int) -> Int4Weigh
     low = _to_half(low, rounding=-1)
     scale = _to_half(((high - low) / 15).clamp(min=_HALF_TINY), rounding=+1)
     q = ((groups - low[..., None]) / scale[..., None]).round_().clamp_(0, 15).to(torch.uint8)
-    return Int4Weight(q.reshape(n, k), scale, low + 8 * scale, group_size)
+    return Int4Weight.from_values(q.reshape(n, k), scale, low, group_size)
 
 
 _HALF_TINY = 2.0**-24  # the smallest positive fp16 value
@@ -142,8 +182,7 @@ def weight_bytes(weight: QuantizedWeight | torch.Tensor) -> int:
     """Bytes of the stored format (int4 counted packed two to a byte)."""
     if isinstance(weight, torch.Tensor):
         return weight.numel() * weight.element_size()
-    values = weight.q.numel() * weight.bits // 8
-    params = weight.scale.numel() * weight.scale.element_size()
     if isinstance(weight, Int4Weight):
-        params += weight.zero.numel() * weight.zero.element_size()
-    return values + params
+        return weight.packed.numel()
+    values = weight.q.numel() * weight.bits // 8
+    return values + weight.scale.numel() * weight.scale.element_size()

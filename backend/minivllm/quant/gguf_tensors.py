@@ -88,13 +88,12 @@ def _convert(record) -> torch.Tensor | QuantizedWeight:
 
 
 def q4_1_blocks(raw: np.ndarray, rows: int, cols: int) -> Int4Weight:
+    """The blocks regrouped into Int4Weight's rows (every d, every m, then the nibble bytes as stored):
+    one copy of the file's bytes, nothing unpacked."""
     blocks = raw.reshape(rows, cols // GROUP, Q4_1_BYTES)
-    d = torch.from_numpy(blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32))
-    m = torch.from_numpy(blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32))
-    nibbles = blocks[..., 4:]
-    # element j of a block is byte j's low nibble, element j + 16 its high nibble
-    q = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1).reshape(rows, cols)
-    return Int4Weight(torch.from_numpy(q), d, m + 8 * d, GROUP)
+    packed = np.concatenate([blocks[..., 0:2].reshape(rows, -1), blocks[..., 2:4].reshape(rows, -1),
+                             blocks[..., 4:].reshape(rows, -1)], axis=1)
+    return Int4Weight(torch.from_numpy(packed), GROUP)
 
 
 def q8_0_blocks(raw: np.ndarray, rows: int, cols: int) -> Int8Weight:

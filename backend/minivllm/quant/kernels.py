@@ -143,7 +143,7 @@ class _NativeKernel(Kernel):
 
 
 class Int4Native(_NativeKernel):
-    """Our 4-bit kernel with activations in `acts`. `packed`: native.pack_q4's rows."""
+    """Our 4-bit kernel with activations in `acts`. `packed`: an Int4Weight's Q4_1 rows, as stored."""
 
     PREFIX = "int4avx2"
     OPS = {"int8": native.q4_q8_linear, "int8x2": native.q4_q8x2_linear, "fp32": native.q4_f32_linear}
@@ -294,8 +294,7 @@ def candidates(weight: QuantizedWeight, device: torch.device, dtype: torch.dtype
         native_ok = scale is not None
     if isinstance(weight, Int4Weight):
         pack = functools.cache(functools.partial(_Int4Pack, weight))  # one copy for both activation dtypes
-        rows = native.pack_q4(weight) if native_ok else None
-        own = [Int4Native(rows, acts) for acts in NATIVE_ACTS] if native_ok else []
+        own = [Int4Native(weight.packed, acts) for acts in NATIVE_ACTS] if native_ok else []
         return own + [Int4PackCPU(pack, a) for a in acts]
     own = [Int8Native(weight.q, scale, acts) for acts in NATIVE_ACTS] if native_ok else []
     # torch's int8 kernels take one scale per row: a grouped weight re-rounds

@@ -19,7 +19,6 @@ import torch
 
 from minivllm.cache import cache_dir
 from minivllm.console import progress
-from minivllm.quant.formats import Int4Weight
 
 log = logging.getLogger(__name__)
 
@@ -97,20 +96,6 @@ def _register_fakes() -> None:
         lambda q, k_pool, v_pool, block_tables, context_lens, scale: q.new_empty(q.shape))
     torch.library.register_fake("minivllm_native::argmax_logsumexp")(
         lambda logits: (logits.new_empty(logits.shape[0], dtype=torch.long), logits.new_empty(logits.shape[0])))
-
-
-def pack_q4(weight: Int4Weight) -> torch.Tensor:
-    """An Int4Weight as the kernel's rows: fp16 d[K/32], fp16 m[K/32], 16 bytes of nibbles per block,
-    w = d*q + m with d = scale, m = zero - 8*scale (a Q4_1 block's own d and m, exactly, for a GGUF
-    Q4_1 weight). Groups wider than 32 repeat their d and m in each block."""
-    n, k = weight.shape
-    repeat = weight.group_size // BLOCK
-    d = weight.scale.repeat_interleave(repeat, dim=1)
-    m = (weight.zero - 8 * weight.scale).repeat_interleave(repeat, dim=1)
-    q = weight.q.reshape(n, k // BLOCK, BLOCK)
-    nibbles = (q[..., :16] | (q[..., 16:] << 4)).to(torch.uint8).reshape(n, -1)
-    halves = torch.cat([d, m], dim=1).to(torch.float16).view(torch.uint8)
-    return torch.cat([halves, nibbles], dim=1)
 
 
 def q4_q8_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:

@@ -5,6 +5,7 @@ slot refused before anything is written, and the embedded model's greedy tokens.
 
 from __future__ import annotations
 
+import copy
 import os
 import random
 import subprocess
@@ -20,7 +21,7 @@ from minivllm.engine.factory import create_engine
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.engine.model_runner import SeqWork
 from minivllm.loader import load_model
-from minivllm.model.native_step import NativeDecodeStep, product_kinds
+from minivllm.model.native_step import WEIGHTS_PER_LAYER, NativeDecodeStep, product_kinds
 from minivllm.quant import native
 from minivllm.model.packed_linear import PackedLinear
 from minivllm.quant.kernels import Kernel
@@ -225,6 +226,31 @@ def test_a_slot_outside_the_pool_is_refused_before_anything_is_written(tiny_q4):
             _step(loaded, engine, step, works)
     finally:
         engine.runner._slot = real_slot
+    assert all(torch.equal(a, b) for a, b in zip(pools, (*engine.kv_cache.k, *engine.kv_cache.v)))
+
+
+def test_a_block_outside_the_pool_is_refused_before_anything_is_written(tiny_q4):
+    """Block tables are checked once, before the first layer writes its K/V (not by each layer's attention)."""
+    loaded, step, engine = tiny_q4
+    block_size = engine.kv_cache.block_size
+    works = [SeqWork([5], block_size + 3, [engine.block_manager.num_blocks + 7, 3])]  # the token's slot is in block 3
+    pools = [pool.clone() for pool in (*engine.kv_cache.k, *engine.kv_cache.v)]
+    with pytest.raises(RuntimeError, match=f"block id {engine.block_manager.num_blocks + 7} outside the pool"):
+        _step(loaded, engine, step, works)
+    assert all(torch.equal(a, b) for a, b in zip(pools, (*engine.kv_cache.k, *engine.kv_cache.v)))
+
+
+def test_a_weight_of_the_wrong_size_is_named_before_anything_runs(tiny_q4):
+    loaded, step, engine = tiny_q4
+    bad = copy.copy(step)
+    weights = list(step.weights)
+    weights[WEIGHTS_PER_LAYER + 2] = weights[WEIGHTS_PER_LAYER + 1]  # layer 1's O product given its QKV weight
+    bad.weights = tuple(weights)
+    works = random_decode_works(random.Random(6), 2, engine.block_manager.num_blocks, max_width=4)
+    pools = [pool.clone() for pool in (*engine.kv_cache.k, *engine.kv_cache.v)]
+    hidden = loaded.config.hidden_size
+    with pytest.raises(RuntimeError, match=f"layer 1: product weight 2 must have {hidden} output rows"):
+        _step(loaded, engine, bad, works)
     assert all(torch.equal(a, b) for a, b in zip(pools, (*engine.kv_cache.k, *engine.kv_cache.v)))
 
 

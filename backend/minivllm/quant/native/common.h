@@ -102,6 +102,12 @@ inline void check_activations(const at::Tensor& x, int64_t multiple) {
   TORCH_CHECK(x.size(1) % multiple == 0, "K=", x.size(1), " must be a multiple of ", multiple);
 }
 
+// A product's output [rows, n]: contiguous fp32 (a caller's buffer, or one just allocated).
+inline void check_output(const at::Tensor& out, int64_t rows, int64_t n) {
+  TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && out.dim() == 2 && out.size(0) == rows &&
+              out.size(1) == n, "expected a contiguous fp32 output [", rows, ", ", n, "], got ", out.sizes());
+}
+
 inline void check_q4_weight(const at::Tensor& w, int64_t blocks) {
   TORCH_CHECK(w.scalar_type() == at::kByte && w.is_contiguous() && w.size(1) == blocks * kQ4BlockBytes,
               "q4 weight must be uint8 [N, K/32*20], got ", w.sizes());

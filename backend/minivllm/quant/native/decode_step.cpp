@@ -31,12 +31,13 @@ constexpr int64_t kProductsPerLayer = 4;
 // How a product runs (the kernel plan's choice at the step's row count; model/native_step.py numbers them alike).
 enum ProductKind : int64_t { kQ4Int8 = 0, kQ4Int8x2 = 1, kQ4Fp32 = 2, kFp32 = 3 };
 
-at::Tensor product(const at::Tensor& x, const at::Tensor& w, int64_t kind) {
+// x @ w^T into `out` [rows, N].
+void product(const at::Tensor& x, const at::Tensor& w, int64_t kind, at::Tensor& out) {
   switch (kind) {
-    case kQ4Int8: return q4_int8_linear(x, w, false);
-    case kQ4Int8x2: return q4_int8_linear(x, w, true);
-    case kQ4Fp32: return q4_fp32_linear(x, w);
-    case kFp32: return fp32_linear(x, w);
+    case kQ4Int8: return q4_int8_linear_into(x, w, false, out);
+    case kQ4Int8x2: return q4_int8_linear_into(x, w, true, out);
+    case kQ4Fp32: return q4_fp32_linear_into(x, w, out);
+    case kFp32: return fp32_linear_into(x, w, out);
     default: TORCH_CHECK(false, "unknown product kind ", kind);
   }
 }
@@ -65,10 +66,9 @@ float sum_of_squares(const float* x, int64_t n) {
   return sum;
 }
 
-// x / sqrt(mean(x^2) + eps) * weight, per row.
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+// x / sqrt(mean(x^2) + eps) * weight, per row, into `out` (x's shape).
+void rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, at::Tensor& out) {
   const int64_t rows = x.size(0), n = x.size(1);
-  at::Tensor out = at::empty_like(x);
   const float* src = x.data_ptr<float>();
   const float* w = weight.data_ptr<float>();
   float* dst = out.data_ptr<float>();
@@ -77,7 +77,6 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
     const float inv = 1.0f / std::sqrt(sum_of_squares(row, n) / static_cast<float>(n) + static_cast<float>(eps));
     for (int64_t i = 0; i < n; ++i) dst[r * n + i] = row[i] * inv * w[i];
   });
-  return out;
 }
 
 // Each head of `heads` (dim floats apart) rotated in place: x * cos + swap_halves(x) * signed_sin, the
@@ -154,10 +153,9 @@ inline __m256 silu8(__m256 g) {
   return _mm256_div_ps(numerator, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
 }
 
-// [rows, 2I] gate|up -> [rows, I] silu(gate) * up.
-at::Tensor silu_times_up(const at::Tensor& gate_up) {
+// [rows, 2I] gate|up -> `out` [rows, I]: silu(gate) * up.
+void silu_times_up(const at::Tensor& gate_up, at::Tensor& out) {
   const int64_t rows = gate_up.size(0), n = gate_up.size(1) / 2;
-  at::Tensor out = at::empty({rows, n}, gate_up.options());
   const float* src = gate_up.data_ptr<float>();
   float* dst = out.data_ptr<float>();
   over_rows(rows, n, [&](int64_t r) {
@@ -169,7 +167,6 @@ at::Tensor silu_times_up(const at::Tensor& gate_up) {
       _mm256_storeu_ps(o + i, _mm256_mul_ps(silu8(_mm256_loadu_ps(gate + i)), _mm256_loadu_ps(up + i)));
     for (; i < n; ++i) o[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
   });
-  return out;
 }
 
 void add_into(at::Tensor& x, const at::Tensor& y) {
@@ -184,6 +181,18 @@ void add_into(at::Tensor& x, const at::Tensor& y) {
 void check_norm(const at::Tensor& norm, int64_t hidden, const char* which) {
   TORCH_CHECK(norm.scalar_type() == at::kFloat && norm.is_contiguous() && norm.numel() == hidden,
               which, " norm weights must be contiguous fp32 [", hidden, "], got ", norm.sizes(), " ", norm.scalar_type());
+}
+
+// A layer's products' output sizes (a weight's first dimension in every kernel's format): QKV the fused heads'
+// width, O and down the hidden size, gate/up an even count shared by every layer. Their input sizes are
+// the kernels' own checks.
+void check_product_rows(at::TensorList weights, int64_t layer, int64_t hidden, int64_t qkv_width) {
+  const at::Tensor* w = &weights[kWeightsPerLayer * layer];
+  const int64_t gate_up = weights[4].dim() == 2 ? weights[4].size(0) : -1;
+  const std::pair<int64_t, int64_t> expected[] = {{1, qkv_width}, {2, hidden}, {4, gate_up}, {5, hidden}};
+  for (const auto& [index, rows] : expected)
+    TORCH_CHECK(w[index].dim() == 2 && w[index].size(0) == rows && rows > 0 && (index != 4 || rows % 2 == 0),
+                "layer ", layer, ": product weight ", index, " must have ", rows, " output rows, got ", w[index].sizes());
 }
 
 void check_step(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& signed_sin, at::TensorList weights,
@@ -218,9 +227,26 @@ void check_step(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
                 k_pools[l].is_contiguous() && v_pools[l].is_contiguous(),
                 "layer ", l, ": every K and V pool must be contiguous and of one shape and dtype");
     for (int64_t i : {0, 3}) check_norm(weights[kWeightsPerLayer * l + i], x.size(1), "a layer's");
+    check_product_rows(weights, l, x.size(1), (heads + 2 * pool.size(2)) * pool.size(3));
   }
   if (final_norm) check_norm(*final_norm, x.size(1), "the final");
 }
+
+// One step's intermediate values, allocated once a call and reused by every layer (allocating them per
+// layer was ~10 tensors a layer, ~300 a step: ~0.3-0.5 us each, and as many views).
+struct Buffers {
+  at::Tensor normed, qkv, queries, attention, attention_rows, projected, gate_up, activated;
+
+  Buffers(const at::Tensor& x, const Shape& s, int64_t intermediate)
+      : normed(at::empty_like(x)),
+        qkv(at::empty({s.rows, s.width()}, x.options())),
+        queries(qkv.view({s.rows, s.heads + 2 * s.kv_heads, s.dim}).narrow(1, 0, s.heads)),
+        attention(at::empty({s.rows, s.heads, s.dim}, x.options())),
+        attention_rows(attention.view({s.rows, s.heads * s.dim})),
+        projected(at::empty_like(x)),
+        gate_up(at::empty({s.rows, 2 * intermediate}, x.options())),
+        activated(at::empty({s.rows, intermediate}, x.options())) {}
+};
 
 // The decoder layers of a decode step: x [rows, hidden] (one token per sequence) -> x after every layer,
 // then through `final_norm` where given (its weight; the layers' eps).
@@ -234,21 +260,29 @@ at::Tensor decode_layers(const at::Tensor& x, const at::Tensor& cos, const at::T
   check_step(x, cos, signed_sin, weights, k_pools, v_pools, slot_mapping, kinds, heads, final_norm);
   const Shape s{x.size(0), heads, k_pools[0].size(2), k_pools[0].size(3)};
   const int64_t* slots = slot_mapping.data_ptr<int64_t>();
+  Buffers b(x, s, weights[4].size(0) / 2);  // gate/up: 2I rows (check_step)
+  // every layer's pools have one shape (check_step): the tables and lengths are checked against them once
+  check_decode_attention(b.queries, k_pools[0], v_pools[0], block_tables, context_lens);
   at::Tensor hidden = x.clone();  // the residual stream, updated in place
   for (size_t l = 0; l < k_pools.size(); ++l) {
     const at::Tensor* w = &weights[kWeightsPerLayer * l];
     const int64_t* kind = &kinds[kProductsPerLayer * l];
-    at::Tensor qkv = product(rms_norm(hidden, w[0], eps), w[1], kind[0]);
-    TORCH_CHECK(qkv.size(1) == s.width(), "layer ", l, ": QKV width ", qkv.size(1), ", expected ", s.width());
-    rotate_and_store(qkv, cos, signed_sin, k_pools[l], v_pools[l], slots, s);
-    const at::Tensor q = qkv.view({s.rows, s.heads + 2 * s.kv_heads, s.dim}).narrow(1, 0, s.heads);
-    const at::Tensor attention = paged_decode_attention(q, k_pools[l], v_pools[l], block_tables, context_lens, scale);
-    add_into(hidden, product(attention.view({s.rows, s.heads * s.dim}), w[2], kind[1]));
-    const at::Tensor gate_up = product(rms_norm(hidden, w[3], eps), w[4], kind[2]);
-    add_into(hidden, product(silu_times_up(gate_up), w[5], kind[3]));
+    rms_norm(hidden, w[0], eps, b.normed);
+    product(b.normed, w[1], kind[0], b.qkv);
+    rotate_and_store(b.qkv, cos, signed_sin, k_pools[l], v_pools[l], slots, s);
+    paged_decode_attention_into(b.queries, k_pools[l], v_pools[l], block_tables, context_lens, scale, b.attention);
+    product(b.attention_rows, w[2], kind[1], b.projected);
+    add_into(hidden, b.projected);
+    rms_norm(hidden, w[3], eps, b.normed);
+    product(b.normed, w[4], kind[2], b.gate_up);
+    silu_times_up(b.gate_up, b.activated);
+    product(b.activated, w[5], kind[3], b.projected);
+    add_into(hidden, b.projected);
   }
+  if (!final_norm) return hidden;
   // the model's final norm here too: eagerly, alone, it took ~0.2 ms of a one-sequence step
-  return final_norm ? rms_norm(hidden, *final_norm, eps) : hidden;
+  rms_norm(hidden, *final_norm, eps, b.normed);
+  return b.normed;
 }
 
 }  // namespace

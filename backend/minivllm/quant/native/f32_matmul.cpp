@@ -153,9 +153,9 @@ void run_rows(const W& weights, int64_t first, int64_t count, const float* x, in
 }
 
 template <typename W>
-at::Tensor linear(const at::Tensor& x, W weights, int64_t n) {
+void linear_into(const at::Tensor& x, W weights, int64_t n, at::Tensor& out) {
   const int64_t rows = x.size(0);
-  at::Tensor out = at::empty({rows, n}, x.options());
+  check_output(out, rows, n);
   const float* xp = x.data_ptr<float>();
   float* o = out.data_ptr<float>();
   at::parallel_for(0, n, kFeatureGrain, [&](int64_t begin, int64_t end) {
@@ -171,6 +171,12 @@ at::Tensor linear(const at::Tensor& x, W weights, int64_t n) {
       });
     }
   });
+}
+
+template <typename W>
+at::Tensor linear(const at::Tensor& x, W weights, int64_t n) {
+  at::Tensor out = at::empty({x.size(0), n}, x.options());
+  linear_into(x, weights, n, out);
   return out;
 }
 
@@ -189,18 +195,30 @@ at::Tensor i8_f32_linear(const at::Tensor& x, const at::Tensor& w, const at::Ten
   return linear(x, I8Rows<false>{w.data_ptr<int8_t>(), blocks, w_scale.data_ptr<float>()}, w.size(0));
 }
 
-at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& w) {
+void check_f32_weight(const at::Tensor& x, const at::Tensor& w) {
   check_activations(x, kBlock);
   TORCH_CHECK(w.scalar_type() == at::kFloat && w.is_contiguous() && w.dim() == 2 && w.size(1) == x.size(1),
               "expected a contiguous fp32 weight [N, ", x.size(1), "], got ", w.sizes(), " ", w.scalar_type());
+}
+
+at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& w) {
+  check_f32_weight(x, w);
   return linear(x, F32Rows{w.data_ptr<float>(), x.size(1) / kBlock}, w.size(0));
 }
 
 }  // namespace
 
-at::Tensor minivllm_native::q4_fp32_linear(const at::Tensor& x, const at::Tensor& w) { return q4_f32_linear(x, w); }
+void minivllm_native::q4_fp32_linear_into(const at::Tensor& x, const at::Tensor& w, at::Tensor& out) {
+  check_activations(x, kPair);
+  const int64_t blocks = x.size(1) / kBlock;
+  check_q4_weight(w, blocks);
+  linear_into(x, Q4Rows{w.data_ptr<uint8_t>(), blocks}, w.size(0), out);
+}
 
-at::Tensor minivllm_native::fp32_linear(const at::Tensor& x, const at::Tensor& w) { return f32_linear(x, w); }
+void minivllm_native::fp32_linear_into(const at::Tensor& x, const at::Tensor& w, at::Tensor& out) {
+  check_f32_weight(x, w);
+  linear_into(x, F32Rows{w.data_ptr<float>(), x.size(1) / kBlock}, w.size(0), out);
+}
 
 TORCH_LIBRARY_FRAGMENT(minivllm_native, m) {
   m.def("q4_f32_linear(Tensor x, Tensor w) -> Tensor");

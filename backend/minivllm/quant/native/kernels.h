@@ -1,4 +1,6 @@
-// The kernels one native file calls in another (decode_step.cpp runs whole decoder layers through them).
+// The kernels one native file calls in another (decode_step.cpp runs whole decoder layers through them). They
+// write into the caller's output (contiguous fp32 of the product's shape): a decode step reuses its buffers
+// across layers instead of allocating ~10 tensors a layer.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -7,15 +9,21 @@ namespace minivllm_native {
 
 // x [rows, K] fp32 @ a 4-bit weight (q8_matmul.cpp's packed rows)^T, activations quantized per block of 32
 // to int8 (or int8x2: `split`).
-at::Tensor q4_int8_linear(const at::Tensor& x, const at::Tensor& w, bool split);
+void q4_int8_linear_into(const at::Tensor& x, const at::Tensor& w, bool split, at::Tensor& out);
 
 // x [rows, K] fp32 @ a 4-bit weight^T with fp32 activations, the weights dequantized in registers (f32_matmul.cpp).
-at::Tensor q4_fp32_linear(const at::Tensor& x, const at::Tensor& w);
+void q4_fp32_linear_into(const at::Tensor& x, const at::Tensor& w, at::Tensor& out);
 
 // x [rows, K] fp32 @ an fp32 weight [N, K]^T, each row summed in one fixed order (f32_matmul.cpp).
-at::Tensor fp32_linear(const at::Tensor& x, const at::Tensor& w);
+void fp32_linear_into(const at::Tensor& x, const at::Tensor& w, at::Tensor& out);
 
-// One query token per sequence against its context in the paged pool (paged_attention.cpp).
+// One query token per sequence against its context in the paged pool (paged_attention.cpp): the inputs
+// checked (block ids and context lengths against the pool), then the attention, which trusts them.
+void check_decode_attention(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
+                            const at::Tensor& block_tables, const at::Tensor& context_lens);
+void paged_decode_attention_into(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
+                                 const at::Tensor& block_tables, const at::Tensor& context_lens, double scale,
+                                 at::Tensor& out);
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
                                   const at::Tensor& block_tables, const at::Tensor& context_lens, double scale);
 

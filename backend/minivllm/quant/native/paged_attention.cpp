@@ -173,8 +173,10 @@ void attend(const float* q, const T* k_pool, const T* v_pool, const int64_t* tab
   });
 }
 
-void check_inputs(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
-                  const at::Tensor& block_tables, const at::Tensor& context_lens) {
+}  // namespace
+
+void minivllm_native::check_decode_attention(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
+                                             const at::Tensor& block_tables, const at::Tensor& context_lens) {
   // any strides: the queries are a view of the fused QKV projection's rows
   TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat, "expected fp32 queries [seqs, heads, dim], got ",
               q.sizes(), " ", q.scalar_type());
@@ -202,6 +204,8 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k_pool, const at::Tenso
                   tables[s * width + b], " outside the pool's ", blocks, " blocks");
   }
 }
+
+namespace {
 
 // A context longer than this is attended in parts of this many tokens (whole blocks), each a task of its
 // own, merged afterwards: one long sequence then keeps every thread streaming its own part of the pool. A
@@ -349,14 +353,22 @@ void run(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool
 
 }  // namespace
 
-at::Tensor minivllm_native::paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
-                                                   const at::Tensor& v_pool, const at::Tensor& block_tables,
-                                                   const at::Tensor& context_lens, double scale) {
-  check_inputs(q, k_pool, v_pool, block_tables, context_lens);
-  at::Tensor out = at::empty(q.sizes(), q.options());  // contiguous, whatever q's strides
+void minivllm_native::paged_decode_attention_into(const at::Tensor& q, const at::Tensor& k_pool,
+                                                  const at::Tensor& v_pool, const at::Tensor& block_tables,
+                                                  const at::Tensor& context_lens, double scale, at::Tensor& out) {
+  TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && out.sizes() == q.sizes(),
+              "expected a contiguous fp32 output ", q.sizes(), ", got ", out.sizes());
   with_pool_type(k_pool, [&](auto element) {
     run<decltype(element)>(q, k_pool, v_pool, block_tables, context_lens, scale, out);
   });
+}
+
+at::Tensor minivllm_native::paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
+                                                   const at::Tensor& v_pool, const at::Tensor& block_tables,
+                                                   const at::Tensor& context_lens, double scale) {
+  check_decode_attention(q, k_pool, v_pool, block_tables, context_lens);
+  at::Tensor out = at::empty(q.sizes(), q.options());  // contiguous, whatever q's strides
+  paged_decode_attention_into(q, k_pool, v_pool, block_tables, context_lens, scale, out);
   return out;
 }
 

@@ -221,18 +221,26 @@ bool use_vnni(bool enable) {
 }
 
 template <bool SPLIT>
-at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& w) {
+void q4_linear_into(const at::Tensor& x, const at::Tensor& w, at::Tensor& out) {
   check_activations(x, kPair);
   const int64_t rows = x.size(0), blocks = x.size(1) / kBlock, n = w.size(0);
   check_q4_weight(w, blocks);
+  check_output(out, rows, n);
   const QuantizedActivations a = quantize_rows(x, SPLIT, /*int8_weights=*/false, /*offsets=*/false);
-  at::Tensor out = at::empty({rows, n}, x.options());
   const uint8_t* weights = w.data_ptr<uint8_t>();
   float* o = out.data_ptr<float>();
   const bool vnni_on = use_vnni_kernels;
   at::parallel_for(0, n, kFeatureGrain, [&](int64_t begin, int64_t end) {
     (vnni_on ? vnni::q4_features<SPLIT> : avx2::q4_features<SPLIT>)(weights, blocks, a, rows, o, n, begin, end);
   });
+}
+
+template <bool SPLIT>
+at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& w) {
+  check_activations(x, kPair);
+  check_q4_weight(w, x.size(1) / kBlock);
+  at::Tensor out = at::empty({x.size(0), w.size(0)}, x.options());
+  q4_linear_into<SPLIT>(x, w, out);
   return out;
 }
 
@@ -257,8 +265,8 @@ at::Tensor i8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
 
 }  // namespace
 
-at::Tensor minivllm_native::q4_int8_linear(const at::Tensor& x, const at::Tensor& w, bool split) {
-  return split ? q4_linear<true>(x, w) : q4_linear<false>(x, w);
+void minivllm_native::q4_int8_linear_into(const at::Tensor& x, const at::Tensor& w, bool split, at::Tensor& out) {
+  split ? q4_linear_into<true>(x, w, out) : q4_linear_into<false>(x, w, out);
 }
 
 TORCH_LIBRARY(minivllm_native, m) {  // the fp32-activation kernels add to it (f32_matmul.cpp)

@@ -200,10 +200,12 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk: 
         keys = gather_blocks(k_pool, chunk.block_table)[: chunk.context_len].to(q.dtype)
         values = gather_blocks(v_pool, chunk.block_table)[: chunk.context_len].to(q.dtype)
         mask, causal = chunk.mask, False
+    # [1, heads, n, D]: with a batch dimension torch runs its CPU flash kernel; 3-D inputs fell back to
+    # the math path, which builds the whole score matrix (3.5-5.5x slower: 2,000 tokens, 203 vs 37 ms a layer)
     out = F.scaled_dot_product_attention(
-        q.transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1),
+        q.transpose(0, 1)[None], keys.transpose(0, 1)[None], values.transpose(0, 1)[None],
         attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True,
-    )
+    )[0]
     return out.transpose(0, 1).reshape(n, -1)
 
 

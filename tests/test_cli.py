@@ -167,11 +167,13 @@ def test_bench_quality_reports_every_precision_against_fp32(tmp_path):
     assert ref["kl_mean"] == 0 and ref["top1_agreement"] == 1 and ref["greedy_identical"] == ref["greedy_prompts"]
     for name in ("int8 per channel", "int4 g32"):
         assert rows[name]["weights_mib"] < ref["weights_mib"] and rows[name]["kl_mean"] > 0
-    # the KV rows read their prefixes back from a rounded pool: the logits move (bf16 more than fp16)
+    # the KV rows read their prefixes back from a rounded pool: the logits move; an fp32 pool is exact. (Which
+    # of fp16 and bf16 moves them more is not fixed on this model: its activations are small enough for fp16's
+    # subnormal range, and both KLs are ~2e-8, where a change of attention kernel reordered them.)
     full, half = rows["auto, float32 KV cache"], rows["auto, float16 KV cache (CPU default)"]
     brain = rows["auto, bfloat16 KV cache"]
     assert (full["kv_cache_dtype"], half["kv_cache_dtype"], brain["kv_cache_dtype"]) == ("float32", "float16", "bfloat16")
-    assert full["kl_mean"] < half["kl_mean"] < brain["kl_mean"], (full, half, brain)
+    assert full["kl_mean"] == 0 < half["kl_mean"] and 0 < brain["kl_mean"], (full, half, brain)
     assert "machine: CPU capability" in proc.stdout and (tmp_path / "quality.png").stat().st_size > 0
 
 

@@ -251,6 +251,28 @@ def test_fusing_takes_each_part_out_of_the_loaded_tensors():
     assert "layers.0.self_attn.qkv_proj.weight" in fused and "lm_head.weight" in fused
 
 
+def test_rounding_4bit_weights_again_at_another_group_is_said_at_load(capfd):
+    """int4 at group 64 over weights a checkpoint holds in 4 bits at group 32 rounds them twice (the embedded
+    model: KL 0.99 against fp32): the load says so; at their own group, or from floats, it says nothing."""
+    from minivllm.loader.random_shapes import random_config, random_tensors
+    from minivllm.loader.weights import build_model
+
+    cfg = random_config("tiny")
+
+    def stored_in_4_bits() -> dict:
+        tensors = random_tensors(cfg, 0, torch.float32)
+        return {name: quantize_int4(name, t, 32) if "_proj." in name else t for name, t in tensors.items()}
+
+    _, twice = build_model(cfg, stored_in_4_bits(), torch.float32, CPU, quant=QuantConfig("int4", group_size=64))
+    layers = cfg.num_hidden_layers * 4  # fused: q|k|v, o, gate|up, down
+    assert twice.requantized_note.startswith(f"warning: {layers} weight(s) stored in 4 bits (groups of 32) "
+                                             "re-quantized to int4 g64")
+    _, kept = build_model(cfg, stored_in_4_bits(), torch.float32, CPU, quant=QuantConfig("int4", group_size=32))
+    _, from_floats = build_model(cfg, random_tensors(cfg, 0, torch.float32), torch.float32, CPU,
+                                 quant=QuantConfig("int4", group_size=64))
+    assert kept.requantized_note is None and from_floats.requantized_note is None
+
+
 def test_fused_rows_concatenate_and_mixed_groups_are_refused():
     a, b = random_int4(32, 64, seed=1), random_int4(16, 64, seed=2)
     fused = concat_rows([a, b])

@@ -107,8 +107,9 @@ class _Options:
 
 
 def _report_quantization(report: QuantReport, device: torch.device) -> None:
-    if report.dequantized_note:
-        progress(report.dequantized_note)
+    for note in (report.dequantized_note, report.requantized_note):
+        if note:
+            progress(note)
     pages = ("" if device.type != "cpu" or sys.platform != "linux" else ", on 2 MiB pages" if report.huge_page_bytes
              else f", on 4 KiB pages (transparent huge pages: {thp_mode() or 'unavailable'})")
     progress(f"weights: {report.mode}, {report.weight_bytes / 2**20:.0f} MiB "

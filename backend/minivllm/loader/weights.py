@@ -14,7 +14,7 @@ from minivllm.model.packed_linear import pack_model
 from minivllm.quant.formats import QuantizedWeight
 from minivllm.quant.install import (QuantReport, choose_model_kernels, fp32_bytes, install_quantized,
                                    stored_bytes, weight_tensors)
-from minivllm.quant.policy import QuantConfig, apply_policy, describe_mode, fuse
+from minivllm.quant.policy import QuantConfig, apply_policy, compounded_rounding_note, describe_mode, fuse
 
 NO_HUGE_PAGES_ENV = "MINIVLLM_NO_HUGE_PAGES"  # 1: weights stay where loading put them (A/B benchmarks)
 
@@ -71,6 +71,7 @@ def build_model(cfg: LlamaConfig, hf_tensors: MutableMapping[str, torch.Tensor |
     state = fused_state_dict(cfg, hf_tensors)
     if cfg.tie_word_embeddings:
         del state["lm_head.weight"]  # the embedding serves as the head
+    requantized_note = compounded_rounding_note(state, quant)
     state = apply_policy(state, quant, dtype)
     _check_shapes(model, state)
     floats = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
@@ -84,7 +85,7 @@ def build_model(cfg: LlamaConfig, hf_tensors: MutableMapping[str, torch.Tensor |
     if os.environ.get("MINIVLLM_NO_PACK") != "1":  # escape hatch for A/B benchmarks
         pack_model(model)
     report = QuantReport(describe_mode(state), stored_bytes(model), fp32_bytes(cfg), choices, seconds,
-                         quantized=bool(quantized))
+                         quantized=bool(quantized), requantized_note=requantized_note)
     if device.type == "cpu" and os.environ.get(NO_HUGE_PAGES_ENV) != "1":
         report.huge_page_bytes = move_to_huge_pages(weight_tensors(model))
     return model, report

@@ -24,6 +24,7 @@ class QuantReport:
     kernel_choices: list[GroupChoice] = field(default_factory=list)
     choose_seconds: float = 0.0  # time spent timing kernels at load
     dequantized_note: str | None = None  # GGUF types that had no native path
+    requantized_note: str | None = None  # 4-bit weights rounded a second time (policy.compounded_rounding_note)
     quantized: bool = False  # whether any weight is held in 4 or 8 bits
     huge_page_bytes: int = 0  # weights moved onto 2 MiB pages (loader/huge_pages.py); 0: left on 4 KiB pages
 

@@ -62,7 +62,9 @@ def test_snapshot_then_live_batches_fold_to_the_engine_state(client):
     assert all(isinstance(m, ev.EventBatch) for m in messages)
     events = [e for m in messages for e in m.events]
     assert [e.seq for e in events] == list(range(snapshot.seq + 1, snapshot.seq + 1 + len(events)))
-    assert all(sum(isinstance(e, ev.StepFinished) for e in m.events) <= 1 for m in messages)
+    # How events are cut into messages depends on when the sender wakes (several steps in one message on a
+    # busy machine; a slow first step released after MAX_HOLD_TICKS): the feed's rule is tested on its own
+    # (test_feed_holds_a_running_step_until_it_finishes). Here: nothing lost or reordered, and it folds.
     steps = [e.step for e in events if isinstance(e, ev.StepFinished)]
     assert len(steps) >= 6
     tokens = [e for e in events if isinstance(e, ev.TokenGenerated) and e.request_id == "live-1"]

@@ -69,7 +69,7 @@ class Int4Weight:
     @property
     def zero(self) -> torch.Tensor:
         """float32 [N, K / group]: m + 8d, so that w = (q - 8) * scale + zero (torch's int4 form)."""
-        return self._halves(1) + 8 * self._halves(0)
+        return self._halves(1) + 8 * self.scale
 
     def _halves(self, which: int) -> torch.Tensor:
         blocks = self.shape[1] // BLOCK

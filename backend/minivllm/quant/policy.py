@@ -88,12 +88,11 @@ def compounded_rounding_note(state: Mapping[str, torch.Tensor | QuantizedWeight]
     fp32, PPL 14.3 -> 28.7 in `bench quality`, where g32 keeps the file's values exactly)."""
     if config.mode != "int4":
         return None
-    groups = sorted({v.group_size for v in state.values()
-                     if isinstance(v, Int4Weight) and v.group_size != config.group_size})
-    if not groups:
+    rerounded = [v.group_size for v in state.values() if isinstance(v, Int4Weight) and v.group_size != config.group_size]
+    if not rerounded:
         return None
-    count = sum(isinstance(v, Int4Weight) and v.group_size != config.group_size for v in state.values())
-    return (f"warning: {count} weight(s) stored in 4 bits (groups of {'/'.join(map(str, groups))}) re-quantized to int4 "
+    groups = sorted(set(rerounded))
+    return (f"warning: {len(rerounded)} weight(s) stored in 4 bits (groups of {'/'.join(map(str, groups))}) re-quantized to int4 "
             f"g{config.group_size}: a second 4-bit rounding on top of the checkpoint's, which costs far more "
             f"quality than either alone; --quantization auto (or int4 with group {groups[0]}) keeps the "
             f"stored values")

@@ -180,11 +180,17 @@ at::Tensor linear(const at::Tensor& x, W weights, int64_t n) {
   return out;
 }
 
-at::Tensor q4_f32_linear(const at::Tensor& x, const at::Tensor& w) {
+// A 4-bit weight's rows for x, the inputs checked.
+Q4Rows q4_rows(const at::Tensor& x, const at::Tensor& w) {
   check_activations(x, kPair);  // the scales convert eight blocks at a time, in pairs
   const int64_t blocks = x.size(1) / kBlock;
   check_q4_weight(w, blocks);
-  return linear(x, Q4Rows{w.data_ptr<uint8_t>(), blocks}, w.size(0));
+  return Q4Rows{w.data_ptr<uint8_t>(), blocks};
+}
+
+at::Tensor q4_f32_linear(const at::Tensor& x, const at::Tensor& w) {
+  const Q4Rows rows = q4_rows(x, w);  // checked before w's size is read
+  return linear(x, rows, w.size(0));
 }
 
 at::Tensor i8_f32_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scale) {
@@ -195,29 +201,29 @@ at::Tensor i8_f32_linear(const at::Tensor& x, const at::Tensor& w, const at::Ten
   return linear(x, I8Rows<false>{w.data_ptr<int8_t>(), blocks, w_scale.data_ptr<float>()}, w.size(0));
 }
 
-void check_f32_weight(const at::Tensor& x, const at::Tensor& w) {
+// An fp32 weight's rows for x, the inputs checked.
+F32Rows f32_rows(const at::Tensor& x, const at::Tensor& w) {
   check_activations(x, kBlock);
   TORCH_CHECK(w.scalar_type() == at::kFloat && w.is_contiguous() && w.dim() == 2 && w.size(1) == x.size(1),
               "expected a contiguous fp32 weight [N, ", x.size(1), "], got ", w.sizes(), " ", w.scalar_type());
+  return F32Rows{w.data_ptr<float>(), x.size(1) / kBlock};
 }
 
 at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& w) {
-  check_f32_weight(x, w);
-  return linear(x, F32Rows{w.data_ptr<float>(), x.size(1) / kBlock}, w.size(0));
+  const F32Rows rows = f32_rows(x, w);
+  return linear(x, rows, w.size(0));
 }
 
 }  // namespace
 
 void minivllm_native::q4_fp32_linear_into(const at::Tensor& x, const at::Tensor& w, at::Tensor& out) {
-  check_activations(x, kPair);
-  const int64_t blocks = x.size(1) / kBlock;
-  check_q4_weight(w, blocks);
-  linear_into(x, Q4Rows{w.data_ptr<uint8_t>(), blocks}, w.size(0), out);
+  const Q4Rows rows = q4_rows(x, w);
+  linear_into(x, rows, w.size(0), out);
 }
 
 void minivllm_native::fp32_linear_into(const at::Tensor& x, const at::Tensor& w, at::Tensor& out) {
-  check_f32_weight(x, w);
-  linear_into(x, F32Rows{w.data_ptr<float>(), x.size(1) / kBlock}, w.size(0), out);
+  const F32Rows rows = f32_rows(x, w);
+  linear_into(x, rows, w.size(0), out);
 }
 
 TORCH_LIBRARY_FRAGMENT(minivllm_native, m) {

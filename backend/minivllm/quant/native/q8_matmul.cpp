@@ -220,12 +220,10 @@ bool use_vnni(bool enable) {
   return use_vnni_kernels;
 }
 
+// x @ w^T into out, the inputs already checked (check_q4).
 template <bool SPLIT>
-void q4_linear_into(const at::Tensor& x, const at::Tensor& w, at::Tensor& out) {
-  check_activations(x, kPair);
+void q4_run(const at::Tensor& x, const at::Tensor& w, at::Tensor& out) {
   const int64_t rows = x.size(0), blocks = x.size(1) / kBlock, n = w.size(0);
-  check_q4_weight(w, blocks);
-  check_output(out, rows, n);
   const QuantizedActivations a = quantize_rows(x, SPLIT, /*int8_weights=*/false, /*offsets=*/false);
   const uint8_t* weights = w.data_ptr<uint8_t>();
   float* o = out.data_ptr<float>();
@@ -235,12 +233,16 @@ void q4_linear_into(const at::Tensor& x, const at::Tensor& w, at::Tensor& out) {
   });
 }
 
-template <bool SPLIT>
-at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& w) {
+void check_q4(const at::Tensor& x, const at::Tensor& w) {
   check_activations(x, kPair);
   check_q4_weight(w, x.size(1) / kBlock);
+}
+
+template <bool SPLIT>
+at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& w) {
+  check_q4(x, w);
   at::Tensor out = at::empty({x.size(0), w.size(0)}, x.options());
-  q4_linear_into<SPLIT>(x, w, out);
+  q4_run<SPLIT>(x, w, out);
   return out;
 }
 
@@ -266,7 +268,9 @@ at::Tensor i8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
 }  // namespace
 
 void minivllm_native::q4_int8_linear_into(const at::Tensor& x, const at::Tensor& w, bool split, at::Tensor& out) {
-  split ? q4_linear_into<true>(x, w, out) : q4_linear_into<false>(x, w, out);
+  check_q4(x, w);
+  check_output(out, x.size(0), w.size(0));
+  split ? q4_run<true>(x, w, out) : q4_run<false>(x, w, out);
 }
 
 TORCH_LIBRARY(minivllm_native, m) {  // the fp32-activation kernels add to it (f32_matmul.cpp)

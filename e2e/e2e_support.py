@@ -120,8 +120,11 @@ def wait_idle(page: Page, rid: str = "", timeout_ms: float = 60_000) -> dict:
                    rid, timeout_ms)
 
 
-def wait_finished(page: Page, rid: str, state: str = "FINISHED", timeout_ms: float = 90_000) -> Row:
-    wait_js(page, "([id, s]) => window.__e2e.timeline()[id]?.state === s", [rid, state], timeout_ms)
+def wait_finished(page: Page, rid: str, state: str | tuple[str, ...] = "FINISHED",
+                  timeout_ms: float = 90_000) -> Row:
+    """Waits until request `rid` is in `state` (or any of several: the caller then checks which)."""
+    states = [state] if isinstance(state, str) else list(state)
+    wait_js(page, "([id, s]) => s.includes(window.__e2e.timeline()[id]?.state)", [rid, states], timeout_ms)
     return timeline(page)[rid]
 
 

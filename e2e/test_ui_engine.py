@@ -31,16 +31,17 @@ def test_timeline_request_passes_every_state(page: Page) -> None:
 
 
 def test_heatmap_blocks_follow_the_request(page: Page, engine: dict) -> None:
-    # a long answer (~3 s at 70 tok/s): the block table is checked while the request still runs (a
-    # finished request holds no blocks; 48 tokens had finished before the click on a fast box)
+    # a long answer (200 tokens, over a second at 150 tok/s): the block table is checked while the
+    # request still runs (a finished request holds no blocks; 48 tokens had finished before the click
+    # on a fast box), so the request is selected first and its chips are polled every frame
     set_decoding(page, preset="greedy", max_tokens=200)
     rid = send_chat(page, "Write a long story about a baker who learns to make bread, in many paragraphs.")
+    page.get_by_test_id(f"request-row-{rid}").click()
+    expect(page.get_by_test_id("block-table")).to_be_visible()
     # while it runs, the request owns blocks (the heatmap colours them with the request's colour)
     during = wait_owns_blocks(page, rid)
     assert during["used"] >= during["per"][rid] > 0, during
-    page.get_by_test_id(f"request-row-{rid}").click()
-    expect(page.get_by_test_id("block-table")).to_be_visible()
-    expect(page.get_by_test_id("block-table").locator(".block-chip").first).to_be_visible()
+    wait_js(page, "() => document.querySelector('[data-testid=\"block-table\"] .block-chip') !== null")
     shot(page.get_by_test_id("heatmap-panel"), "panel-heatmap-running.png")
 
     wait_finished(page, rid)

@@ -6,11 +6,13 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from minivllm.bench.llamacpp import (BatchedBenchRow, LevelComparison, LlamaCppNotFoundError, batched_bench_command,
-                                     context_size, find_llamacpp_bench, format_comparison, parse_batched_bench_output)
+from minivllm.bench.llamacpp import (BatchedBenchResult, BatchedBenchRow, LevelComparison, LlamaCppNotFoundError,
+                                     batched_bench_command, context_size, find_llamacpp_bench, format_comparison,
+                                     level_comparison, parse_batched_bench_output, plot_comparison)
 
 FIXTURE = Path(__file__).parent / "fixtures" / "llama_batched_bench_output.txt"
 
@@ -89,3 +91,34 @@ def test_comparison_table_has_both_sides_and_ratios():
     assert "mini-vllm decode tok/s" in header and "llama.cpp decode tok/s" in header and "RSS MiB" in header
     assert "0.25x" in line and "400.0" in line and "100.0" in line and "-" in line
     assert line.endswith("700 / 150")
+
+
+def _their_run(level: int, decode: float, prompt: float, peak: int) -> BatchedBenchResult:
+    row = BatchedBenchRow(40, 64, level, level * 104, 1.0, prompt, 1.0, decode, 2.0, 1.0)
+    return BatchedBenchResult(["llama-batched-bench", "-npl", str(level)], [row], peak_rss_bytes=peak)
+
+
+def test_rounds_become_medians_and_per_round_ratios():
+    ours = [(SimpleNamespace(decode_tokens_per_s=d), p) for d, p in ((150.0, 300.0), (180.0, None), (120.0, 330.0))]
+    theirs = [_their_run(8, d, p, peak) for d, p, peak in ((100.0, 200.0, 1), (120.0, 300.0, 2), (130.0, 220.0, 3))]
+    c = level_comparison(8, 40, 64, ours, theirs)
+    assert (c.ours_decode_tok_s, c.llamacpp_decode_tok_s) == (150.0, 120.0)
+    assert (c.ours_prompt_tok_s, c.llamacpp_prompt_tok_s) == (315.0, 220.0)  # a round without a prompt rate is left out
+    assert c.decode_ratios == pytest.approx((1.5, 1.5, 120 / 130))
+    assert c.prompt_ratios == pytest.approx((1.5, 1.5))  # paired by round: the second round had no prompt rate of ours
+    assert c.llamacpp_peak_rss_bytes == 3 and c.ours_rss_bytes > 0
+    header, _, line = format_comparison([c])
+    assert header.count("per round") == 2
+    assert "0.92-1.50x" in line and "1.50-1.50x" in line and "1.25x" in line  # decode median ratio 150 / 120
+
+
+def test_one_round_keeps_the_table_without_spread_columns():
+    c = level_comparison(1, 40, 64, [(SimpleNamespace(decode_tokens_per_s=90.0), 200.0)], [_their_run(1, 60.0, 100.0, 5)])
+    header, _, line = format_comparison([c])
+    assert "per round" not in header and "1.50x" in line and "2.00x" in line
+
+
+def test_plot_writes_a_png_with_the_ratios(tmp_path):
+    c = level_comparison(1, 40, 64, [(SimpleNamespace(decode_tokens_per_s=90.0), 200.0)], [_their_run(1, 60.0, 100.0, 5)])
+    path = plot_comparison([c], tmp_path / "llamacpp.png", "a title " * 30)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000

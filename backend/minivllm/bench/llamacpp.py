@@ -12,7 +12,9 @@ What is compared, per concurrency level B:
   * mini-vllm: B chat prompts (P = their mean length) submitted at once, greedy, G new tokens each, prefix
     caching off (llama.cpp's prompts share nothing); decode tok/s = tokens sampled in decode steps / their
     time (sampling included), prompt tok/s = prompt tokens / time of the steps that ran prefill chunks.
-Levels run alternately, ours then llama.cpp, so a slow spell of a noisy machine hits both sides.
+Levels run alternately, ours then llama.cpp, so a slow spell of a noisy machine hits both sides; with
+`--rounds N` each level alternates N times and the table shows each side's median and the spread of the
+per-round ratios (one ~1 s run a side swung the one-sequence ratio from 1.14x to 1.65x between two runs).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import os
 import re
 import shlex
 import statistics
+import textwrap
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -188,6 +191,9 @@ class LevelComparison:
     llamacpp_command: str
     ours_rss_bytes: int = 0  # this process's resident set at the end of this level (what ps shows while serving)
     llamacpp_peak_rss_bytes: int = 0  # its resident set stays at its peak once loaded
+    # the rates above are medians over rounds; these are each round's ratio (ours / theirs, one round after another)
+    decode_ratios: tuple[float, ...] = ()
+    prompt_ratios: tuple[float, ...] = ()
 
     @property
     def decode_ratio(self) -> float | None:
@@ -220,6 +226,27 @@ def run_ours(engine, prompts: list[list[int]], max_tokens: int, level: int):
         unsubscribe()
     prompt_rate = prefill["tokens"] / prefill["time"] if prefill["time"] else None
     return result, prompt_rate
+
+
+def _median(values) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def _ratios(ours, theirs) -> tuple[float, ...]:
+    return tuple(a / b for a, b in zip(ours, theirs) if a and b)
+
+
+def level_comparison(level: int, prompt_len: int, max_tokens: int, ours: list, theirs: list) -> LevelComparison:
+    """One level's rounds (ours: (run_engine result, prompt rate) each; theirs: llama-batched-bench runs, in
+    the same order) as medians and per-round ratios; the RSS figures are the last round's."""
+    rows = [run.by_level()[level] for run in theirs]
+    ours_decode = [result.decode_tokens_per_s for result, _ in ours]
+    ours_prompt = [rate for _, rate in ours]
+    return LevelComparison(level, prompt_len, max_tokens, _median(ours_decode), _median(ours_prompt),
+                           statistics.median(r.s_tg for r in rows), statistics.median(r.s_pp for r in rows),
+                           shlex.join(theirs[-1].command), process_rss_bytes(), theirs[-1].peak_rss_bytes,
+                           _ratios(ours_decode, [r.s_tg for r in rows]), _ratios(ours_prompt, [r.s_pp for r in rows]))
 
 
 def _weights_description(engine) -> str:
@@ -269,6 +296,7 @@ def bench_llamacpp(engine, args) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     quick = getattr(args, "quick", False)
     max_tokens = 16 if quick else args.max_tokens
+    rounds = 1 if quick else max(1, getattr(args, "rounds", 1))
     levels = [min(c, 4) for c in args.concurrency] if quick else list(args.concurrency)
     levels = list(dict.fromkeys(levels))
     threads = torch.get_num_threads()
@@ -292,35 +320,35 @@ def bench_llamacpp(engine, args) -> int:
         for level in levels:
             batch = prompts[:level]
             prompt_len = max(1, round(statistics.mean(len(p) for p in batch)))
-            progress(f"{level} concurrent: mini-vllm, {level} chat prompts (mean {prompt_len} tokens) "
-                     f"x {max_tokens} tokens")
-            ours, ours_prompt_rate = run_ours(engine, batch, max_tokens, level)
-            ours_rss = process_rss_bytes()
-            cmd = batched_bench_command(binary, gguf, prompt_len, max_tokens, [level], threads)
-            progress(f"{level} concurrent: {shlex.join(cmd)}")
-            start = time.perf_counter()
-            theirs = run_batched_bench(binary, gguf, prompt_len, max_tokens, [level], threads)
-            progress(f"{level} concurrent: llama.cpp done in {time.perf_counter() - start:.1f}s")
-            row = theirs.by_level()[level]
-            ours_runs.append(ours)
-            llama_runs.append({"level": level, "command": theirs.command, "settings": theirs.settings, **asdict(row)})
-            comparisons.append(LevelComparison(level, prompt_len, max_tokens, ours.decode_tokens_per_s,
-                                               ours_prompt_rate, row.s_tg, row.s_pp, shlex.join(theirs.command),
-                                               ours_rss, theirs.peak_rss_bytes))
+            ours, theirs = [], []
+            for r in range(rounds):
+                label = f"{level} concurrent" + (f", round {r + 1}/{rounds}" if rounds > 1 else "")
+                progress(f"{label}: mini-vllm, {level} chat prompts (mean {prompt_len} tokens) x {max_tokens} tokens")
+                ours.append(run_ours(engine, batch, max_tokens, level))
+                command = batched_bench_command(binary, gguf, prompt_len, max_tokens, [level], threads)
+                progress(f"{label}: {shlex.join(command)}")
+                start = time.perf_counter()
+                theirs.append(run_batched_bench(binary, gguf, prompt_len, max_tokens, [level], threads))
+                progress(f"{label}: llama.cpp done in {time.perf_counter() - start:.1f}s")
+            ours_runs.extend(result for result, _ in ours)
+            llama_runs.extend({"level": level, "round": r, "command": run.command, "settings": run.settings,
+                               **asdict(run.by_level()[level])} for r, run in enumerate(theirs))
+            comparisons.append(level_comparison(level, prompt_len, max_tokens, ours, theirs))
     finally:
         if original_prefix_caching:
             engine.reconfigure(enable_prefix_caching=True)
 
     title = (f"{engine.loaded.name}: mini-vllm ({ours_weights}) vs llama.cpp ({gguf.name}), "
-             f"{max_tokens} new tokens per sequence, {threads} threads")
+             f"{max_tokens} new tokens per sequence, {threads} threads"
+             + (f", medians of {rounds} alternating rounds" if rounds > 1 else ""))
     print_comparison(comparisons, title)
     print(memory_line(engine))
     settings = llama_runs[0]["settings"] if llama_runs else {}
     extra = {"comparison": [asdict(c) | {"decode_ratio": c.decode_ratio, "prompt_ratio": c.prompt_ratio}
                             for c in comparisons],
              "llamacpp": llama_runs, "llamacpp_settings": settings, "cpu_capability": cpu_capability(),
-             "threads": threads, "dtype": info.dtype, "kv_cache_dtype": info.kv_cache_dtype, "weights": ours_weights,
-             "gguf": str(gguf)}
+             "threads": threads, "rounds": rounds, "dtype": info.dtype, "kv_cache_dtype": info.kv_cache_dtype,
+             "weights": ours_weights, "gguf": str(gguf)}
     from minivllm.bench.report import save_json
 
     save_json(ours_runs, out_dir / "llamacpp.json", extra)
@@ -332,16 +360,24 @@ def bench_llamacpp(engine, args) -> int:
 def format_comparison(comparisons: list[LevelComparison]) -> list[str]:
     from minivllm.bench.common import fmt
 
+    spread = any(len(c.decode_ratios) > 1 for c in comparisons)  # several rounds: each ratio's range too
     header = (f"{'level':>5} | {'mini-vllm decode tok/s':>22} | {'llama.cpp decode tok/s':>22} | {'ratio':>6} | "
-              f"{'mini-vllm prompt tok/s':>22} | {'llama.cpp prompt tok/s':>22} | {'ratio':>6} | "
-              f"{'RSS MiB (ours / llama.cpp peak)':>31}")
+              + (f"{'per round':>11} | " if spread else "")
+              + f"{'mini-vllm prompt tok/s':>22} | {'llama.cpp prompt tok/s':>22} | {'ratio':>6} | "
+              + (f"{'per round':>11} | " if spread else "") + f"{'RSS MiB (ours / llama.cpp peak)':>31}")
     lines = [header, "-" * len(header)]
     for c in comparisons:
         lines.append(f"{c.level:>5} | {fmt(c.ours_decode_tok_s):>22} | {c.llamacpp_decode_tok_s:>22.1f} | "
-                     f"{fmt(c.decode_ratio, digits=2):>5}x | {fmt(c.ours_prompt_tok_s):>22} | "
-                     f"{c.llamacpp_prompt_tok_s:>22.1f} | {fmt(c.prompt_ratio, digits=2):>5}x | "
-                     f"{_mib(c.ours_rss_bytes) + ' / ' + _mib(c.llamacpp_peak_rss_bytes):>31}")
+                     f"{fmt(c.decode_ratio, digits=2):>5}x | " + (f"{_range(c.decode_ratios):>11} | " if spread else "")
+                     + f"{fmt(c.ours_prompt_tok_s):>22} | {c.llamacpp_prompt_tok_s:>22.1f} | "
+                     f"{fmt(c.prompt_ratio, digits=2):>5}x | " + (f"{_range(c.prompt_ratios):>11} | " if spread else "")
+                     + f"{_mib(c.ours_rss_bytes) + ' / ' + _mib(c.llamacpp_peak_rss_bytes):>31}")
     return lines
+
+
+def _range(ratios: tuple[float, ...]) -> str:
+    """The lowest and highest of a level's per-round ratios ("1.14-1.65x"); "-" without any."""
+    return f"{min(ratios):.2f}-{max(ratios):.2f}x" if ratios else "-"
 
 
 def _mib(n: int) -> str:
@@ -384,11 +420,15 @@ def plot_comparison(comparisons: list[LevelComparison], path: Path, title: str) 
         theirs = [values(c)[1] or 0 for c in comparisons]
         ax.bar([x - width / 2 for x in xs], ours, width=width, label="mini-vllm")
         ax.bar([x + width / 2 for x in xs], theirs, width=width, label="llama.cpp")
+        for x, a, b in zip(xs, ours, theirs):  # the ratio over each pair, as the table prints it
+            if a and b:
+                ax.annotate(f"{a / b:.2f}x", (x, max(a, b)), ha="center", va="bottom", fontsize=8)
+        ax.margins(y=0.12)
         ax.set_xticks(xs, [f"{c.level} concurrent" for c in comparisons])
         ax.set_ylabel(label)
         ax.grid(axis="y", alpha=0.3)
     axes[0].legend(fontsize=8)
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(textwrap.fill(title, 120), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

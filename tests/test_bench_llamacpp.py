@@ -122,3 +122,14 @@ def test_plot_writes_a_png_with_the_ratios(tmp_path):
     c = level_comparison(1, 40, 64, [(SimpleNamespace(decode_tokens_per_s=90.0), 200.0)], [_their_run(1, 60.0, 100.0, 5)])
     path = plot_comparison([c], tmp_path / "llamacpp.png", "a title " * 30)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("rounds", ["0", "-2", "three"])
+def test_rounds_below_one_is_a_usage_error_before_loading(rounds, monkeypatch, capsys):
+    from minivllm import cli, engine_args
+
+    monkeypatch.setattr(engine_args, "build_engine", lambda args: pytest.fail("the model must not be loaded"))
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["bench", "llamacpp", "--rounds", rounds])
+    assert exit_info.value.code == 2
+    assert "--rounds" in capsys.readouterr().err

@@ -123,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-fp32", action="store_true",
                    help="single: do not run the fp32-weights baseline next to a quantized engine")
     p.add_argument("--quick", action="store_true", help="fewer tokens and prompts (smoke test)")
-    p.add_argument("--rounds", type=int, default=3,
+    p.add_argument("--rounds", type=at_least_one, default=3,
                    help="llamacpp: runs of each side per level, alternating; the table shows medians and the "
                         "per-round ratios' range (--quick: 1)")
     add_model_args(p)
@@ -138,6 +138,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", default=None, help="default: shared/events.schema.json in the repo")
     p.set_defaults(func=cmd_schema)
     return parser
+
+
+def at_least_one(text: str) -> int:
+    """An option's whole number of 1 or more (argparse: a bad one is a usage error before anything loads)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def apply_env_defaults(parser: argparse.ArgumentParser, environ=None) -> None:

@@ -296,7 +296,7 @@ def bench_llamacpp(engine, args) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     quick = getattr(args, "quick", False)
     max_tokens = 16 if quick else args.max_tokens
-    rounds = 1 if quick else max(1, getattr(args, "rounds", 1))
+    rounds = 1 if quick else getattr(args, "rounds", 1)
     levels = [min(c, 4) for c in args.concurrency] if quick else list(args.concurrency)
     levels = list(dict.fromkeys(levels))
     threads = torch.get_num_threads()

@@ -236,6 +236,32 @@ def test_a_narrow_pool_rounds_keys_and_values_once(dtype, decode_path):
     assert pool.k.dtype == dtype
 
 
+@pytest.mark.parametrize("heads,kv_heads,dim", [(4, 4, 16), (4, 2, 24), (9, 3, 64), (8, 2, 40), (5, 1, 8),
+                                                (16, 2, 64), (6, 2, 72)])
+def test_native_decode_matches_float64_for_every_group_size_and_head_dim(heads, kv_heads, dim):
+    """The kernel takes a KV head's query heads up to three at a time, four tokens at a time and 32 dims
+    at a time: groups of 1-8 heads, dims that leave 8, 16 or 24 over, contexts that end mid-tile and
+    span several parts all give the float64 answer (fp32 and fp16 pools: each against its own rounding)."""
+    if native.available() is not None:
+        pytest.skip(f"native kernels unavailable here: {native.available()}")
+    gen = torch.Generator().manual_seed(heads * 100 + dim)
+    block_size, lens = 16, [1, 7, 37, 64, 131, 300]
+    width = -(-max(lens) // block_size)
+    blocks = torch.randperm(len(lens) * width, generator=gen).view(len(lens), width)
+    q = torch.randn(len(lens), heads, dim, generator=gen)
+    for dtype in (torch.float32, torch.float16):
+        k = torch.randn(len(lens) * width, block_size, kv_heads, dim, generator=gen).to(dtype)
+        v = torch.randn(len(lens) * width, block_size, kv_heads, dim, generator=gen).to(dtype)
+        out = torch.ops.minivllm_native.paged_decode_attention(q, k, v, blocks, torch.tensor(lens), dim**-0.5)
+        for s, n in enumerate(lens):
+            ks, vs = (t[blocks[s]].reshape(-1, kv_heads, dim)[:n].double() for t in (k, v))
+            group = heads // kv_heads
+            scores = torch.einsum("hd,thd->ht", q[s].double(), ks.repeat_interleave(group, 1)) * dim**-0.5
+            expected = torch.einsum("ht,thd->hd", scores.softmax(-1), vs.repeat_interleave(group, 1))
+            torch.testing.assert_close(out[s].double(), expected, atol=1e-5, rtol=1e-5,
+                                       msg=lambda m: f"sequence {s} ({n} tokens, {dtype}): {m}")
+
+
 def test_native_decode_rejects_a_table_that_points_outside_the_pool():
     """A wrong block table or context length is an error, never a read outside the pool."""
     if native.available() is not None:

@@ -7,12 +7,13 @@
 // from the pool, in the pool's own precision (fp32, fp16 or bf16; converted in registers).
 //
 // One task is one sequence (or, with few sequences, one part of one: contexts are attended in parts of
-// 256 tokens, merged by their maxima, so a lone long sequence keeps every thread streaming; with fewer
-// parts than threads, one KV head of a part): each KV head's query heads (the GQA group) share every
-// K/V row it loads. Two passes: scores into the thread's scratch (eight tokens at a time against each
-// query head), a softmax per part, then the weighted sums of V, block by block, in register
-// accumulators. Parts are fixed by position and summed in one order per task, so a sequence gets the
-// same bits alone and in any batch.
+// 64 tokens, merged by their maxima, so a lone sequence keeps every thread streaming; with fewer parts
+// than threads, one KV head of a part): each KV head's query heads (the GQA group) share every K/V row it
+// loads, converted once for up to three of them. Two passes: scores into the thread's scratch (four
+// tokens at a time against three query heads), a softmax per part, then the weighted sums of V, block by
+// block, in register accumulators; blocks are requested a few ahead (they are scattered in the pool).
+// Parts are fixed by position and summed in one order per task, so a sequence gets the same bits alone
+// and in any batch.
 
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -66,95 +67,159 @@ inline float exp_shifted(float* scores, int64_t len, float& top) {
   return sum;
 }
 
+// Block b of a sequence's table into L2 (blocks are scattered: the hardware prefetcher cannot guess them).
+template <typename T>
+inline void prefetch_block(const T* pool, const int64_t* table, int64_t b, const Geometry& g) {
+  const int64_t token_stride = g.kv_heads * g.dim, block_bytes = g.block_size * token_stride * sizeof(T);
+  const char* start = reinterpret_cast<const char*>(pool + table[b] * g.block_size * token_stride);
+  for (int64_t line = 0; line < block_bytes; line += 64) _mm_prefetch(start + line, _MM_HINT_T1);
+}
+
+// How many blocks ahead of the one being read are requested. One block (6 KiB of K for the embedded
+// model) computes in less time than its successor takes to arrive from memory: a lone 2,048-token
+// sequence streamed its pool at ~10 GB/s; four ahead took 0.78-0.85x the time (in-process A/B).
+constexpr int64_t kPrefetchBlocks = 4;
+
 // Calls f(first, rows, n) for each block's run of n <= block_size tokens [first, first + n) within
 // [t0, t1) (t0 on a block boundary), `rows` pointing at the first one's K or V row (all its heads;
-// consecutive tokens are kv_heads * dim apart).
+// consecutive tokens are kv_heads * dim apart). Blocks are fetched kPrefetchBlocks ahead, past t1 too while
+// the sequence has tokens (< `limit`): a thread's next part starts there.
 template <typename T, typename F>
-inline void over_blocks(const T* pool, const int64_t* table, int64_t t0, int64_t t1, const Geometry& g, F&& f) {
-  const int64_t token_stride = g.kv_heads * g.dim, block_bytes = g.block_size * token_stride * sizeof(T);
+inline void over_blocks(const T* pool, const int64_t* table, int64_t t0, int64_t t1, int64_t limit, const Geometry& g,
+                        F&& f) {
+  const int64_t token_stride = g.kv_heads * g.dim;
   for (int64_t first = t0, b = t0 / g.block_size; first < t1; first += g.block_size, ++b) {
-    if (first + g.block_size < t1) {  // the next block into L2 while this one computes: blocks are scattered
-      const char* next = reinterpret_cast<const char*>(pool + table[b + 1] * g.block_size * token_stride);
-      for (int64_t line = 0; line < block_bytes; line += 64) _mm_prefetch(next + line, _MM_HINT_T1);
-    }
+    // the first block requests all those ahead of it, each later one the newest
+    for (int64_t ahead = first == t0 ? 1 : kPrefetchBlocks;
+         ahead <= kPrefetchBlocks && first + ahead * g.block_size < limit; ++ahead)
+      prefetch_block(pool, table, b + ahead, g);
     f(first, pool + table[b] * g.block_size * token_stride, std::min(g.block_size, t1 - first));
   }
 }
 
-// [sum(a[0]), ..., sum(a[7])]: eight dot products' accumulators reduced and transposed at once.
-inline __m256 sums8(const __m256* a) {
-  const __m256 s0123 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
-  const __m256 s4567 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
-  return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31));
+// [sum(a[0]), sum(a[1]), sum(a[2]), sum(a[3])]: four dot products' accumulators reduced at once.
+inline __m128 sums4(const __m256* a) {
+  const __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+  return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
 }
 
-// Scores of n consecutive tokens (rows `stride` apart) against every query head of the group. Eight
-// tokens at a time share each query load and one reduction; the block's last few go one by one.
-template <typename T>
-void score_rows(const float* q, const T* rows, int64_t n, int64_t stride, const Geometry& g, float* out, int64_t len) {
+// The query heads of one KV head are taken this many at a time: every K or V row loaded (and converted
+// from the pool's precision) serves them all. Three heads x four tokens of accumulators, their three query
+// vectors and a K row fit AVX2's sixteen registers. (One head at a time converted each fp16 row once per
+// head; sharing the rows measured 0.97x the time at 8 and 32 sequences, no change at one: the pool's
+// reads, not the arithmetic, bound a lone sequence.)
+constexpr int64_t kHeadTile = 3;
+constexpr int64_t kTokenTile = 4;
+
+// Scores of n consecutive tokens (rows `stride` apart) against H query heads (q: H x dim, `out`: H rows of
+// `len`). Four tokens at a time share each query load and one reduction; the block's last few go one by one.
+// Each score sums its products in one order, wherever its token falls in a tile: the same bits in any batch.
+template <int H, typename T>
+void score_tile(const float* q, const T* rows, int64_t n, int64_t stride, int64_t dim, float* out, int64_t len) {
   int64_t j = 0;
-  for (; j + 8 <= n; j += 8) {
-    for (int64_t h = 0; h < g.group; ++h) {
-      __m256 acc[8];
-      for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
-      for (int64_t d = 0; d < g.dim; d += 8) {
-        const __m256 qv = _mm256_loadu_ps(q + h * g.dim + d);
-        for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(qv, load8(rows + (j + i) * stride + d), acc[i]);
+  for (; j + kTokenTile <= n; j += kTokenTile) {
+    __m256 acc[H][kTokenTile];
+    for (int h = 0; h < H; ++h)
+      for (int t = 0; t < kTokenTile; ++t) acc[h][t] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < dim; d += 8) {
+      __m256 k[kTokenTile];
+      for (int t = 0; t < kTokenTile; ++t) k[t] = load8(rows + (j + t) * stride + d);
+      for (int h = 0; h < H; ++h) {
+        const __m256 qv = _mm256_loadu_ps(q + h * dim + d);
+        for (int t = 0; t < kTokenTile; ++t) acc[h][t] = _mm256_fmadd_ps(qv, k[t], acc[h][t]);
       }
-      _mm256_storeu_ps(out + h * len + j, sums8(acc));
     }
+    for (int h = 0; h < H; ++h) _mm_storeu_ps(out + h * len + j, sums4(acc[h]));
   }
-  for (; j < n; ++j) {
-    for (int64_t h = 0; h < g.group; ++h) {
+  for (; j < n; ++j)
+    for (int h = 0; h < H; ++h) {
       __m256 acc = _mm256_setzero_ps();
-      for (int64_t d = 0; d < g.dim; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * g.dim + d), load8(rows + j * stride + d), acc);
+      for (int64_t d = 0; d < dim; d += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * dim + d), load8(rows + j * stride + d), acc);
       out[h * len + j] = hsum(acc);
     }
-  }
 }
 
-// o[0, 8N) += sum over a block's n tokens of p[j] * V[j][d0, d0 + 8N), N accumulators in registers
-// across the block (loaded from and stored back to `o`, which stays in L1).
-template <int N, typename T>
-inline void weigh_block(const float* p, const T* rows, int64_t n, int64_t stride, int64_t d0, float* o) {
-  __m256 acc[N];
-  for (int i = 0; i < N; ++i) acc[i] = _mm256_loadu_ps(o + 8 * i);
-  for (int64_t j = 0; j < n; ++j) {
-    const __m256 weight = _mm256_set1_ps(p[j]);
-    for (int i = 0; i < N; ++i) acc[i] = _mm256_fmadd_ps(weight, load8(rows + j * stride + d0 + 8 * i), acc[i]);
-  }
-  for (int i = 0; i < N; ++i) _mm256_storeu_ps(o + 8 * i, acc[i]);
-}
-
+// Scores of n consecutive tokens against every query head of the group, a few heads at a time.
 template <typename T>
-void weigh_row(const float* p, const T* rows, int64_t n, int64_t stride, const Geometry& g, float* o) {
-  for (int64_t d0 = 0; d0 < g.dim; d0 += 64) {  // dim % 8 == 0: chunks of 8 vectors, then the rest
-    switch (std::min<int64_t>(8, (g.dim - d0) / 8)) {
-      case 8: weigh_block<8>(p, rows, n, stride, d0, o + d0); break;
-      case 7: weigh_block<7>(p, rows, n, stride, d0, o + d0); break;
-      case 6: weigh_block<6>(p, rows, n, stride, d0, o + d0); break;
-      case 5: weigh_block<5>(p, rows, n, stride, d0, o + d0); break;
-      case 4: weigh_block<4>(p, rows, n, stride, d0, o + d0); break;
-      case 3: weigh_block<3>(p, rows, n, stride, d0, o + d0); break;
-      case 2: weigh_block<2>(p, rows, n, stride, d0, o + d0); break;
-      default: weigh_block<1>(p, rows, n, stride, d0, o + d0); break;
+void score_rows(const float* q, const T* rows, int64_t n, int64_t stride, const Geometry& g, float* out, int64_t len) {
+  for (int64_t h = 0; h < g.group; h += kHeadTile) {
+    const float* qh = q + h * g.dim;
+    float* oh = out + h * len;
+    switch (std::min(kHeadTile, g.group - h)) {
+      case 3: score_tile<3>(qh, rows, n, stride, g.dim, oh, len); break;
+      case 2: score_tile<2>(qh, rows, n, stride, g.dim, oh, len); break;
+      default: score_tile<1>(qh, rows, n, stride, g.dim, oh, len); break;
+    }
+  }
+}
+
+// o_h[0, 8N) += sum over a block's n tokens of p_h[j] * V[j][d0, d0 + 8N), for H query heads sharing each
+// V row's load: H x N accumulators in registers across the block (loaded from and stored back to `o`,
+// which stays in L1). Each output sums its tokens in order, as one head alone would.
+template <int H, int N, typename T>
+inline void weigh_block(const float* p, int64_t p_stride, const T* rows, int64_t n, int64_t stride, int64_t d0,
+                        float* o, int64_t o_stride) {
+  __m256 acc[H][N];
+  for (int h = 0; h < H; ++h)
+    for (int i = 0; i < N; ++i) acc[h][i] = _mm256_loadu_ps(o + h * o_stride + d0 + 8 * i);
+  for (int64_t j = 0; j < n; ++j) {
+    __m256 weight[H];
+    for (int h = 0; h < H; ++h) weight[h] = _mm256_set1_ps(p[h * p_stride + j]);
+    for (int i = 0; i < N; ++i) {
+      const __m256 v = load8(rows + j * stride + d0 + 8 * i);
+      for (int h = 0; h < H; ++h) acc[h][i] = _mm256_fmadd_ps(weight[h], v, acc[h][i]);
+    }
+  }
+  for (int h = 0; h < H; ++h)
+    for (int i = 0; i < N; ++i) _mm256_storeu_ps(o + h * o_stride + d0 + 8 * i, acc[h][i]);
+}
+
+// H heads' weighted sums over a block, 32 dims at a time (dim % 8 == 0: then the rest).
+template <int H, typename T>
+void weigh_heads(const float* p, int64_t p_stride, const T* rows, int64_t n, int64_t stride, int64_t dim, float* o,
+                 int64_t o_stride) {
+  for (int64_t d0 = 0; d0 < dim; d0 += 32) {
+    switch (std::min<int64_t>(4, (dim - d0) / 8)) {
+      case 4: weigh_block<H, 4>(p, p_stride, rows, n, stride, d0, o, o_stride); break;
+      case 3: weigh_block<H, 3>(p, p_stride, rows, n, stride, d0, o, o_stride); break;
+      case 2: weigh_block<H, 2>(p, p_stride, rows, n, stride, d0, o, o_stride); break;
+      default: weigh_block<H, 1>(p, p_stride, rows, n, stride, d0, o, o_stride); break;
+    }
+  }
+}
+
+// Every query head of one KV head's group over a block: p the group's first head's weights (heads
+// `p_stride` apart), o its first output (heads dim apart).
+template <typename T>
+void weigh_group(const float* p, int64_t p_stride, const T* rows, int64_t n, int64_t stride, const Geometry& g,
+                 float* o) {
+  for (int64_t h = 0; h < g.group; h += kHeadTile) {
+    const float* ph = p + h * p_stride;
+    float* oh = o + h * g.dim;
+    switch (std::min(kHeadTile, g.group - h)) {
+      case 3: weigh_heads<3>(ph, p_stride, rows, n, stride, g.dim, oh, g.dim); break;
+      case 2: weigh_heads<2>(ph, p_stride, rows, n, stride, g.dim, oh, g.dim); break;
+      default: weigh_heads<1>(ph, p_stride, rows, n, stride, g.dim, oh, g.dim); break;
     }
   }
 }
 
 // Tokens [t0, t1) of one sequence for its KV heads [h0, h1), in parts of `part_len` tokens from t0 (t0 and
-// part_len on block boundaries): q holds their query heads ((h1 - h0) * group of them, in order), already
-// scaled. Per part and query head, `out` [part][head][dim] gets the weighted sum of V, unnormalised, and
-// `top` / `sum` [part][head] its scores' maximum and softmax denominator. K, then V, are read block by
+// part_len on block boundaries; `limit` the sequence's length): q holds their query heads ((h1 - h0) *
+// group of them, in order), already scaled. Per part and query head, `out` [part][head][dim] gets the
+// weighted sum of V, unnormalised, and `top` / `sum` [part][head] its scores' maximum and softmax
+// denominator. K, then V, are read block by
 // block front to back, every KV head of the range while the block is in L1 (a token's row holds all its
 // heads side by side). Each output sums its part's tokens in order, whatever the range or the heads'
 // split: the same bits however a sequence is divided into tasks.
 template <typename T>
 void attend(const float* q, const T* k_pool, const T* v_pool, const int64_t* table, int64_t t0, int64_t t1,
-            int64_t part_len, int64_t h0, int64_t h1, const Geometry& g, float* scores, float* top, float* sum,
-            float* out) {
+            int64_t limit, int64_t part_len, int64_t h0, int64_t h1, const Geometry& g, float* scores, float* top,
+            float* sum, float* out) {
   const int64_t stride = g.kv_heads * g.dim, heads = (h1 - h0) * g.group, n = t1 - t0;  // scores: [query head][token]
-  over_blocks(k_pool, table, t0, t1, g, [&](int64_t first, const T* rows, int64_t count) {
+  prefetch_block(v_pool, table, t0 / g.block_size, g);  // the V pass's first block, read after every K block
+  over_blocks(k_pool, table, t0, t1, limit, g, [&](int64_t first, const T* rows, int64_t count) {
     for (int64_t kv = h0; kv < h1; ++kv)
       score_rows(q + (kv - h0) * g.group * g.dim, rows + kv * g.dim, count, stride, g,
                  scores + (kv - h0) * g.group * n + (first - t0), n);
@@ -165,11 +230,12 @@ void attend(const float* q, const T* k_pool, const T* v_pool, const int64_t* tab
       sum[p * heads + i] = exp_shifted(scores + i * n + p * part_len, std::min(part_len, n - p * part_len),
                                        top[p * heads + i]);
   std::fill(out, out + parts * heads * g.dim, 0.0f);
-  over_blocks(v_pool, table, t0, t1, g, [&](int64_t first, const T* rows, int64_t count) {
+  over_blocks(v_pool, table, t0, t1, limit, g, [&](int64_t first, const T* rows, int64_t count) {
     float* part_out = out + (first - t0) / part_len * heads * g.dim;  // a block lies in one part
-    for (int64_t i = 0; i < heads; ++i)  // query head i reads KV head h0 + i / group
-      weigh_row(scores + i * n + (first - t0), rows + (h0 + i / g.group) * g.dim, count, stride, g,
-                part_out + i * g.dim);
+    for (int64_t kv = h0; kv < h1; ++kv) {  // query heads [(kv - h0) * group, +group) read KV head kv
+      const int64_t i = (kv - h0) * g.group;
+      weigh_group(scores + i * n + (first - t0), n, rows + kv * g.dim, count, stride, g, part_out + i * g.dim);
+    }
   });
 }
 
@@ -211,8 +277,11 @@ namespace {
 // own, merged afterwards: one long sequence then keeps every thread streaming its own part of the pool. A
 // task of one KV head of a whole context streamed the other heads' lines too (a token's row holds them
 // all), so splitting one long sequence by heads had each thread read the whole context (measured: 2,048
-// tokens, one sequence, 174 us a layer, ~9 GB/s). Parts are fixed by position, never by the batch.
-constexpr int64_t kPartTokens = 256;
+// tokens, one sequence, 174 us a layer, ~9 GB/s). Parts are fixed by position, never by the batch. 64
+// tokens rather than 256: a lone sequence of up to 256 tokens was one part, attended one KV head a task
+// (three tasks on two threads, each streaming every head's lines); four parts of every head balance the
+// threads (256 tokens: 0.79-0.83x the time, in-process A/B; batches and long contexts unchanged or faster).
+constexpr int64_t kPartTokens = 64;
 
 // Each query head of a sequence whose context came in several parts: its parts' weighted sums rescaled
 // to the largest maximum and summed in part order, over the parts' summed denominators. One part: its
@@ -262,7 +331,8 @@ struct Attention {
       const float* src = q + seq * q_seq + (h0 * g.group + j) * q_head;
       for (int64_t d = 0; d < g.dim; ++d) scaled[j * g.dim + d] = src[d * q_dim] * scale;
     }
-    attend(scaled, k, v, tables + seq * g.max_blocks, p0 * part_len, std::min(lens[seq], p1 * part_len), part_len,
+    attend(scaled, k, v, tables + seq * g.max_blocks, p0 * part_len, std::min(lens[seq], p1 * part_len), lens[seq],
+           part_len,
            h0, h0 + kv_count, g, scores, top, sum, o);
   }
 };

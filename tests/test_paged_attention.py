@@ -442,8 +442,8 @@ def test_native_decode_in_the_compiled_step_keeps_a_rows_bits_in_any_batch_and_p
 
 
 def test_native_decode_of_long_contexts_in_parts_keeps_a_rows_bits_in_any_batch():
-    """Contexts past 256 tokens are attended in parts of 256 (each a task where sequences are few, so one
-    long sequence keeps both threads streaming), merged by their maxima: the same result as SDPA, and a
+    """Contexts past 64 tokens are attended in parts of 64 (each a task where sequences are few, so one
+    sequence keeps both threads streaming), merged by their maxima: the same result as SDPA, and a
     sequence's bits do not depend on the batch (alone: a task per part, or per part and head; in a batch
     of 2 x threads or more: a task per sequence) nor on its table's padding."""
     if native.available() is not None:

@@ -12,7 +12,8 @@ import pytest
 
 from minivllm.bench.llamacpp import (BatchedBenchResult, BatchedBenchRow, LevelComparison, LlamaCppNotFoundError,
                                      batched_bench_command, context_size, find_llamacpp_bench, format_comparison,
-                                     level_comparison, parse_batched_bench_output, plot_comparison)
+                                     _warn_if_pool_too_small, fixed_length, level_comparison, parse_batched_bench_output,
+                                     plot_comparison)
 
 FIXTURE = Path(__file__).parent / "fixtures" / "llama_batched_bench_output.txt"
 
@@ -133,3 +134,15 @@ def test_rounds_below_one_is_a_usage_error_before_loading(rounds, monkeypatch, c
         cli.main(["bench", "llamacpp", "--rounds", rounds])
     assert exit_info.value.code == 2
     assert "--rounds" in capsys.readouterr().err
+
+
+def test_fixed_length_prompts_repeat_or_cut_each_prompt():
+    assert fixed_length([[1, 2, 3], [4, 5, 6, 7, 8, 9]], 5) == [[1, 2, 3, 1, 2], [4, 5, 6, 7, 8]]
+    assert [len(p) for p in fixed_length([[7], list(range(40))], 2000)] == [2000, 2000]
+
+
+def test_a_level_the_pool_cannot_hold_is_warned_about(capsys):
+    engine = SimpleNamespace(kv_cache=SimpleNamespace(num_blocks=100, block_size=16))  # 1,600 slots
+    _warn_if_pool_too_small(engine, [1, 4], 401)  # 4 x 400 would just fit
+    out = capsys.readouterr().out
+    assert "4 concurrent x 401 tokens" in out and "1600 slots" in out and "1 concurrent" not in out

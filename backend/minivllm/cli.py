@@ -123,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-fp32", action="store_true",
                    help="single: do not run the fp32-weights baseline next to a quantized engine")
     p.add_argument("--quick", action="store_true", help="fewer tokens and prompts (smoke test)")
+    p.add_argument("--prompt-tokens", type=at_least_one, default=None,
+                   help="llamacpp: every prompt exactly this many tokens (the chat prompts repeated), to compare "
+                        "decode at a long context (default: the chat prompts as they are, ~40 tokens)")
     p.add_argument("--rounds", type=at_least_one, default=3,
                    help="llamacpp: runs of each side per level, alternating; the table shows medians and the "
                         "per-round ratios' range (--quick: 1)")

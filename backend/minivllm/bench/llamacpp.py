@@ -228,6 +228,21 @@ def run_ours(engine, prompts: list[list[int]], max_tokens: int, level: int):
     return result, prompt_rate
 
 
+def fixed_length(prompts: list[list[int]], n: int) -> list[list[int]]:
+    """Each prompt repeated (or cut) to exactly n tokens: decode compared at a long context."""
+    return [(p * (n // len(p) + 1))[:n] for p in prompts]
+
+
+def _warn_if_pool_too_small(engine, levels: list[int], tokens_per_sequence: int) -> None:
+    """llama.cpp's context is sized to each level; ours is the engine's pool. A level that does not fit would
+    run in waves (or preempt), which is not the comparison the table claims: say so up front."""
+    capacity = engine.kv_cache.num_blocks * engine.kv_cache.block_size
+    for level in levels:
+        if level * tokens_per_sequence > capacity:
+            print(f"warning: {level} concurrent x {tokens_per_sequence} tokens need more KV than the pool's "
+                  f"{capacity} slots: mini-vllm will not hold them all at once (raise --kv-cache-memory)")
+
+
 def _median(values) -> float | None:
     present = [v for v in values if v is not None]
     return statistics.median(present) if present else None
@@ -301,6 +316,9 @@ def bench_llamacpp(engine, args) -> int:
     levels = list(dict.fromkeys(levels))
     threads = torch.get_num_threads()
     prompts = chat_prompt_ids(engine.tokenizer, (CHAT_PROMPTS * (1 + max(levels) // len(CHAT_PROMPTS)))[: max(levels)])
+    prompt_tokens = getattr(args, "prompt_tokens", None)
+    if prompt_tokens:
+        prompts = fixed_length(prompts, prompt_tokens)
     info = engine.info()
     print(f"{machine_line()}; llama.cpp gets the same thread count (-t/-tb {threads})")
     ours_weights = _weights_description(engine)
@@ -308,6 +326,7 @@ def bench_llamacpp(engine, args) -> int:
     print(f"llama.cpp: {binary}")
     print(f"KV cache: mini-vllm {info.kv_cache_dtype} (--kv-cache-dtype), llama.cpp f16 (its default)")
     _warn_if_busy()
+    _warn_if_pool_too_small(engine, levels, max(len(p) for p in prompts) + max_tokens)
 
     original_prefix_caching = engine.config.enable_prefix_caching
     if original_prefix_caching:

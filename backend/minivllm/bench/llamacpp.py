@@ -380,17 +380,23 @@ def format_comparison(comparisons: list[LevelComparison]) -> list[str]:
     from minivllm.bench.common import fmt
 
     spread = any(len(c.decode_ratios) > 1 for c in comparisons)  # several rounds: each ratio's range too
-    header = (f"{'level':>5} | {'mini-vllm decode tok/s':>22} | {'llama.cpp decode tok/s':>22} | {'ratio':>6} | "
-              + (f"{'per round':>11} | " if spread else "")
-              + f"{'mini-vllm prompt tok/s':>22} | {'llama.cpp prompt tok/s':>22} | {'ratio':>6} | "
-              + (f"{'per round':>11} | " if spread else "") + f"{'RSS MiB (ours / llama.cpp peak)':>31}")
+
+    def side(ours: str, theirs: str, ratio: str, ratios: str) -> list[str]:  # decode's or prompt's columns
+        return [f"{ours:>22}", f"{theirs:>22}", f"{ratio:>6}"] + ([f"{ratios:>11}"] if spread else [])
+
+    header = " | ".join([f"{'level':>5}",
+                         *side("mini-vllm decode tok/s", "llama.cpp decode tok/s", "ratio", "per round"),
+                         *side("mini-vllm prompt tok/s", "llama.cpp prompt tok/s", "ratio", "per round"),
+                         f"{'RSS MiB (ours / llama.cpp peak)':>31}"])
     lines = [header, "-" * len(header)]
     for c in comparisons:
-        lines.append(f"{c.level:>5} | {fmt(c.ours_decode_tok_s):>22} | {c.llamacpp_decode_tok_s:>22.1f} | "
-                     f"{fmt(c.decode_ratio, digits=2):>5}x | " + (f"{_range(c.decode_ratios):>11} | " if spread else "")
-                     + f"{fmt(c.ours_prompt_tok_s):>22} | {c.llamacpp_prompt_tok_s:>22.1f} | "
-                     f"{fmt(c.prompt_ratio, digits=2):>5}x | " + (f"{_range(c.prompt_ratios):>11} | " if spread else "")
-                     + f"{_mib(c.ours_rss_bytes) + ' / ' + _mib(c.llamacpp_peak_rss_bytes):>31}")
+        lines.append(" | ".join([
+            f"{c.level:>5}",
+            *side(fmt(c.ours_decode_tok_s), f"{c.llamacpp_decode_tok_s:.1f}", f"{fmt(c.decode_ratio, digits=2)}x",
+                  _range(c.decode_ratios)),
+            *side(fmt(c.ours_prompt_tok_s), f"{c.llamacpp_prompt_tok_s:.1f}", f"{fmt(c.prompt_ratio, digits=2)}x",
+                  _range(c.prompt_ratios)),
+            f"{_mib(c.ours_rss_bytes) + ' / ' + _mib(c.llamacpp_peak_rss_bytes):>31}"]))
     return lines
 
 

@@ -108,7 +108,7 @@ inline __m128 sums4(const __m256* a) {
 // vectors and a K row fit AVX2's sixteen registers. (One head at a time converted each fp16 row once per
 // head; sharing the rows measured 0.97x the time at 8 and 32 sequences, no change at one: the pool's
 // reads, not the arithmetic, bound a lone sequence.)
-constexpr int64_t kHeadTile = 3;
+constexpr int kHeadTile = 3;  // over_row_tiles (common.h) takes the tiles, then the one or two left
 constexpr int64_t kTokenTile = 4;
 
 // Scores of n consecutive tokens (rows `stride` apart) against H query heads (q: H x dim, `out`: H rows of
@@ -143,15 +143,9 @@ void score_tile(const float* q, const T* rows, int64_t n, int64_t stride, int64_
 // Scores of n consecutive tokens against every query head of the group, a few heads at a time.
 template <typename T>
 void score_rows(const float* q, const T* rows, int64_t n, int64_t stride, const Geometry& g, float* out, int64_t len) {
-  for (int64_t h = 0; h < g.group; h += kHeadTile) {
-    const float* qh = q + h * g.dim;
-    float* oh = out + h * len;
-    switch (std::min(kHeadTile, g.group - h)) {
-      case 3: score_tile<3>(qh, rows, n, stride, g.dim, oh, len); break;
-      case 2: score_tile<2>(qh, rows, n, stride, g.dim, oh, len); break;
-      default: score_tile<1>(qh, rows, n, stride, g.dim, oh, len); break;
-    }
-  }
+  over_row_tiles<kHeadTile>(0, g.group, [&](auto heads, int64_t h) {
+    score_tile<decltype(heads)::value>(q + h * g.dim, rows, n, stride, g.dim, out + h * len, len);
+  });
 }
 
 // o_h[0, 8N) += sum over a block's n tokens of p_h[j] * V[j][d0, d0 + 8N), for H query heads sharing each
@@ -194,25 +188,18 @@ void weigh_heads(const float* p, int64_t p_stride, const T* rows, int64_t n, int
 template <typename T>
 void weigh_group(const float* p, int64_t p_stride, const T* rows, int64_t n, int64_t stride, const Geometry& g,
                  float* o) {
-  for (int64_t h = 0; h < g.group; h += kHeadTile) {
-    const float* ph = p + h * p_stride;
-    float* oh = o + h * g.dim;
-    switch (std::min(kHeadTile, g.group - h)) {
-      case 3: weigh_heads<3>(ph, p_stride, rows, n, stride, g.dim, oh, g.dim); break;
-      case 2: weigh_heads<2>(ph, p_stride, rows, n, stride, g.dim, oh, g.dim); break;
-      default: weigh_heads<1>(ph, p_stride, rows, n, stride, g.dim, oh, g.dim); break;
-    }
-  }
+  over_row_tiles<kHeadTile>(0, g.group, [&](auto heads, int64_t h) {
+    weigh_heads<decltype(heads)::value>(p + h * p_stride, p_stride, rows, n, stride, g.dim, o + h * g.dim, g.dim);
+  });
 }
 
 // Tokens [t0, t1) of one sequence for its KV heads [h0, h1), in parts of `part_len` tokens from t0 (t0 and
 // part_len on block boundaries; `limit` the sequence's length): q holds their query heads ((h1 - h0) *
 // group of them, in order), already scaled. Per part and query head, `out` [part][head][dim] gets the
 // weighted sum of V, unnormalised, and `top` / `sum` [part][head] its scores' maximum and softmax
-// denominator. K, then V, are read block by
-// block front to back, every KV head of the range while the block is in L1 (a token's row holds all its
-// heads side by side). Each output sums its part's tokens in order, whatever the range or the heads'
-// split: the same bits however a sequence is divided into tasks.
+// denominator. K, then V, are read block by block front to back, every KV head of the range while the
+// block is in L1 (a token's row holds all its heads side by side). Each output sums its part's tokens in
+// order, whatever the range or the heads' split: the same bits however a sequence is divided into tasks.
 template <typename T>
 void attend(const float* q, const T* k_pool, const T* v_pool, const int64_t* table, int64_t t0, int64_t t1,
             int64_t limit, int64_t part_len, int64_t h0, int64_t h1, const Geometry& g, float* scores, float* top,
@@ -332,8 +319,7 @@ struct Attention {
       for (int64_t d = 0; d < g.dim; ++d) scaled[j * g.dim + d] = src[d * q_dim] * scale;
     }
     attend(scaled, k, v, tables + seq * g.max_blocks, p0 * part_len, std::min(lens[seq], p1 * part_len), lens[seq],
-           part_len,
-           h0, h0 + kv_count, g, scores, top, sum, o);
+           part_len, h0, h0 + kv_count, g, scores, top, sum, o);
   }
 };
 

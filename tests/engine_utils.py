@@ -125,14 +125,14 @@ def compare(folded: ev.Snapshot, snap: ev.Snapshot) -> None:
 
 
 def random_decode_works(rng: random.Random, rows: int, num_blocks: int, block_size: int = 16,
-                        max_width: int = 8) -> list[SeqWork]:
+                        max_width: int = 8, vocab: int = 49152) -> list[SeqWork]:
     """`rows` single-token decode rows of a tiny-vocabulary model: random tokens, block tables of 1 to
     `max_width` distinct blocks (never block 0), a random context length within each table."""
     works = []
     for _ in range(rows):
         width = rng.randint(1, max_width)
         table = rng.sample(range(1, num_blocks), width)
-        works.append(SeqWork([rng.randrange(49152)], rng.randint((width - 1) * block_size, width * block_size - 1),
+        works.append(SeqWork([rng.randrange(vocab)], rng.randint((width - 1) * block_size, width * block_size - 1),
                              table))
     return works
 

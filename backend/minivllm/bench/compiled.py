@@ -12,8 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from minivllm.bench.common import chat_prompt_ids, median, progress, run_engine
-from minivllm.bench.machine import machine_line, streaming_bandwidth_gbs
+from minivllm.bench.machine import device_bandwidth_gbs, machine_line
 from minivllm.bench.prompts import CHAT_PROMPTS
 from minivllm.bench.report import plot_paired_bars
 from minivllm.engine.llm_engine import LLMEngine
@@ -56,6 +58,8 @@ def _use(engine: LLMEngine, mode: str, compiled, native_step) -> LLMEngine:
 
 
 def bench_compile(engine: LLMEngine, args) -> int:
+    if engine.runner.graphs is not None:
+        return bench_graphs(engine, args)
     model = engine.loaded.model
     attach_compiled_step(model)  # none was built where the native step runs every decode step
     compiled, native_step = model.compiled, model.native_step
@@ -85,14 +89,44 @@ def bench_compile(engine: LLMEngine, args) -> int:
     return 0
 
 
-def rounds_setup(args) -> tuple[Path, int, int, SamplingParams, float]:
+def bench_graphs(engine: LLMEngine, args) -> int:
+    """On CUDA: decode steps replayed from CUDA graphs against the same engine's eager steps."""
+    graphs, model, device = engine.runner.graphs, engine.loaded.model, torch.device(engine.loaded.device)
+    modes = ["eager", "graphs"]
+    out_dir, max_tokens, rounds, params, bandwidth = rounds_setup(args, device)
+    runs = []
+
+    def use(mode: str) -> LLMEngine:
+        engine.runner.graphs = graphs if mode == "graphs" else None
+        return engine
+
+    try:
+        for level in args.concurrency:
+            run = RoundsRun(level, {m: [] for m in modes}, streamed_bytes(model, level) / bandwidth / 1e6)
+            time_rounds(use, run, rounds, params)
+            runs.append(run)
+    finally:
+        engine.runner.graphs = graphs
+    dtype, quant = str(engine.loaded.dtype).removeprefix("torch."), engine.loaded.quant.mode
+    precision = dtype if quant in (dtype, "none") else f"{quant}, {dtype} activations"
+    title = (f"CUDA graphs vs eager: {engine.loaded.name} ({precision}), {max_tokens} tokens per request "
+             f"(greedy), {rounds} round(s)")
+    _print(runs, modes, title, bandwidth, "graphs: decode steps replayed from CUDA graphs, model/cuda_graphs.py")
+    print(machine_line(device))
+    (out_dir / "graphs.json").write_text(json.dumps({"bandwidth_gbs": bandwidth, "runs": [
+        {"concurrency": r.concurrency, **r.tok_s, "floor_ms": r.floor_ms} for r in runs]}))
+    print(f"plot: {plot_compile(runs, modes, out_dir / 'graphs.png', title)}")
+    return 0
+
+
+def rounds_setup(args, device: torch.device = torch.device("cpu")) -> tuple[Path, int, int, SamplingParams, float]:
     """What a rounds benchmark needs: its output folder (made), tokens per request, rounds, the greedy
-    parameters, and the streaming bandwidth measured now (for the floor)."""
+    parameters, and the device's bandwidth measured now (for the floor)."""
     out_dir = Path(args.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     max_tokens, rounds = (16, 1) if args.quick else (args.max_tokens, 3)
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    return out_dir, max_tokens, rounds, params, streaming_bandwidth_gbs()
+    return out_dir, max_tokens, rounds, params, device_bandwidth_gbs(device)
 
 
 def time_rounds(engine_for: Callable[[str], LLMEngine], run: RoundsRun, rounds: int,
@@ -110,7 +144,8 @@ def time_rounds(engine_for: Callable[[str], LLMEngine], run: RoundsRun, rounds: 
             run.tok_s[mode].append(result.decode_tokens_per_s or 0.0)
 
 
-def _print(runs: list[RoundsRun], modes: list[str], title: str, bandwidth: float) -> None:
+def _print(runs: list[RoundsRun], modes: list[str], title: str, bandwidth: float,
+           note: str = "native: every layer of a decode step in one C++ call, model/native_step.py") -> None:
     """Per level: each mode's tok/s, each faster mode's ratio to eager, and the fastest default's step
     against the weight-read floor (the default: the native step where there is one)."""
     default = modes[-1]
@@ -123,8 +158,7 @@ def _print(runs: list[RoundsRun], modes: list[str], title: str, bandwidth: float
         step = r.step_ms(default) or 0.0
         print(f"{r.concurrency:>11}{speeds}{ratios} {step:>11.1f} ms {r.floor_ms:>15.1f} ms "
               f"{step / r.floor_ms:>12.2f}x")
-    print(f"(floor: the bytes of weights one step reads / {bandwidth:.1f} GB/s streamed, measured now; "
-          f"native: every layer of a decode step in one C++ call, model/native_step.py)")
+    print(f"(floor: the bytes of weights one step reads / {bandwidth:.1f} GB/s streamed, measured now; {note})")
 
 
 def plot_compile(runs: list[RoundsRun], modes: list[str], path: Path, title: str) -> Path:

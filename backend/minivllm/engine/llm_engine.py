@@ -75,7 +75,8 @@ class LLMEngine:
         self.max_model_len = config.resolved_max_model_len(cfg)
         num_blocks, kv_dtype, _ = config.kv_pool(cfg, self.loaded.kv_auto_dtype)
         self.kv_cache = KVCache(cfg.num_hidden_layers, num_blocks, config.block_size,
-                                cfg.num_key_value_heads, cfg.head_dim, kv_dtype, self.loaded.device)
+                                cfg.num_key_value_heads, cfg.head_dim, kv_dtype, self.loaded.device,
+                                scratch_block=self.loaded.model.may_capture)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         sched_cfg = SchedulerConfig(config.max_num_batched_tokens, config.max_num_seqs, self.max_model_len)
         self.scheduler = Scheduler(sched_cfg, self.block_manager, self.telemetry.set_status)

@@ -20,6 +20,7 @@ from minivllm.arith import ceil_div
 from minivllm.console import progress
 from minivllm.cache import compiler_cache_dir
 from minivllm.model.compiled import compiled_step_for, graph_count, warm_up_shapes
+from minivllm.model.cuda_graphs import DecodeGraphs
 from minivllm.model.llama import LlamaModel
 
 
@@ -44,15 +45,18 @@ class ModelRunner:
         self.block_size = kv_cache.block_size
         self.device = next(model.parameters()).device
         self.dtype = model.norm.weight.dtype  # the activations' dtype (quantized layers keep floats around them)
+        self.graphs: DecodeGraphs | None = None  # CUDA: decode steps replayed from graphs (warmed_up)
 
     def warmed_up(self, max_rows: int, max_model_len: int) -> "ModelRunner":
         """Compile every decode graph a step of up to `max_rows` sequences can need, now (with
         progress) rather than in the first requests' steps; none where the native step runs every
         decode step. Writes garbage K/V into block 0: only for a fresh pool. Eagerly only the native
         decode attention is readied (built on a first start: seconds that a first request would
-        otherwise wait)."""
+        otherwise wait). On CUDA it captures the decode graphs instead (model/cuda_graphs.py)."""
         if self.device.type == "cpu":
             native_decode_ready()
+        if self.model.may_capture and self.kv_cache.scratch_block is not None:
+            return self._captured(max_rows, max_model_len)
         compiled = compiled_step_for(self.model, max_rows, self.kv_cache.k[0])
         if compiled is None or not compiled.active:
             progress(f"decode steps: {self.model.compilation()}")
@@ -74,6 +78,19 @@ class ModelRunner:
                  f"(cache {compiler_cache_dir()})")
         return self
 
+    def _captured(self, max_rows: int, max_model_len: int) -> "ModelRunner":
+        """Captures the decode graphs; a failure (an operator CUDA graphs cannot hold) leaves decode
+        steps eager with one warning naming the cause, never a dead server."""
+        try:
+            self.graphs = DecodeGraphs(self.model, self.kv_cache, max_rows, ceil_div(max_model_len, self.block_size))
+        except Exception as exc:  # noqa: BLE001 - the capture's failure, whatever it is, must not stop serving
+            self.model.may_capture = False
+            self.model.eager_reason = f"CUDA graph capture failed: {type(exc).__name__}: {str(exc)[:300]}"
+            progress(f"WARNING: {self.model.eager_reason}; decode steps run eagerly")
+        self.model.captured = self.graphs
+        progress(f"decode steps: {self.model.compilation()}")
+        return self
+
     def execute(self, single: list[SeqWork], chunks: list[SeqWork],
                 copies: list[tuple[int, int]] | None = None,
                 hidden_states_out: list[torch.Tensor] | None = None, num_layers: int | None = None) -> torch.Tensor:
@@ -86,14 +103,19 @@ class ModelRunner:
         (and a seeded sample) would depend on whether another request's prompt shared its step."""
         self.kv_cache.copy_blocks(copies or [])
         compiled = self.model.compiled is not None and self.model.compiled.active
-        if single and chunks and (compiled or self.model.native_step is not None) and hidden_states_out is None:
+        own_pass = compiled or self.model.native_step is not None or self.graphs is not None
+        if single and chunks and own_pass and hidden_states_out is None:
             return torch.cat([self._forward(single, [], None, num_layers), self._forward([], chunks, None, num_layers)])
         return self._forward(single, chunks, hidden_states_out, num_layers)
 
     def _forward(self, single: list[SeqWork], chunks: list[SeqWork], hidden_states_out: list[torch.Tensor] | None,
                  num_layers: int | None) -> torch.Tensor:
-        input_ids, positions, meta, logit_rows, wanted = self._prepare(single, chunks)
-        hidden = self.model(input_ids, positions, self.kv_cache, meta, hidden_states_out, num_layers)
+        hidden = None
+        if self.graphs is not None and not chunks and hidden_states_out is None and num_layers is None:
+            hidden, logit_rows, wanted = self._replayed(single)
+        if hidden is None:
+            input_ids, positions, meta, logit_rows, wanted = self._prepare(single, chunks)
+            hidden = self.model(input_ids, positions, self.kv_cache, meta, hidden_states_out, num_layers)
         logits = self.model.compute_logits(hidden[logit_rows])
         for start, rows in wanted:  # only requests that asked: nothing to do for the others
             first = start + rows.first_row
@@ -101,13 +123,24 @@ class ModelRunner:
                                        rows.targets, rows.top_n, self.model.config.vocab_size))
         return logits
 
-    def _prepare(self, single: list[SeqWork], chunks: list[SeqWork]):
+    def _replayed(self, single: list[SeqWork]):
+        """A decode step through its graph: (hidden, logits rows, prompt log-prob rows), or Nones where
+        no graph holds the step."""
+        ids, pos, slots, rows, wanted = self._host_inputs(single)
+        tables = [w.block_table[:ceil_div(w.num_computed + 1, self.block_size)] for w in single]
+        hidden = self.graphs.run(ids, pos, slots, [w.num_computed + 1 for w in single], tables)
+        if hidden is None:
+            return None, None, None
+        return hidden, torch.tensor(rows, dtype=torch.long, device=self.device), wanted
+
+    def _host_inputs(self, works: list[SeqWork]):
+        """Token ids, positions, KV slots, logits rows and prompt log-prob rows of a step, as lists."""
         ids: list[int] = []
         pos: list[int] = []
         slots: list[int] = []
         rows: list[int] = []
         wanted: list[tuple[int, PromptLogprobsRows]] = []
-        for work in single + chunks:
+        for work in works:
             n = len(work.token_ids)
             start = len(ids)
             if work.prompt_logprobs is not None:
@@ -117,6 +150,10 @@ class ModelRunner:
             pos.extend(positions)
             slots.extend(self._slot(work.block_table, p) for p in positions)
             rows.extend(range(start + n - work.num_logits, start + n))
+        return ids, pos, slots, rows, wanted
+
+    def _prepare(self, single: list[SeqWork], chunks: list[SeqWork]):
+        ids, pos, slots, rows, wanted = self._host_inputs(single + chunks)
         dev = self.device
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),

@@ -90,14 +90,17 @@ def untouched_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.de
 
 
 class KVCache:
-    """Per-layer K and V pools shaped [num_blocks, block_size, num_kv_heads, head_dim], allocated once."""
+    """Per-layer K and V pools shaped [num_blocks, block_size, num_kv_heads, head_dim], allocated once.
+    `scratch_block`: one more block past the others, never handed out, where a decode graph's padding
+    rows write (model/cuda_graphs.py); its id is `scratch_block` (None without one)."""
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
-                 head_dim: int, dtype: torch.dtype, device: torch.device | str = "cpu"):
-        shape = (num_blocks, block_size, num_kv_heads, head_dim)
+                 head_dim: int, dtype: torch.dtype, device: torch.device | str = "cpu", scratch_block: bool = False):
+        shape = (num_blocks + int(scratch_block), block_size, num_kv_heads, head_dim)
         self.k = [untouched_zeros(shape, dtype, device) for _ in range(num_layers)]
         self.v = [untouched_zeros(shape, dtype, device) for _ in range(num_layers)]
         self.num_blocks, self.block_size = num_blocks, block_size
+        self.scratch_block = num_blocks if scratch_block else None
 
     @property
     def num_bytes(self) -> int:

@@ -141,11 +141,14 @@ def eager_requested(enforce_eager: bool | None) -> bool:
 def use_compilation(model: torch.nn.Module, device: torch.device | str, enforce_eager: bool) -> None:
     """Give the model its native decode step where its kernels allow one, and leave the compiled step
     to `compiled_step_for` (the runner's warm-up), or say why it runs eagerly."""
-    model.may_compile = False
+    model.may_compile = model.may_capture = False
     if enforce_eager:
         model.eager_reason = "--enforce-eager"
+    elif torch.device(device).type == "cuda":  # decode steps replay CUDA graphs (ModelRunner.warmed_up)
+        model.may_capture = True
+        model.eager_reason = "CUDA graphs not captured"
     elif torch.device(device).type != "cpu":
-        model.eager_reason = "compilation is implemented for CPUs only; CUDA graphs are not captured yet"
+        model.eager_reason = f"no compiled step or graphs on {torch.device(device).type}"
     else:
         model.native_step = NativeDecodeStep.for_model(model)
         model.may_compile = True

@@ -94,6 +94,8 @@ class LlamaModel(nn.Module):
         # built by the runner's warm-up where a decode step needs it (compiled.compiled_step_for)
         self.compiled: CompiledLayers | None = None
         self.may_compile = False  # whether it may be built: not --enforce-eager, a CPU, torch.compile there
+        self.may_capture = False  # whether decode steps may replay CUDA graphs: not --enforce-eager, CUDA
+        self.captured = None  # the runner's DecodeGraphs, once captured (model/cuda_graphs.py)
         self.eager_reason = "--enforce-eager"  # shown when `compiled` is None
 
     @torch.inference_mode()
@@ -125,7 +127,7 @@ class LlamaModel(nn.Module):
 
     def compilation(self) -> str:
         """How decode steps run, in words (the Engine tab shows it)."""
-        modes = [m.describe() for m in (self.native_step, self.compiled) if m is not None]
+        modes = [m.describe() for m in (self.native_step, self.compiled, self.captured) if m is not None]
         return "; otherwise ".join(modes) if modes else f"eager ({self.eager_reason})"
 
     @torch.inference_mode()

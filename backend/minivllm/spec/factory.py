@@ -25,7 +25,7 @@ def load_draft(spec: SpeculativeConfig, target: LoadedModel, max_model_len: int 
                        quantization=spec.quantization)
     check_same_vocabulary(target, draft)
     # a draft decodes one row a step, where the compiled step pays most; it runs as its target does
-    use_compilation(draft.model, draft.device, enforce_eager=not target.model.may_compile)
+    use_compilation(draft.model, draft.device, enforce_eager=not (target.model.may_compile or target.model.may_capture))
     return draft
 
 
@@ -66,6 +66,6 @@ def _draft_pool(draft: LoadedModel, target_blocks: BlockManager, spec: Speculati
     seqs = spec.disable_by_batch_size or 8
     num_blocks = min(target_blocks.num_blocks, seqs * ceil_div(max_model_len, bs))
     kv = KVCache(cfg.num_hidden_layers, num_blocks, bs, cfg.num_key_value_heads, cfg.head_dim, draft.dtype,
-                 draft.device)
+                 draft.device, scratch_block=draft.model.may_capture)
     return ModelRunner(draft.model, kv).warmed_up(seqs, max_model_len), BlockManager(num_blocks, bs, enable_prefix_caching=False,
                                                       record_events=False)

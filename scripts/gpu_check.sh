@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# The CUDA path's check on a GPU machine, in one short run: the CUDA tests (fp32 parity with
-# transformers, CUDA graphs vs eager), then `bench compile` (graphs vs eager decode, side by side) on
-# random weights of the embedded model's shape and of TinyLlama-1.1B's. Runs under the machine's own
-# python3 and torch; packages it lacks come as wheels in .whl/ (msgspec, gguf, llguidance).
-# Usage: scripts/gpu_check.sh [output folder]   (default: $OUT, else ./gpu-check); everything it writes
-# also lands in one archive there, gpu-check.tgz (the device tool brings back at most 8 files).
+# The CUDA path's check on a GPU machine, in one short run: `bench compile` with
+# MINIVLLM_CUDA_COMPILE=1 (CUDA graphs of the compiled layers vs graphs of eager kernels vs eager
+# decode, side by side) on random weights of the embedded model's shape (and of TinyLlama-1.1B's),
+# the CUDA tests (fp32 parity with transformers, graphs vs eager), and where a step's time goes. Runs under the machine's own python3 and torch;
+# packages it lacks come as wheels in .whl/ (msgspec, gguf, llguidance).
+# Usage: [BENCHES="smollm2 tinyllama tinyllama-bf16 tinyllama-int4"] scripts/gpu_check.sh [output folder]
+# (default folder: $OUT, else ./gpu-check). Each part has its own time limit, most important first.
 set -u
-dest="${1:-${OUT:-gpu-check}}"
-out=/tmp/gpu-check
-rm -rf "$out" && mkdir -p "$out" "$dest"
+out="${1:-${OUT:-gpu-check}}"
+mkdir -p "$out"
 if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
     export PYTHONPATH="/tmp/site"
@@ -18,23 +18,26 @@ export MINIVLLM_CACHE_DIR="${MINIVLLM_CACHE_DIR:-/tmp/minivllm-cache}"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())"
 
-timeout 240 python3 -m pytest tests/test_cuda.py tests/test_decode_graphs.py \
-    "tests/test_quant.py::test_cuda_kernels_match_the_dequantized_weight" -q -rs -p no:cacheprovider 2>&1 \
-    | tee "$out/pytest.log" | tail -25
-
-bench() {  # model, tag, more bench arguments
-    local model="$1" tag="$2"
-    shift 2
-    timeout 150 python3 -c "import sys; from minivllm.cli import main; sys.exit(main(sys.argv[1:]))" \
+bench() {  # tag, seconds, model, more bench arguments
+    local tag="$1" limit="$2" model="$3"
+    shift 3
+    MINIVLLM_CUDA_COMPILE=1 timeout "$limit" python3 -c "import sys; from minivllm.cli import main; sys.exit(main(sys.argv[1:]))" \
         bench compile --model "$model" --device cuda --concurrency 1 8 32 --max-tokens 128 \
         --max-num-seqs 32 --max-model-len 2048 --output-dir "$out/bench-$tag" "$@" 2>&1 \
-        | grep -v "round .*/.*:" | tee "$out/bench-$tag.log" | tail -7
+        | grep -v "round .*/.*:" | tee "$out/bench-$tag.log" | grep -v "^\[minivllm\] *capturing" | tail -9
 }
-bench random:smollm2-135m smollm2
-bench random:tinyllama-1.1b tinyllama
-bench random:tinyllama-1.1b tinyllama-bf16 --dtype bfloat16
-bench random:tinyllama-1.1b tinyllama-int4 --dtype bfloat16 --quantization int4
+benches=" ${BENCHES:-smollm2 tinyllama tinyllama-bf16 tinyllama-int4} "
+[[ $benches == *" smollm2 "* ]] && bench smollm2 150 random:smollm2-135m
 
-# where a step's time goes, graphs and eager (replay alone, runner call, engine step)
-timeout 120 python3 scripts/gpu_step_times.py random:smollm2-135m float32 none 2>&1 | grep -v "^\[minivllm\]" | tee "$out/step-times.log"
-tar czf "$dest/gpu-check.tgz" -C /tmp gpu-check
+timeout 110 python3 -m pytest tests/test_cuda.py tests/test_decode_graphs.py \
+    "tests/test_quant.py::test_cuda_kernels_match_the_dequantized_weight" -q -rs -p no:cacheprovider 2>&1 \
+    | tee "$out/pytest.log" | grep -v "^\[minivllm\]" | tail -12
+
+# where a step's time goes (replay alone, runner call with and without graphs, engine step)
+timeout 70 python3 scripts/gpu_step_times.py random:smollm2-135m float32 none 2>&1 | grep -v "^\[minivllm\]" \
+    | tee "$out/step-times.log"
+
+[[ $benches == *" tinyllama-bf16 "* ]] && bench tinyllama-bf16 90 random:tinyllama-1.1b --dtype bfloat16
+[[ $benches == *" tinyllama "* ]] && bench tinyllama 90 random:tinyllama-1.1b
+[[ $benches == *" tinyllama-int4 "* ]] && bench tinyllama-int4 90 random:tinyllama-1.1b --dtype bfloat16 --quantization int4
+true

@@ -11,6 +11,7 @@ import torch
 
 from minivllm.engine.model_runner import ModelRunner, SeqWork
 from minivllm.loader import load_model
+from minivllm.model import cuda_graphs
 from minivllm.model.attention import KVCache
 from minivllm.model.compiled import use_compilation
 from minivllm.model.cuda_graphs import DecodeGraphs, bucket_for, buckets, no_capture
@@ -198,13 +199,45 @@ def test_graphs_need_a_scratch_block(tiny):
         DecodeGraphs(loaded.model, kv, 2, 2, capture=no_capture)
 
 
-def test_cuda_turns_capture_on_unless_eager():
+def test_cuda_turns_capture_on_unless_eager_and_compiling_on_request(monkeypatch):
     class Model(torch.nn.Module):
         may_capture = may_compile = False
         native_step = None
 
     model = Model()
+    monkeypatch.delenv("MINIVLLM_CUDA_COMPILE", raising=False)
     use_compilation(model, "cuda", enforce_eager=False)
-    assert model.may_capture and not model.may_compile
+    assert model.may_capture and not model.may_compile and model.native_step is None
+    monkeypatch.setenv("MINIVLLM_CUDA_COMPILE", "1")
+    use_compilation(model, "cuda", enforce_eager=False)
+    assert model.may_capture and model.may_compile
     use_compilation(model, "cuda", enforce_eager=True)
     assert not model.may_capture and model.eager_reason == "--enforce-eager"
+
+
+def test_the_cuda_warm_up_compiles_then_captures_the_compiled_layers(monkeypatch):
+    """The CUDA start-up with MINIVLLM_CUDA_COMPILE=1, here with `no_capture` for the capture: the
+    runner compiles the decode layers, then captures graphs that run them; replayed logits are
+    eager's within 1e-4."""
+    loaded = load_model("random:tiny", device="cpu", quantization="none", max_model_len=64, seed=3)
+    model, cfg = loaded.model, loaded.config
+    monkeypatch.setenv("MINIVLLM_CUDA_COMPILE", "1")
+    use_compilation(model, "cuda", enforce_eager=False)
+    monkeypatch.setattr(cuda_graphs, "CudaGraphCapture", lambda: no_capture)
+    kv = KVCache(cfg.num_hidden_layers, 16, BLOCK_SIZE, cfg.num_key_value_heads, cfg.head_dim, torch.float32,
+                 scratch_block=True)
+    runner = ModelRunner(model, kv).warmed_up(4, 64)
+    assert model.compiled is not None and model.compiled.active, model.compilation()
+    assert model.compilation().startswith("CUDA graphs of compiled layers (inductor")
+    rng = random.Random(4)
+    for rows in (1, 3, 4):
+        works = random_decode_works(rng, rows, 16, BLOCK_SIZE, max_width=4)
+        replayed = runner.execute(works, [])
+        graphs, compiled = runner.graphs, model.compiled
+        runner.graphs = model.compiled = None
+        try:
+            eager = runner.execute(works, [])
+        finally:
+            runner.graphs, model.compiled = graphs, compiled
+        torch.testing.assert_close(replayed, eager, atol=1e-4, rtol=0)
+    assert runner.graphs.replays == 3

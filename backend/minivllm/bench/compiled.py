@@ -20,6 +20,7 @@ from minivllm.bench.prompts import CHAT_PROMPTS
 from minivllm.bench.report import plot_paired_bars
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.model.compiled import attach_compiled_step
+from minivllm.model.cuda_graphs import DecodeGraphs
 from minivllm.quant.install import streamed_bytes
 from minivllm.sampling.params import SamplingParams
 
@@ -90,14 +91,21 @@ def bench_compile(engine: LLMEngine, args) -> int:
 
 
 def bench_graphs(engine: LLMEngine, args) -> int:
-    """On CUDA: decode steps replayed from CUDA graphs against the same engine's eager steps."""
-    graphs, model, device = engine.runner.graphs, engine.loaded.model, torch.device(engine.loaded.device)
-    modes = ["eager", "graphs"]
+    """On CUDA: decode steps replayed from CUDA graphs, of eager kernels and (where the layers
+    compiled) of the compiled layers', against the same engine's eager steps."""
+    runner, model, device = engine.runner, engine.loaded.model, torch.device(engine.loaded.device)
+    graphs, compiled = runner.graphs, model.compiled
+    variants = {"eager": None, "graphs": graphs}
+    if compiled is not None and compiled.active:  # the engine's graphs hold the compiled layers: capture eager ones
+        model.compiled = None
+        variants["graphs"] = DecodeGraphs(model, runner.kv_cache, graphs.row_sizes[-1], graphs.width_sizes[-1])
+        variants["compiled graphs"] = graphs
+    modes = list(variants)
     out_dir, max_tokens, rounds, params, bandwidth = rounds_setup(args, device)
     runs = []
 
     def use(mode: str) -> LLMEngine:
-        engine.runner.graphs = graphs if mode == "graphs" else None
+        runner.graphs = variants[mode]
         return engine
 
     try:
@@ -106,12 +114,13 @@ def bench_graphs(engine: LLMEngine, args) -> int:
             time_rounds(use, run, rounds, params)
             runs.append(run)
     finally:
-        engine.runner.graphs = graphs
+        runner.graphs, model.compiled = graphs, compiled
     dtype, quant = str(engine.loaded.dtype).removeprefix("torch."), engine.loaded.quant.mode
     precision = dtype if quant in (dtype, "none") else f"{quant}, {dtype} activations"
     title = (f"CUDA graphs vs eager: {engine.loaded.name} ({precision}), {max_tokens} tokens per request "
              f"(greedy), {rounds} round(s)")
-    _print(runs, modes, title, bandwidth, "graphs: decode steps replayed from CUDA graphs, model/cuda_graphs.py")
+    _print(runs, modes, title, bandwidth, "graphs: decode steps replayed from CUDA graphs, model/cuda_graphs.py; "
+           "eager: every kernel launched from Python, prefill eager in every mode")
     print(machine_line(device))
     (out_dir / "graphs.json").write_text(json.dumps({"bandwidth_gbs": bandwidth, "runs": [
         {"concurrency": r.concurrency, **r.tok_s, "floor_ms": r.floor_ms} for r in runs]}))
@@ -150,15 +159,21 @@ def _print(runs: list[RoundsRun], modes: list[str], title: str, bandwidth: float
     against the weight-read floor (the default: the native step where there is one)."""
     default = modes[-1]
     print(f"\n== {title} ==")
-    header = "".join(f"{m + ' tok/s':>15}" for m in modes) + "".join(f"{m + '/eager':>16}" for m in modes[1:])
+    header = ("".join(f"{m + ' tok/s':>{_width(m)}}" for m in modes)
+              + "".join(f"{m + '/eager':>{_width(m) + 1}}" for m in modes[1:]))
     print(f"{'concurrency':>11}{header} {default + ' step':>14} {'weight-read floor':>18} {'step / floor':>13}")
     for r in runs:
-        speeds = "".join(f"{r.median(m):>15.1f}" for m in modes)
-        ratios = "".join(f"{(f'{r.ratio(m):.2f}x' if r.ratio(m) else '-'):>16}" for m in modes[1:])
+        speeds = "".join(f"{r.median(m):>{_width(m)}.1f}" for m in modes)
+        ratios = "".join(f"{(f'{r.ratio(m):.2f}x' if r.ratio(m) else '-'):>{_width(m) + 1}}" for m in modes[1:])
         step = r.step_ms(default) or 0.0
         print(f"{r.concurrency:>11}{speeds}{ratios} {step:>11.1f} ms {r.floor_ms:>15.1f} ms "
               f"{step / r.floor_ms:>12.2f}x")
     print(f"(floor: the bytes of weights one step reads / {bandwidth:.1f} GB/s streamed, measured now; {note})")
+
+
+def _width(mode: str) -> int:
+    """A mode's column width: its header and a space."""
+    return max(15, len(mode) + 8)
 
 
 def plot_compile(runs: list[RoundsRun], modes: list[str], path: Path, title: str) -> Path:

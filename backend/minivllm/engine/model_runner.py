@@ -52,15 +52,19 @@ class ModelRunner:
         progress) rather than in the first requests' steps; none where the native step runs every
         decode step. Writes garbage K/V into block 0: only for a fresh pool. Eagerly only the native
         decode attention is readied (built on a first start: seconds that a first request would
-        otherwise wait). On CUDA it captures the decode graphs instead (model/cuda_graphs.py)."""
+        otherwise wait). On CUDA the decode graphs are captured next, over the compiled layers where
+        they compiled (model/cuda_graphs.py)."""
         if self.device.type == "cpu":
             native_decode_ready()
+        compiled = compiled_step_for(self.model, max_rows, self.kv_cache.k[0])
+        if compiled is not None and compiled.active:
+            self._compile_decode(compiled, max_rows, max_model_len)
         if self.model.may_capture and self.kv_cache.scratch_block is not None:
             return self._captured(max_rows, max_model_len)
-        compiled = compiled_step_for(self.model, max_rows, self.kv_cache.k[0])
-        if compiled is None or not compiled.active:
-            progress(f"decode steps: {self.model.compilation()}")
-            return self
+        progress(f"decode steps: {self.model.compilation()}")
+        return self
+
+    def _compile_decode(self, compiled, max_rows: int, max_model_len: int) -> None:
         for pool in (*self.kv_cache.k, *self.kv_cache.v):  # a rebuilt pool of another size: no new graph
             torch._dynamo.maybe_mark_dynamic(pool, 0)
             torch._dynamo.maybe_mark_dynamic(pool, 1)
@@ -74,9 +78,8 @@ class ModelRunner:
         # Steps the native step runs (model/native_step.py) compile nothing; where it ran them all, a later
         # compiled call (a benchmark turning it off) must be free to compile, so guards stay checked.
         compiled.steady = graph_count() > graphs
-        progress(f"{self.model.compilation()}: ready in {time.perf_counter() - started:.1f}s "
+        progress(f"{compiled.describe()}: ready in {time.perf_counter() - started:.1f}s "
                  f"(cache {compiler_cache_dir()})")
-        return self
 
     def _captured(self, max_rows: int, max_model_len: int) -> "ModelRunner":
         """Captures the decode graphs; a failure (an operator CUDA graphs cannot hold) leaves decode

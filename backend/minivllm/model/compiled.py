@@ -131,11 +131,15 @@ class CompiledLayers:
         progress(f"WARNING: torch.compile failed, running eager from now on ({self.error})")
 
 
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "").lower() in ("1", "true", "yes", "on")
+
+
 def eager_requested(enforce_eager: bool | None) -> bool:
     """The explicit choice, else $MINIVLLM_ENFORCE_EAGER (the CLI's flag reads the same variable)."""
     if enforce_eager is not None:
         return enforce_eager
-    return os.environ.get("MINIVLLM_ENFORCE_EAGER", "").lower() in ("1", "true", "yes", "on")
+    return env_flag("MINIVLLM_ENFORCE_EAGER")
 
 
 def use_compilation(model: torch.nn.Module, device: torch.device | str, enforce_eager: bool) -> None:
@@ -146,6 +150,10 @@ def use_compilation(model: torch.nn.Module, device: torch.device | str, enforce_
         model.eager_reason = "--enforce-eager"
     elif torch.device(device).type == "cuda":  # decode steps replay CUDA graphs (ModelRunner.warmed_up)
         model.may_capture = True
+        # Graphs of compiled layers (inductor + Triton) only on request: side by side on an H200 they
+        # decoded TinyLlama bf16 at 0.69-0.97x the graphs of eager kernels, after a 30 s cold compile
+        # (docs/ARCHITECTURE.md, "CUDA graphs for decode steps").
+        model.may_compile = env_flag("MINIVLLM_CUDA_COMPILE")
         model.eager_reason = "CUDA graphs not captured"
     elif torch.device(device).type != "cpu":
         model.eager_reason = f"no compiled step or graphs on {torch.device(device).type}"

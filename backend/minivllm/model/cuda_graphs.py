@@ -111,6 +111,10 @@ class DecodeGraphs:
         self.dtype = model.norm.weight.dtype
         self.graphs: dict[tuple[int, int], _Graph] = {}
         self.capture_s = 0.0
+        compiled = getattr(model, "compiled", None)
+        # what the graphs hold: the compiled layers' kernels where compiling worked, else eager ones
+        self.holds = (f"compiled layers ({compiled.backend}, {compiled.group} a graph)"
+                      if compiled is not None and compiled.active else "eager kernels")
         self.replays = 0  # steps served by a graph (tests: none captured or missed in steady state)
         self._capture_all(capture or CudaGraphCapture())
 
@@ -141,9 +145,9 @@ class DecodeGraphs:
         return step
 
     def describe(self) -> str:
-        return (f"CUDA graphs (decode steps: {len(self.row_sizes)} row buckets up to {self.row_sizes[-1]} x "
-                f"{len(self.width_sizes)} block-table widths up to {self.width_sizes[-1]}, {len(self.graphs)} "
-                f"graphs captured in {self.capture_s:.1f}s; prefill chunks eager)")
+        return (f"CUDA graphs of {self.holds} (decode steps: {len(self.row_sizes)} row buckets up to "
+                f"{self.row_sizes[-1]} x {len(self.width_sizes)} block-table widths up to {self.width_sizes[-1]}, "
+                f"{len(self.graphs)} graphs captured in {self.capture_s:.1f}s; prefill chunks eager)")
 
     def run(self, ids: list[int], positions: list[int], slots: list[int], context_lens: list[int],
             tables: list[list[int]]) -> torch.Tensor | None:

@@ -127,7 +127,9 @@ class LlamaModel(nn.Module):
 
     def compilation(self) -> str:
         """How decode steps run, in words (the Engine tab shows it)."""
-        modes = [m.describe() for m in (self.native_step, self.compiled, self.captured) if m is not None]
+        if self.captured is not None:  # every decode step it holds replays what was captured
+            return self.captured.describe()
+        modes = [m.describe() for m in (self.native_step, self.compiled) if m is not None]
         return "; otherwise ".join(modes) if modes else f"eager ({self.eager_reason})"
 
     @torch.inference_mode()

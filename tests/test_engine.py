@@ -647,3 +647,25 @@ def test_chunked_prefill_keeps_decoding(embedded_model):
     assert done["talker"].outputs[0].token_ids == ref_talk.outputs[0].token_ids
     assert done["long"].outputs[0].token_ids == ref_long.outputs[0].token_ids
     assert_all_blocks_free(engine)
+
+
+def test_a_rebuild_frees_the_old_pool_before_allocating_the_new_one(monkeypatch):
+    """The runner (and on CUDA its graphs) and the speculator held the old pool while the new one was
+    allocated: twice the pool's memory at the peak of every settings change."""
+    import gc
+    import weakref
+
+    from minivllm.engine import llm_engine
+    from minivllm.loader import load_model
+
+    engine = make_engine(load_model("random:tiny", quantization="none", max_model_len=128), num_blocks=16)
+    old, real, alive = weakref.ref(engine.kv_cache), llm_engine.KVCache, []
+
+    def allocating(*args, **kwargs):
+        gc.collect()
+        alive.append(old() is not None)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(llm_engine, "KVCache", allocating)
+    engine.reconfigure(num_blocks=24)
+    assert alive == [False] and engine.kv_cache.num_blocks == 24

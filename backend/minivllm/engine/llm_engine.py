@@ -104,7 +104,10 @@ class LLMEngine:
                         new.max_kv_cache_memory)
         if self.has_unfinished_requests():
             raise EngineBusyError("the engine configuration can only change while no request runs")
-        del self.kv_cache  # free the old pool before allocating the new one
+        # free the old pool (and on CUDA its graphs' memory) before allocating the new one: the runner
+        # and the speculator hold it too
+        del self.kv_cache
+        self.runner = self.speculator = None
         try:
             self._build(new)
         except Exception:

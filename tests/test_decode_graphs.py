@@ -241,3 +241,44 @@ def test_the_cuda_warm_up_compiles_then_captures_the_compiled_layers(monkeypatch
             runner.graphs, model.compiled = graphs, compiled
         torch.testing.assert_close(replayed, eager, atol=1e-4, rtol=0)
     assert runner.graphs.replays == 3
+
+
+def test_verify_steps_of_speculation_replay_graphs_sized_for_their_drafts(monkeypatch):
+    """With n-gram speculation a verify step holds each sequence's last token and its drafts: the
+    graphs are captured up to that many rows, verify steps replay them, and the greedy tokens are
+    the eager engine's."""
+    from minivllm.engine.config import EngineConfig
+    from minivllm.engine.llm_engine import LLMEngine
+    from minivllm.sampling.params import SamplingParams
+    from minivllm.spec.config import SpeculativeConfig
+
+    from engine_utils import NGRAM, run
+    from test_speculative import repetitive_prompts
+
+    monkeypatch.setattr(cuda_graphs, "CudaGraphCapture", lambda: no_capture)
+    monkeypatch.delenv("MINIVLLM_CUDA_COMPILE", raising=False)
+    loaded = load_model("random:tiny", device="cpu", quantization="none", max_model_len=128)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    prompts = repetitive_prompts()
+    outputs, widest = {}, []
+    for mode in ("graphs", "eager"):
+        use_compilation(loaded.model, "cuda", enforce_eager=mode == "eager")
+        engine = LLMEngine(loaded, EngineConfig(max_num_seqs=4, num_blocks=64, metrics_interval_s=3600.0),
+                           speculative=SpeculativeConfig.parse(NGRAM))
+        if mode == "graphs":
+            graphs = engine.runner.graphs
+            assert graphs.row_sizes[-1] == 4 * (1 + NGRAM["num_speculative_tokens"])
+            run_graph = graphs.run
+
+            def replayed(ids, *rest):
+                hidden = run_graph(ids, *rest)
+                if hidden is not None:
+                    widest.append(len(ids))
+                return hidden
+
+            monkeypatch.setattr(graphs, "run", replayed)
+        for i, ids in enumerate(prompts):
+            engine.add_request(f"r{i}", prompt_token_ids=ids, params=params)
+        outputs[mode] = {rid: out.outputs[0].token_ids for rid, out in run(engine).items()}
+    assert max(widest) > 4  # verify steps: more rows than sequences, replayed
+    assert outputs["graphs"] == outputs["eager"]

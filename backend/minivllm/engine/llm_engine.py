@@ -80,7 +80,8 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         sched_cfg = SchedulerConfig(config.max_num_batched_tokens, config.max_num_seqs, self.max_model_len)
         self.scheduler = Scheduler(sched_cfg, self.block_manager, self.telemetry.set_status)
-        self.runner = ModelRunner(self.loaded.model, self.kv_cache).warmed_up(config.max_num_seqs, self.max_model_len)
+        self.runner = ModelRunner(self.loaded.model, self.kv_cache).warmed_up(
+            config.max_num_seqs, self.max_model_len, graph_rows=self._decode_rows_bound(config))
         self.speculator = (build_speculator(self.speculative, self.runner, self.block_manager, self.draft,
                                             self.max_model_len) if self.speculative else None)
         self.telemetry.spec_method = self.speculator.method if self.speculator else None
@@ -91,6 +92,16 @@ class LLMEngine:
                                     config.max_num_seqs, config.max_num_batched_tokens, config.max_stop_strings,
                                     config.max_stop_chars)
         release_free_heap()  # loading's and warm-up's temporaries: ~300 MiB of RSS otherwise
+
+    def _decode_rows_bound(self, config: EngineConfig) -> int:
+        """The most single-token rows a step can hold: a sequence each, and with speculation each
+        speculating sequence's last token plus its drafts (a verify step's rows), within the budget."""
+        spec = self.speculative
+        if spec is None:
+            return config.max_num_seqs
+        speculating = min(config.max_num_seqs, spec.disable_by_batch_size or config.max_num_seqs)
+        rows = speculating * (1 + spec.num_speculative_tokens) + config.max_num_seqs - speculating
+        return min(rows, max(config.max_num_batched_tokens, config.max_num_seqs))
 
     def reconfigure(self, **changes) -> None:
         """Rebuild the KV pool / scheduler with new settings; only while idle. Transactional: a size

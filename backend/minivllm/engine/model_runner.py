@@ -47,20 +47,21 @@ class ModelRunner:
         self.dtype = model.norm.weight.dtype  # the activations' dtype (quantized layers keep floats around them)
         self.graphs: DecodeGraphs | None = None  # CUDA: decode steps replayed from graphs (warmed_up)
 
-    def warmed_up(self, max_rows: int, max_model_len: int) -> "ModelRunner":
+    def warmed_up(self, max_rows: int, max_model_len: int, graph_rows: int | None = None) -> "ModelRunner":
         """Compile every decode graph a step of up to `max_rows` sequences can need, now (with
         progress) rather than in the first requests' steps; none where the native step runs every
         decode step. Writes garbage K/V into block 0: only for a fresh pool. Eagerly only the native
         decode attention is readied (built on a first start: seconds that a first request would
         otherwise wait). On CUDA the decode graphs are captured next, over the compiled layers where
-        they compiled (model/cuda_graphs.py)."""
+        they compiled (model/cuda_graphs.py), for up to `graph_rows` rows (default `max_rows`;
+        speculation's verify steps hold more)."""
         if self.device.type == "cpu":
             native_decode_ready()
         compiled = compiled_step_for(self.model, max_rows, self.kv_cache.k[0])
         if compiled is not None and compiled.active:
             self._compile_decode(compiled, max_rows, max_model_len)
         if self.model.may_capture and self.kv_cache.scratch_block is not None:
-            return self._captured(max_rows, max_model_len)
+            return self._captured(graph_rows or max_rows, max_model_len)
         progress(f"decode steps: {self.model.compilation()}")
         return self
 

@@ -86,6 +86,15 @@ class EngineConfig:
             raise ValueError(f"the KV cache needs at least 1 block (got {blocks}); raise --kv-cache-memory or --num-blocks")
         return blocks
 
+    def max_single_token_rows(self, speculative) -> int:
+        """The most single-token rows a step can hold: a sequence each, and with speculation
+        (`SpeculativeConfig`) each speculating sequence's last token plus its drafts (a verify step)."""
+        if speculative is None:
+            return self.max_num_seqs
+        speculating = min(self.max_num_seqs, speculative.disable_by_batch_size or self.max_num_seqs)
+        rows = speculating * (1 + speculative.num_speculative_tokens) + self.max_num_seqs - speculating
+        return min(rows, max(self.max_num_batched_tokens, self.max_num_seqs))
+
     def validate(self) -> None:
         """Raises ConfigError naming the first setting that can never work."""
         for name in ("block_size", "num_blocks", "max_num_batched_tokens", "max_num_seqs"):

@@ -74,14 +74,13 @@ class LLMEngine:
         cfg, self.config = self.loaded.config, config
         self.max_model_len = config.resolved_max_model_len(cfg)
         num_blocks, kv_dtype, _ = config.kv_pool(cfg, self.loaded.kv_auto_dtype)
-        self.kv_cache = KVCache(cfg.num_hidden_layers, num_blocks, config.block_size,
-                                cfg.num_key_value_heads, cfg.head_dim, kv_dtype, self.loaded.device,
-                                scratch_block=self.loaded.model.may_capture)
+        self.kv_cache = KVCache(cfg.num_hidden_layers, num_blocks, config.block_size, cfg.num_key_value_heads,
+                                cfg.head_dim, kv_dtype, self.loaded.device, scratch_block=self.loaded.model.may_capture)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         sched_cfg = SchedulerConfig(config.max_num_batched_tokens, config.max_num_seqs, self.max_model_len)
         self.scheduler = Scheduler(sched_cfg, self.block_manager, self.telemetry.set_status)
         self.runner = ModelRunner(self.loaded.model, self.kv_cache).warmed_up(
-            config.max_num_seqs, self.max_model_len, graph_rows=self._decode_rows_bound(config))
+            config.max_num_seqs, self.max_model_len, graph_rows=config.max_single_token_rows(self.speculative))
         self.speculator = (build_speculator(self.speculative, self.runner, self.block_manager, self.draft,
                                             self.max_model_len) if self.speculative else None)
         self.telemetry.spec_method = self.speculator.method if self.speculator else None
@@ -92,16 +91,6 @@ class LLMEngine:
                                     config.max_num_seqs, config.max_num_batched_tokens, config.max_stop_strings,
                                     config.max_stop_chars)
         release_free_heap()  # loading's and warm-up's temporaries: ~300 MiB of RSS otherwise
-
-    def _decode_rows_bound(self, config: EngineConfig) -> int:
-        """The most single-token rows a step can hold: a sequence each, and with speculation each
-        speculating sequence's last token plus its drafts (a verify step's rows), within the budget."""
-        spec = self.speculative
-        if spec is None:
-            return config.max_num_seqs
-        speculating = min(config.max_num_seqs, spec.disable_by_batch_size or config.max_num_seqs)
-        rows = speculating * (1 + spec.num_speculative_tokens) + config.max_num_seqs - speculating
-        return min(rows, max(config.max_num_batched_tokens, config.max_num_seqs))
 
     def reconfigure(self, **changes) -> None:
         """Rebuild the KV pool / scheduler with new settings; only while idle. Transactional: a size
@@ -115,10 +104,7 @@ class LLMEngine:
                         new.max_kv_cache_memory)
         if self.has_unfinished_requests():
             raise EngineBusyError("the engine configuration can only change while no request runs")
-        # free the old pool (and on CUDA its graphs' memory) before allocating the new one: the runner
-        # and the speculator hold it too
-        del self.kv_cache
-        self.runner = self.speculator = None
+        self.kv_cache = self.runner = self.speculator = None  # all hold the old pool (and graphs): free it first
         try:
             self._build(new)
         except Exception:

@@ -69,23 +69,19 @@ def bench_compile(engine: LLMEngine, args) -> int:
                          f"{model.compilation()}: drop --enforce-eager")
     modes = [m for m in MODES if m != "native" or native_step is not None]  # native: every product on our kernels
     out_dir, max_tokens, rounds, params, bandwidth = rounds_setup(args)
-    runs = []
     try:
         if native_step is not None:  # the engine's warm-up ran natively: compile the graphs now, not in a timed run
             _use(engine, "compiled", compiled, native_step)
             engine.runner.warmed_up(engine.config.max_num_seqs, engine.max_model_len)
-        for level in args.concurrency:
-            run = RoundsRun(level, {m: [] for m in modes}, streamed_bytes(model, level) / bandwidth / 1e6)
-            time_rounds(lambda mode: _use(engine, mode, compiled, native_step), run, rounds, params)
-            runs.append(run)
+        runs = time_levels(model, args.concurrency, modes, lambda mode: _use(engine, mode, compiled, native_step),
+                           rounds, params, bandwidth)
     finally:
         model.compiled, model.native_step = compiled, native_step
     title = (f"decode step modes vs eager: {engine.loaded.name} ({engine.loaded.quant.mode}), "
              f"{max_tokens} tokens per request (greedy), {rounds} round(s)")
     _print(runs, modes, title, bandwidth)
     print(machine_line())
-    (out_dir / "compile.json").write_text(json.dumps({"bandwidth_gbs": bandwidth, "runs": [
-        {"concurrency": r.concurrency, **r.tok_s, "floor_ms": r.floor_ms} for r in runs]}))
+    write_runs(out_dir / "compile.json", runs, bandwidth)
     print(f"plot: {plot_compile(runs, modes, out_dir / 'compile.png', title)}")
     return 0
 
@@ -102,17 +98,13 @@ def bench_graphs(engine: LLMEngine, args) -> int:
         variants["compiled graphs"] = graphs
     modes = list(variants)
     out_dir, max_tokens, rounds, params, bandwidth = rounds_setup(args, device)
-    runs = []
 
     def use(mode: str) -> LLMEngine:
         runner.graphs = variants[mode]
         return engine
 
     try:
-        for level in args.concurrency:
-            run = RoundsRun(level, {m: [] for m in modes}, streamed_bytes(model, level) / bandwidth / 1e6)
-            time_rounds(use, run, rounds, params)
-            runs.append(run)
+        runs = time_levels(model, args.concurrency, modes, use, rounds, params, bandwidth)
     finally:
         runner.graphs, model.compiled = graphs, compiled
     dtype, quant = str(engine.loaded.dtype).removeprefix("torch."), engine.loaded.quant.mode
@@ -122,8 +114,7 @@ def bench_graphs(engine: LLMEngine, args) -> int:
     _print(runs, modes, title, bandwidth, "graphs: decode steps replayed from CUDA graphs, model/cuda_graphs.py; "
            "eager: every kernel launched from Python, prefill eager in every mode")
     print(machine_line(device))
-    (out_dir / "graphs.json").write_text(json.dumps({"bandwidth_gbs": bandwidth, "runs": [
-        {"concurrency": r.concurrency, **r.tok_s, "floor_ms": r.floor_ms} for r in runs]}))
+    write_runs(out_dir / "graphs.json", runs, bandwidth)
     print(f"plot: {plot_compile(runs, modes, out_dir / 'graphs.png', title)}")
     return 0
 
@@ -136,6 +127,22 @@ def rounds_setup(args, device: torch.device = torch.device("cpu")) -> tuple[Path
     max_tokens, rounds = (16, 1) if args.quick else (args.max_tokens, 3)
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     return out_dir, max_tokens, rounds, params, device_bandwidth_gbs(device)
+
+
+def time_levels(model, levels: list[int], modes: list[str], engine_for: Callable[[str], LLMEngine], rounds: int,
+                params: SamplingParams, bandwidth: float) -> list[RoundsRun]:
+    """`time_rounds` at each concurrency level, each with its weight-read floor at `bandwidth` GB/s."""
+    runs = []
+    for level in levels:
+        run = RoundsRun(level, {m: [] for m in modes}, streamed_bytes(model, level) / bandwidth / 1e6)
+        time_rounds(engine_for, run, rounds, params)
+        runs.append(run)
+    return runs
+
+
+def write_runs(path: Path, runs: list[RoundsRun], bandwidth: float) -> None:
+    path.write_text(json.dumps({"bandwidth_gbs": bandwidth, "runs": [
+        {"concurrency": r.concurrency, **r.tok_s, "floor_ms": r.floor_ms} for r in runs]}))
 
 
 def time_rounds(engine_for: Callable[[str], LLMEngine], run: RoundsRun, rounds: int,

@@ -5,17 +5,15 @@ rounds, medians (these machines are noisy), each level's weight-read floor besid
 
 from __future__ import annotations
 
-import json
 import os
 
 from minivllm.bench.common import progress
-from minivllm.bench.compiled import RoundsRun, rounds_setup, time_rounds
+from minivllm.bench.compiled import RoundsRun, rounds_setup, time_levels, write_runs
 from minivllm.bench.machine import machine_line
 from minivllm.bench.report import plot_paired_bars
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.loader.huge_pages import thp_mode
 from minivllm.loader.weights import NO_HUGE_PAGES_ENV
-from minivllm.quant.install import streamed_bytes
 
 SMALL, HUGE = "4 KiB pages", "2 MiB pages"
 
@@ -28,18 +26,13 @@ def bench_pages(engine: LLMEngine, args) -> int:
     progress("loading the model again, its weights left on 4 KiB pages")
     engines = {SMALL: _small_pages_engine(args), HUGE: engine}
     out_dir, max_tokens, rounds, params, bandwidth = rounds_setup(args)
-    runs = []
-    for level in args.concurrency:
-        run = RoundsRun(level, {mode: [] for mode in engines},
-                         streamed_bytes(engine.loaded.model, level) / bandwidth / 1e6)
-        time_rounds(engines.__getitem__, run, rounds, params)
-        runs.append(run)
+    runs = time_levels(engine.loaded.model, args.concurrency, list(engines), engines.__getitem__, rounds, params,
+                       bandwidth)
     title = (f"weights on 2 MiB vs 4 KiB pages: {engine.loaded.name} ({engine.loaded.quant.mode}), "
              f"{max_tokens} tokens per request (greedy), {rounds} round(s)")
     _print(runs, title, bandwidth)
     print(machine_line())
-    (out_dir / "pages.json").write_text(json.dumps({"bandwidth_gbs": bandwidth, "runs": [
-        {"concurrency": r.concurrency, **r.tok_s, "floor_ms": r.floor_ms} for r in runs]}))
+    write_runs(out_dir / "pages.json", runs, bandwidth)
     plot = plot_paired_bars([r.concurrency for r in runs], tuple((m, [r.median(m) for r in runs]) for m in engines),
                             out_dir / "pages.png", title.replace(": ", ":\n", 1))
     print(f"plot: {plot}")

@@ -37,6 +37,10 @@ class SeqWork:
     # vLLM's prompt_logprobs: rows whose log-probs of the next prompt token are wanted (None: none)
     prompt_logprobs: PromptLogprobsRows | None = None
 
+    def blocks_in_use(self, block_size: int) -> list[int]:
+        """The block table up to the block of this step's last token."""
+        return self.block_table[:ceil_div(self.num_computed + len(self.token_ids), block_size)]
+
 
 class ModelRunner:
     def __init__(self, model: LlamaModel, kv_cache: KVCache):
@@ -114,28 +118,22 @@ class ModelRunner:
 
     def _forward(self, single: list[SeqWork], chunks: list[SeqWork], hidden_states_out: list[torch.Tensor] | None,
                  num_layers: int | None) -> torch.Tensor:
+        ids, pos, slots, rows, wanted = self._host_inputs(single + chunks)
         hidden = None
         if self.graphs is not None and not chunks and hidden_states_out is None and num_layers is None:
-            hidden, logit_rows, wanted = self._replayed(single)
+            hidden = self.graphs.run(ids, pos, slots, [w.num_computed + 1 for w in single],
+                                     [w.blocks_in_use(self.block_size) for w in single])  # None: no graph holds it
         if hidden is None:
-            input_ids, positions, meta, logit_rows, wanted = self._prepare(single, chunks)
-            hidden = self.model(input_ids, positions, self.kv_cache, meta, hidden_states_out, num_layers)
-        logits = self.model.compute_logits(hidden[logit_rows])
-        for start, rows in wanted:  # only requests that asked: nothing to do for the others
-            first = start + rows.first_row
-            rows.sink(*target_logprobs(self.model.compute_logits, hidden[first:first + len(rows.targets)],
-                                       rows.targets, rows.top_n, self.model.config.vocab_size))
+            dev = self.device
+            hidden = self.model(torch.tensor(ids, dtype=torch.long, device=dev),
+                                torch.tensor(pos, dtype=torch.long, device=dev), self.kv_cache,
+                                self._metadata(single, chunks, slots), hidden_states_out, num_layers)
+        logits = self.model.compute_logits(hidden[torch.tensor(rows, dtype=torch.long, device=self.device)])
+        for start, asked in wanted:  # only requests that asked: nothing to do for the others
+            first = start + asked.first_row
+            asked.sink(*target_logprobs(self.model.compute_logits, hidden[first:first + len(asked.targets)],
+                                        asked.targets, asked.top_n, self.model.config.vocab_size))
         return logits
-
-    def _replayed(self, single: list[SeqWork]):
-        """A decode step through its graph: (hidden, logits rows, prompt log-prob rows), or Nones where
-        no graph holds the step."""
-        ids, pos, slots, rows, wanted = self._host_inputs(single)
-        tables = [w.block_table[:ceil_div(w.num_computed + 1, self.block_size)] for w in single]
-        hidden = self.graphs.run(ids, pos, slots, [w.num_computed + 1 for w in single], tables)
-        if hidden is None:
-            return None, None, None
-        return hidden, torch.tensor(rows, dtype=torch.long, device=self.device), wanted
 
     def _host_inputs(self, works: list[SeqWork]):
         """Token ids, positions, KV slots, logits rows and prompt log-prob rows of a step, as lists."""
@@ -156,10 +154,9 @@ class ModelRunner:
             rows.extend(range(start + n - work.num_logits, start + n))
         return ids, pos, slots, rows, wanted
 
-    def _prepare(self, single: list[SeqWork], chunks: list[SeqWork]):
-        ids, pos, slots, rows, wanted = self._host_inputs(single + chunks)
+    def _metadata(self, single: list[SeqWork], chunks: list[SeqWork], slots: list[int]) -> AttentionMetadata:
         dev = self.device
-        meta = AttentionMetadata(
+        return AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
             num_decode_tokens=len(single),
             decode_block_tables=self._padded_tables(single),
@@ -169,9 +166,6 @@ class ModelRunner:
             block_size=self.block_size, dtype=self.dtype,
             decode_mask_read=not reads_pool_natively(self.kv_cache.k[0]),
         )
-        return (torch.tensor(ids, dtype=torch.long, device=dev),
-                torch.tensor(pos, dtype=torch.long, device=dev), meta,
-                torch.tensor(rows, dtype=torch.long, device=dev), wanted)
 
     def _slot(self, table: list[int], position: int) -> int:
         return table[position // self.block_size] * self.block_size + position % self.block_size
@@ -181,7 +175,7 @@ class ModelRunner:
             return None
         # at least 2 wide (the extra column is masked): dynamo specializes a size of 1, so a width of
         # 1 would need a compiled graph of its own per row range
-        width = max(2, *(ceil_div(w.num_computed + len(w.token_ids), self.block_size) for w in works))
+        width = max(2, *(len(w.blocks_in_use(self.block_size)) for w in works))
         rows = [w.block_table[:width] + [0] * (width - min(width, len(w.block_table))) for w in works]
         return torch.tensor(rows, dtype=torch.long, device=self.device)
 
@@ -189,8 +183,7 @@ class ModelRunner:
         chunks, start = [], offset
         for w in prefills:
             end = start + len(w.token_ids)
-            used_blocks = ceil_div(w.num_computed + len(w.token_ids), self.block_size)
-            table = torch.tensor(w.block_table[:used_blocks], dtype=torch.long, device=self.device)
+            table = torch.tensor(w.blocks_in_use(self.block_size), dtype=torch.long, device=self.device)
             chunks.append(PrefillChunk(start, end, w.num_computed, table))
             start = end
         return chunks

@@ -111,7 +111,7 @@ class DecodeGraphs:
         self.dtype = model.norm.weight.dtype
         self.graphs: dict[tuple[int, int], _Graph] = {}
         self.capture_s = 0.0
-        compiled = getattr(model, "compiled", None)
+        compiled = model.compiled
         # what the graphs hold: the compiled layers' kernels where compiling worked, else eager ones
         self.holds = (f"compiled layers ({compiled.backend}, {compiled.group} a graph)"
                       if compiled is not None and compiled.active else "eager kernels")

@@ -132,6 +132,13 @@ def test_bench_throughput_and_profile_run(tmp_path):
     proc = cli("bench", "profile", "--model", "random:tiny", "--concurrency", "4", "--max-tokens", "16")
     assert proc.returncode == 0, proc.stderr
     assert "one decode step at 4 concurrent" in proc.stdout and "GEMM (linear layers, LM head)" in proc.stdout
+    # the floor: the bandwidth read before each round of timed steps, each round's ratio against its own reading
+    floor = re.search(r"([\d.]+)-([\d.]+) GB/s read before each of 4 rounds of steps\) = [\d.]+ ms; this step is "
+                      r"([\d.]+)x the floor \(median of the rounds, each against its own reading: ([\d.]+)-([\d.]+)x\)",
+                      proc.stdout)
+    assert floor, proc.stdout
+    low_bw, high_bw, ratio, low, high = map(float, floor.groups())
+    assert 0 < low_bw <= high_bw and 0 < low <= ratio <= high
 
 
 def test_bench_spec_puts_every_method_next_to_no_speculation(tmp_path):

@@ -40,12 +40,9 @@ def bench_profile(engine, args) -> int:
     progress(f"prefilling {level} requests")
     while any(r.status.value in ("WAITING", "PREFILL") for r in engine.requests.values()):
         engine.step()
-    steps: list = []
-    unsubscribe = engine.bus.subscribe(lambda e: steps.append(e) if type(e).__name__ == "StepFinished" else None)
     progress(f"timing decode steps at {level} concurrent")
-    for _ in range(max(4, min(16, args.max_tokens // 2))):
-        engine.step()
-    unsubscribe()
+    rounds = _timed_rounds(engine, max(4, min(16, args.max_tokens // 2)))
+    steps = [step for _, round_steps in rounds for step in round_steps]
     progress("profiling operators")
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(PROFILED_STEPS):
@@ -53,20 +50,48 @@ def bench_profile(engine, args) -> int:
     while engine.has_work():
         engine.step()
     _report(steps, prof, level)
-    _print_floor(engine, level, median([st.duration_ms for st in steps]))
+    _print_floor(engine, level, rounds)
     return 0
 
 
-def _print_floor(engine, rows: int, step_ms: float) -> None:
-    """The weight-read floor: a decode step cannot be faster than streaming its weights once."""
-    from minivllm.bench.machine import cpu_capability, streaming_bandwidth_gbs
+FLOOR_ROUNDS = 4  # the timed steps come in this many rounds, each after a bandwidth reading of its own
+
+
+def _timed_rounds(engine, count: int) -> list[tuple[float, list]]:
+    """`count` decode steps in FLOOR_ROUNDS rounds, as (streaming GB/s measured just before, the round's
+    StepFinished events). A box's memory bandwidth drifts by 1.5x within minutes (docs/ARCHITECTURE.md),
+    so a floor read once, after the steps, could belong to another phase than the steps it divides."""
+    from minivllm.bench.machine import streaming_bandwidth_gbs
+
+    rounds = []
+    for r in range(FLOOR_ROUNDS):
+        bandwidth, steps = streaming_bandwidth_gbs(repeats=3), []
+        unsubscribe = engine.bus.subscribe(lambda e: steps.append(e) if type(e).__name__ == "StepFinished" else None)
+        for _ in range(count * (r + 1) // FLOOR_ROUNDS - count * r // FLOOR_ROUNDS):
+            engine.step()
+        unsubscribe()
+        rounds.append((bandwidth, steps))
+    return rounds
+
+
+def _print_floor(engine, rows: int, rounds: list[tuple[float, list]]) -> None:
+    """The weight-read floor: a decode step cannot be faster than streaming its weights once. Each round's
+    median step is divided by the floor at the bandwidth read just before it; the median ratio is reported."""
+    from minivllm.bench.machine import cpu_capability
     from minivllm.quant.install import streamed_bytes
 
     read = streamed_bytes(engine.loaded.model, rows)
-    bandwidth = streaming_bandwidth_gbs()
-    floor_ms = read / bandwidth / 1e6
+    timed = [(bandwidth, median([st.duration_ms for st in steps])) for bandwidth, steps in rounds if steps]
+    if not timed:
+        print("\nno decode step was timed (the requests finished first): no floor to compare with")
+        return
+    ratios = sorted(step_ms / (read / bandwidth / 1e6) for bandwidth, step_ms in timed)
+    bandwidths = sorted(bandwidth for bandwidth, _ in timed)
+    bandwidth = median(bandwidths)
     print(f"\nweight-read floor at {rows} rows: {read / 2**20:.0f} MiB of weights per step / {bandwidth:.1f} GB/s "
-          f"(CPU {cpu_capability()}) = {floor_ms:.1f} ms; this step is {step_ms / floor_ms:.2f}x the floor")
+          f"(CPU {cpu_capability()}; {bandwidths[0]:.1f}-{bandwidths[-1]:.1f} GB/s read before each of "
+          f"{len(timed)} rounds of steps) = {read / bandwidth / 1e6:.1f} ms; this step is {median(ratios):.2f}x "
+          f"the floor (median of the rounds, each against its own reading: {ratios[0]:.2f}-{ratios[-1]:.2f}x)")
 
 
 PROFILED_STEPS = 4

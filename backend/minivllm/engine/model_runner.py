@@ -128,7 +128,9 @@ class ModelRunner:
             hidden = self.model(torch.tensor(ids, dtype=torch.long, device=dev),
                                 torch.tensor(pos, dtype=torch.long, device=dev), self.kv_cache,
                                 self._metadata(single, chunks, slots), hidden_states_out, num_layers)
-        logits = self.model.compute_logits(hidden[torch.tensor(rows, dtype=torch.long, device=self.device)])
+        every_row = len(rows) == hidden.shape[0]  # rows ascend: all of them is hidden itself (a decode step)
+        logits = self.model.compute_logits(hidden if every_row else hidden[torch.tensor(rows, dtype=torch.long,
+                                                                                        device=self.device)])
         for start, asked in wanted:  # only requests that asked: nothing to do for the others
             first = start + asked.first_row
             asked.sink(*target_logprobs(self.model.compute_logits, hidden[first:first + len(asked.targets)],

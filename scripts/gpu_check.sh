@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The CUDA path's check on a GPU machine, in one short run: `bench compile` with
-# MINIVLLM_CUDA_COMPILE=1 (CUDA graphs of the compiled layers vs graphs of eager kernels vs eager
-# decode, side by side) on random weights of the embedded model's shape (and of TinyLlama-1.1B's),
-# the CUDA tests (fp32 parity with transformers, graphs vs eager), and where a step's time goes. Runs under the machine's own python3 and torch;
+# MINIVLLM_CUDA_COMPILE=1 (CUDA graphs of the compiled layers vs graphs of eager kernels vs the same
+# graphs with gather + SDPA decode attention instead of the Triton kernel vs eager decode, side by
+# side) on random weights of the embedded model's shape (and of TinyLlama-1.1B's), the CUDA tests
+# (fp32 parity with transformers, graphs vs eager, the Triton decode kernel against the gathered
+# path), and where a step's time goes. Runs under the machine's own python3 and torch;
 # packages it lacks come as wheels in .whl/ (msgspec, gguf, llguidance).
 # Usage: [BENCHES="smollm2 tinyllama tinyllama-bf16 tinyllama-int4"] scripts/gpu_check.sh [output folder]
 # (default folder: $OUT, else ./gpu-check). Each part has its own time limit, most important first.
@@ -27,9 +29,9 @@ bench() {  # tag, seconds, model, more bench arguments
         | grep -v "round .*/.*:" | tee "$out/bench-$tag.log" | grep -v "^\[minivllm\] *capturing" | tail -9
 }
 benches=" ${BENCHES:-smollm2 tinyllama tinyllama-bf16 tinyllama-int4} "
-[[ $benches == *" smollm2 "* ]] && bench smollm2 150 random:smollm2-135m
+[[ $benches == *" smollm2 "* ]] && bench smollm2 180 random:smollm2-135m
 
-timeout 110 python3 -m pytest tests/test_cuda.py tests/test_decode_graphs.py \
+timeout 170 python3 -m pytest tests/test_cuda.py tests/test_triton_attention.py tests/test_decode_graphs.py \
     "tests/test_quant.py::test_cuda_kernels_match_the_dequantized_weight" -q -rs -p no:cacheprovider 2>&1 \
     | tee "$out/pytest.log" | grep -v "^\[minivllm\]" | tail -12
 

@@ -1,6 +1,7 @@
 """The CUDA path: parity with transformers in fp32 on the GPU, and decode steps replayed from CUDA
 graphs (model/cuda_graphs.py; of eager kernels, and of the layers compiled by inductor + Triton)
-against the same engine's eager steps. These need a CUDA device (run
+against the same engine's eager steps; decode attention is the Triton kernel in both (and against the
+portable gather + SDPA once). These need a CUDA device (run
 them there with scripts/gpu_check.sh); on a CPU-only machine tests/test_decode_graphs.py covers the
 graphs' bucketing, padding and static buffers through the same code without the capture."""
 
@@ -13,6 +14,7 @@ import torch
 
 from minivllm.engine.model_runner import SeqWork
 from minivllm.loader import load_model
+from minivllm.model import attention
 from minivllm.model.compiled import graph_count, use_compilation
 from minivllm.sampling.params import SamplingParams
 
@@ -128,6 +130,21 @@ def test_a_mixed_step_replays_its_decode_rows(graphed):
     mixed = engine.runner.execute(single, [chunk])
     assert engine.runner.graphs.replays == before + 1
     torch.testing.assert_close(mixed[:3], _execute(engine, single, True), atol=0, rtol=0)
+
+
+def test_the_triton_kernel_reads_the_pool_and_matches_the_gathered_path(graphed):
+    """With triton (bundled with CUDA torch) decode attention is the Triton kernel, with no decode mask
+    built: graphed steps of every row count match eager steps through the portable gather + SDPA."""
+    _, _, engine = graphed
+    assert attention.reads_pool_with_triton(engine.runner.kv_cache.k[0]), attention._triton_missing
+    rng = random.Random(4)
+    for rows in (1, 3, 8):
+        works = random_decode_works(rng, rows, 96, BLOCK_SIZE, max_width=16, vocab=512)
+        assert engine.runner._metadata(works, [], [0] * rows).decode_mask is None
+        with pytest.MonkeyPatch.context() as switch:
+            switch.setattr(attention, "USE_TRITON_DECODE", False)
+            portable = _execute(engine, works, False)
+        torch.testing.assert_close(_execute(engine, works, True), portable, atol=1e-4, rtol=0)
 
 
 def _generate(engine, prompts, params) -> list[list[int]]:

@@ -1,6 +1,7 @@
 """`minivllm bench compile`: decode throughput of the compiled step, and of the native step where the
 model has one (4-bit weights on our kernels), against the same engine run eagerly (`--enforce-eager`'s
-path), side by side in alternating rounds (medians: these machines are noisy), with each level's
+path); on CUDA, of CUDA graphs (with the Triton decode attention and with the portable one); side by
+side in alternating rounds (medians: these machines are noisy), with each level's
 weight-read floor: the bytes of weights one step reads over the streaming bandwidth measured on the
 spot. One engine serves every side (the compiled and native steps are switched off and on), so the
 weights, the KV pool and the prompts are the same."""
@@ -19,6 +20,7 @@ from minivllm.bench.machine import device_bandwidth_gbs, machine_line
 from minivllm.bench.prompts import CHAT_PROMPTS
 from minivllm.bench.report import plot_paired_bars
 from minivllm.engine.llm_engine import LLMEngine
+from minivllm.model import attention
 from minivllm.model.compiled import attach_compiled_step
 from minivllm.model.cuda_graphs import DecodeGraphs
 from minivllm.quant.install import streamed_bytes
@@ -88,35 +90,64 @@ def bench_compile(engine: LLMEngine, args) -> int:
 
 def bench_graphs(engine: LLMEngine, args) -> int:
     """On CUDA: decode steps replayed from CUDA graphs, of eager kernels and (where the layers
-    compiled) of the compiled layers', against the same engine's eager steps."""
+    compiled) of the compiled layers', against the same engine's eager steps; where the Triton decode
+    attention serves the pool, also graphs of eager kernels with the portable attention instead
+    ("sdpa graphs": gather + mask + SDPA), so one run compares the two attentions."""
     runner, model, device = engine.runner, engine.loaded.model, torch.device(engine.loaded.device)
-    graphs, compiled = runner.graphs, model.compiled
+    graphs, compiled, use_triton = runner.graphs, model.compiled, attention.USE_TRITON_DECODE
     variants = {"eager": None, "graphs": graphs}
     if compiled is not None and compiled.active:  # the engine's graphs hold the compiled layers: capture eager ones
         model.compiled = None
-        variants["graphs"] = DecodeGraphs(model, runner.kv_cache, graphs.row_sizes[-1], graphs.width_sizes[-1])
+        variants["graphs"] = _eager_graphs(model, runner.kv_cache, graphs)
         variants["compiled graphs"] = graphs
+    if attention.reads_pool_with_triton(runner.kv_cache.k[0]):
+        variants = {"eager": None, "sdpa graphs": _portable_attention_graphs(model, runner.kv_cache, graphs),
+                    **{m: g for m, g in variants.items() if m != "eager"}}
     modes = list(variants)
     out_dir, max_tokens, rounds, params, bandwidth = rounds_setup(args, device)
 
     def use(mode: str) -> LLMEngine:
         runner.graphs = variants[mode]
+        attention.USE_TRITON_DECODE = use_triton and mode != "sdpa graphs"  # steps no graph holds, alike
         return engine
 
     try:
         runs = time_levels(model, args.concurrency, modes, use, rounds, params, bandwidth)
     finally:
-        runner.graphs, model.compiled = graphs, compiled
+        runner.graphs, model.compiled, attention.USE_TRITON_DECODE = graphs, compiled, use_triton
     dtype, quant = str(engine.loaded.dtype).removeprefix("torch."), engine.loaded.quant.mode
     precision = dtype if quant in (dtype, "none") else f"{quant}, {dtype} activations"
     title = (f"CUDA graphs vs eager: {engine.loaded.name} ({precision}), {max_tokens} tokens per request "
              f"(greedy), {rounds} round(s)")
     _print(runs, modes, title, bandwidth, "graphs: decode steps replayed from CUDA graphs, model/cuda_graphs.py; "
            "eager: every kernel launched from Python, prefill eager in every mode")
+    if "sdpa graphs" in modes:
+        ratios = ", ".join(f"{_ratio(r, 'graphs', 'sdpa graphs')} at {r.concurrency}" for r in runs)
+        print(f"(graphs: decode attention by the Triton kernel, model/triton_attention.py; sdpa graphs: by gather + "
+              f"mask + SDPA; graphs / sdpa graphs: {ratios})")
     print(machine_line(device))
     write_runs(out_dir / "graphs.json", runs, bandwidth)
     print(f"plot: {plot_compile(runs, modes, out_dir / 'graphs.png', title)}")
     return 0
+
+
+def _eager_graphs(model, kv_cache, like: DecodeGraphs) -> DecodeGraphs:
+    """Graphs of the model's eager kernels (model.compiled off) in `like`'s buckets, captured now."""
+    return DecodeGraphs(model, kv_cache, like.row_sizes[-1], like.width_sizes[-1])
+
+
+def _portable_attention_graphs(model, kv_cache, like: DecodeGraphs) -> DecodeGraphs:
+    """`_eager_graphs` holding the gather + mask + SDPA decode attention instead of the Triton kernel
+    (the switch is read at each graph's capture)."""
+    attention.USE_TRITON_DECODE = False
+    try:
+        return _eager_graphs(model, kv_cache, like)
+    finally:
+        attention.USE_TRITON_DECODE = True
+
+
+def _ratio(run: RoundsRun, mode: str, base: str) -> str:
+    return f"{run.median(mode) / run.median(base):.2f}x" if run.median(base) and run.median(mode) else "-"
 
 
 def rounds_setup(args, device: torch.device = torch.device("cpu")) -> tuple[Path, int, int, SamplingParams, float]:

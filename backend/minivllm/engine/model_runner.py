@@ -15,7 +15,7 @@ import torch
 
 from minivllm.engine.prompt_logprobs import PromptLogprobsRows, target_logprobs
 from minivllm.model.attention import (AttentionMetadata, KVCache, PrefillChunk, native_decode_ready,
-                                      reads_pool_natively)
+                                      reads_pool_directly)
 from minivllm.arith import ceil_div
 from minivllm.console import progress
 from minivllm.cache import compiler_cache_dir
@@ -54,13 +54,16 @@ class ModelRunner:
     def warmed_up(self, max_rows: int, max_model_len: int, graph_rows: int | None = None) -> "ModelRunner":
         """Compile every decode graph a step of up to `max_rows` sequences can need, now (with
         progress) rather than in the first requests' steps; none where the native step runs every
-        decode step. Writes garbage K/V into block 0: only for a fresh pool. Eagerly only the native
-        decode attention is readied (built on a first start: seconds that a first request would
-        otherwise wait). On CUDA the decode graphs are captured next, over the compiled layers where
+        decode step. Writes garbage K/V into block 0: only for a fresh pool. Eagerly only the decode
+        attention kernel is readied: the native one on a CPU (built on a first start: seconds that a
+        first request would otherwise wait), the Triton one on CUDA (compiled and checked, before any
+        graph holds it). On CUDA the decode graphs are captured next, over the compiled layers where
         they compiled (model/cuda_graphs.py), for up to `graph_rows` rows (default `max_rows`;
         speculation's verify steps hold more)."""
         if self.device.type == "cpu":
             native_decode_ready()
+        else:  # Triton's decode kernel checked now, before any compile or capture asks (attention.py)
+            reads_pool_directly(self.kv_cache.k[0])
         compiled = compiled_step_for(self.model, max_rows, self.kv_cache.k[0])
         if compiled is not None and compiled.active:
             self._compile_decode(compiled, max_rows, max_model_len)
@@ -166,7 +169,7 @@ class ModelRunner:
                                  if single else None),
             prefills=self._prefill_chunks(chunks, offset=len(single)),
             block_size=self.block_size, dtype=self.dtype,
-            decode_mask_read=not reads_pool_natively(self.kv_cache.k[0]),
+            decode_mask_read=not reads_pool_directly(self.kv_cache.k[0]),
         )
 
     def _slot(self, table: list[int], position: int) -> int:

@@ -2,10 +2,11 @@
 
 A step's tokens are laid out decode tokens first (one per decoding sequence), then the prefill
 chunks one sequence after another. New K/V are written through `slot_mapping` (flat slot =
-block_id * block_size + offset). Decode attention on a CPU reads K/V straight from the pool through
-the block tables (our native kernel, `quant/native/paged_attention.cpp`); elsewhere, or without the
-native kernels, it is one batched gather + one fused attention call for all decoding sequences
-together (no Python loop over sequences). Each prefill chunk is one SDPA call.
+block_id * block_size + offset). Decode attention reads K/V straight from the pool through the block
+tables: on a CPU our native kernel (`quant/native/paged_attention.cpp`), on CUDA a Triton kernel
+(`model/triton_attention.py`). Elsewhere, or without those kernels, it is one batched gather + one
+fused attention call for all decoding sequences together (no Python loop over sequences). Each
+prefill chunk is one SDPA call.
 
 The pool may hold K/V in a narrower dtype than the activations (`--kv-cache-dtype`): values are
 rounded once when written and widened when read.
@@ -15,14 +16,16 @@ from __future__ import annotations
 
 import math
 import mmap
+import os
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from minivllm.console import progress
 from minivllm.quant import native
 
-NATIVE_POOL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+POOL_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # what the native and Triton kernels read
 
 
 @dataclass
@@ -50,7 +53,7 @@ class AttentionMetadata:
     decode_mask: torch.Tensor | None = None  # [num_decode, 1, 1, max_len] additive: -inf past each context
     block_size: int = 16  # of the pool, for the decode mask's width
     dtype: torch.dtype = torch.float32  # the model's activations: the decode mask's dtype
-    decode_mask_read: bool = True  # False where the native kernel reads the pool (it bounds by length)
+    decode_mask_read: bool = True  # False where a kernel reads the pool (it bounds by length): reads_pool_directly
 
     def __post_init__(self) -> None:
         """Masks are built once per step here, not lazily in the first layer: the forward pass then
@@ -139,30 +142,72 @@ def gather_blocks(pool: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor
 def decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
                      context_lens: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
     """q: [B, heads, head_dim], one query per sequence -> [B, heads, head_dim]. `context_lens` [B]
-    (the new token included) bound what the native kernel reads; `mask` [B, 1, 1, L] is the same
-    bound as an additive mask (-inf past each context) for the portable path."""
+    (the new token included) bound what the native and Triton kernels read; `mask` [B, 1, 1, L] is
+    the same bound as an additive mask (-inf past each context) for the portable path (None where a
+    kernel reads the pool: `reads_pool_directly`)."""
     if reads_pool_natively(k_pool):
         out = torch.ops.minivllm_native.paged_decode_attention(  # q: a strided view, read as it is
             q.float(), k_pool, v_pool, block_tables, context_lens, scale)
         return out.to(q.dtype)
+    if reads_pool_with_triton(k_pool):  # q: a strided view, read as it is
+        return torch.ops.minivllm_triton.paged_decode_attention(q, k_pool, v_pool, block_tables, context_lens, scale)
     return gathered_decode_attention(q, k_pool, v_pool, block_tables, mask, scale)
+
+
+def reads_pool_directly(k_pool: torch.Tensor) -> bool:
+    """Whether some kernel reads this pool through the block tables, bounded by the context lengths:
+    then no step needs the decode mask (`AttentionMetadata.decode_mask_read`)."""
+    return reads_pool_natively(k_pool) or reads_pool_with_triton(k_pool)
 
 
 def reads_pool_natively(k_pool: torch.Tensor) -> bool:
     """Whether the native paged kernel serves decode attention over this pool: on a CPU, of a dtype it
     reads, a head size it vectorizes, and the native kernels built (without a compiler they are not:
     the portable path runs)."""
-    return (k_pool.device.type == "cpu" and k_pool.shape[-1] % 8 == 0 and k_pool.dtype in NATIVE_POOL_DTYPES
+    return (k_pool.device.type == "cpu" and k_pool.shape[-1] % 8 == 0 and k_pool.dtype in POOL_KERNEL_DTYPES
             and native_decode_ready())
 
 
 USE_NATIVE_DECODE = True  # tests turn it off to cover the portable path
+# MINIVLLM_TRITON_ATTENTION=0 (or this switch, read at each step and at each graph's capture) turns the
+# Triton kernel off: `bench compile --device cuda` compares it with the portable path side by side
+USE_TRITON_DECODE = os.environ.get("MINIVLLM_TRITON_ATTENTION", "1").lower() not in ("0", "false", "no", "off")
 
 
 def native_decode_ready() -> bool:
     """Marked a constant for dynamo (decided before any graph: it must not trace a build) where the
     compiled step is set up (model/compiled.py), so that importing this module imports no compiler."""
     return USE_NATIVE_DECODE and native.available() is None
+
+
+def reads_pool_with_triton(k_pool: torch.Tensor) -> bool:
+    """Whether the Triton kernel serves decode attention over this pool: on CUDA, of a dtype it reads,
+    a head size up to 256 (padded to a power of two inside), and triton importable. The device is
+    checked first: nothing on a CPU imports triton (CPU-only installs have none)."""
+    return (k_pool.device.type == "cuda" and k_pool.dtype in POOL_KERNEL_DTYPES and k_pool.shape[-1] <= 256
+            and k_pool.stride(-1) == 1 and triton_decode_ready())
+
+
+_triton_missing: list[str | None] = []  # once known: None where the kernel passed its self-check, else why not
+
+
+def triton_decode_ready() -> bool:
+    """The switch, and the kernel importable (its module registers the operator) and checked on this
+    GPU once (`triton_attention.self_check`): the runner's warm-up asks first, before any graph or
+    compile. Marked a constant for dynamo like `native_decode_ready`."""
+    if not USE_TRITON_DECODE:
+        return False
+    if not _triton_missing:
+        try:
+            from minivllm.model import triton_attention  # registers torch.ops.minivllm_triton
+
+            triton_attention.self_check()
+            _triton_missing.append(None)
+        except Exception as exc:  # noqa: BLE001 - no triton, an older one, no compiler: the portable path serves
+            _triton_missing.append(f"{type(exc).__name__}: {str(exc).strip()[:300]}")
+            progress(f"WARNING: Triton decode attention unavailable ({_triton_missing[0]}); "
+                     "the gather + SDPA path serves decode attention")
+    return _triton_missing[0] is None
 
 
 def gathered_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,

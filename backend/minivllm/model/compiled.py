@@ -31,7 +31,7 @@ import torch.fx.experimental._config as fx_config
 
 from minivllm.console import progress
 from minivllm.model import vec_isa_cache
-from minivllm.model.attention import native_decode_ready, reads_pool_natively
+from minivllm.model.attention import native_decode_ready, reads_pool_natively, triton_decode_ready
 from minivllm.model.native_step import NativeDecodeStep
 
 RECOMPILE_LIMIT = 64  # graphs per code object: row ranges x widths stay far below this
@@ -72,6 +72,7 @@ class CompiledLayers:
 
     def __init__(self, group: int = 1, backend: str = "inductor"):
         torch.compiler.assume_constant_result(native_decode_ready)  # marks it in place, for every graph
+        torch.compiler.assume_constant_result(triton_decode_ready)
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         self.backend, self.group = backend, group
         # Guards on our modules' attributes cost ~0.26 ms a call (measured: dynamo's cache lookup, 0.35 ->

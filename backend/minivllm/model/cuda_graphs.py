@@ -9,7 +9,8 @@ captured bucket that holds it: rows to 1, 2, 4, 8 ... up to the most the engine 
 block-table width to 2, 4, 8 ... blocks up to the longest sequence's. Padding rows write their K/V
 into the pool's scratch block (`KVCache(scratch_block=True)`: the block manager never hands it out)
 and attend to it alone; padding table columns point at it and lie past every context length, so the
-mask hides them. A step's inputs travel in one host-to-device copy into the buffer the graph reads
+mask hides them (the Triton decode kernel, model/triton_attention.py, never reads past a context
+length: no mask there). A step's inputs travel in one host-to-device copy into the buffer the graph reads
 (ids, positions, slots, context lengths and the table are views of it). Graphs share one memory pool
 and are captured largest first, so the smaller ones reuse its blocks.
 
@@ -26,7 +27,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from minivllm.console import progress
-from minivllm.model.attention import AttentionMetadata, KVCache, reads_pool_natively
+from minivllm.model.attention import AttentionMetadata, KVCache, reads_pool_directly
 
 Step = Callable[[], torch.Tensor]
 
@@ -135,11 +136,12 @@ class DecodeGraphs:
         ids, positions, slots, context_lens, tables = graph.views()
 
         def step() -> torch.Tensor:
-            # built inside the step: the decode mask is computed from the static context lengths on replay
+            # built inside the step: where the portable attention runs, the decode mask is computed from
+            # the static context lengths on replay; a kernel that reads the pool needs none
             meta = AttentionMetadata(
                 slot_mapping=slots, num_decode_tokens=graph.rows, decode_block_tables=tables,
                 decode_context_lens=context_lens, prefills=[], block_size=self.kv_cache.block_size,
-                dtype=self.dtype, decode_mask_read=not reads_pool_natively(self.kv_cache.k[0]))
+                dtype=self.dtype, decode_mask_read=not reads_pool_directly(self.kv_cache.k[0]))
             return self.model(ids, positions, self.kv_cache, meta)
 
         return step

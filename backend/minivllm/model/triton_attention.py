@@ -1,0 +1,198 @@
+"""Paged decode attention on CUDA as a Triton kernel: K/V read straight from the pool through the block
+tables, bounded by each sequence's context length.
+
+Why: the portable path (`attention.gathered_decode_attention`) copies every sequence's blocks into
+contiguous K/V over the padded table width, builds an additive mask and calls SDPA: ~30 small kernels a
+layer inside a CUDA graph, and a graphed decode step at ~20x its weight-read floor on an H200. This
+kernel reads each K/V row once per query group, only up to the context length, with no copy and no mask.
+
+How: one program per (sequence, KV head, partition of the context). The program holds its KV head's
+whole group of query heads (GQA; MHA and MQA are groups of 1 and of all heads) and runs an online
+softmax in fp32 over its tokens, a tile at a time. A lone sequence has only `kv_heads` programs per
+partition, so long contexts are split into partitions (flash-decoding) that a small kernel merges; the
+partition count is a function of shapes only (batch, KV heads, table width), never of tensor values, so
+a CUDA graph can hold the call. Only imported on the CUDA path (and by the tests, which also run it under
+Triton's interpreter on a CPU): CPU-only installs have no triton.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from minivllm.arith import ceil_div
+
+# Products (query heads x tokens x head dims) of one tile's scores: at 8192 each of 4 warps' 128 threads
+# holds 64 fp32 values, a budget that leaves registers for the rest; larger tiles get 8 warps. Estimated,
+# not yet measured on a GPU.
+TILE_ELEMENTS = 8192
+# Partitions no shorter than this: a shorter one's few tiles would cost less than the merge kernel's
+# launch and pass over the partial sums (a guess, to be tuned with `bench compile --device cuda`)
+MIN_PARTITION_TOKENS = 256
+CPU_PROGRAMS = 8  # under the interpreter: what "fill the machine" means (tests force splits anyway)
+
+
+# Sizes that change with the bucket are not specialized on (divisible by 16, equal to 1): one compile
+# serves every width, rather than a compile in the middle of serving at a new one
+@triton.jit(do_not_specialize=["t_s0", "width_tokens", "part_tokens", "num_parts"])
+def _partition_kernel(q, k_pool, v_pool, tables, lens, out, part_max, part_sum, scale,
+                      q_s0, q_s1, k_s0, k_s1, k_s2, v_s0, v_s1, v_s2, t_s0, lens_s0,
+                      width_tokens, part_tokens, num_parts,
+                      GROUP: tl.constexpr, GROUP_P: tl.constexpr, DIM: tl.constexpr, DIM_P: tl.constexpr,
+                      BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, SPLIT: tl.constexpr):
+    """One (sequence, KV head, partition): its query group's attention over the partition's tokens.
+    SPLIT: writes the unnormalized sums, max and denominator per head for the merge; else the output."""
+    seq, kv_head, part = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    heads = kv_head * GROUP + tl.arange(0, GROUP_P)  # the query heads of this KV head (padded to 2^n)
+    head_ok = tl.arange(0, GROUP_P) < GROUP
+    dims = tl.arange(0, DIM_P)
+    dim_ok = dims < DIM
+    qv = tl.load(q + seq * q_s0 + heads[:, None] * q_s1 + dims[None, :],
+                 mask=head_ok[:, None] & dim_ok[None, :], other=0.0).to(tl.float32) * scale
+    # never past the table's width: a longer context than the table holds reads what the mask path would
+    context = tl.minimum(tl.load(lens + seq * lens_s0).to(tl.int32), width_tokens)
+    start = part * part_tokens
+    end = tl.minimum(start + part_tokens, context)
+    m_i = tl.full([GROUP_P], float("-inf"), tl.float32)
+    l_i = tl.zeros([GROUP_P], tl.float32)
+    acc = tl.zeros([GROUP_P, DIM_P], tl.float32)
+    # every tile starts below `end`, so each has a real token and m_i turns finite at the first one
+    for base in range(start, end, TILE):
+        pos = base + tl.arange(0, TILE)
+        live = pos < end
+        # table columns past the context are never loaded: they may hold any id (graph padding: scratch)
+        block = tl.load(tables + seq * t_s0 + pos // BLOCK_SIZE, mask=live, other=0)
+        slot = pos % BLOCK_SIZE
+        tile_ok = live[:, None] & dim_ok[None, :]
+        k = tl.load(k_pool + block[:, None] * k_s0 + slot[:, None] * k_s1 + kv_head * k_s2 + dims[None, :],
+                    mask=tile_ok, other=0.0).to(tl.float32)
+        scores = tl.sum(qv[:, None, :] * k[None, :, :], axis=2)  # [GROUP_P, TILE]
+        scores = tl.where(live[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(scores - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        # masked V rows load as 0 (not the pool's bytes: NaN there would survive 0 * NaN)
+        v = tl.load(v_pool + block[:, None] * v_s0 + slot[:, None] * v_s1 + kv_head * v_s2 + dims[None, :],
+                    mask=tile_ok, other=0.0).to(tl.float32)
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        m_i = m_new
+    store_ok = head_ok[:, None] & dim_ok[None, :]
+    if SPLIT:
+        row = (seq * (tl.num_programs(1) * GROUP) + heads) * num_parts + part  # [B, heads, parts] rows
+        tl.store(out + row[:, None] * DIM + dims[None, :], acc, mask=store_ok)
+        tl.store(part_max + row, m_i, mask=head_ok)
+        tl.store(part_sum + row, l_i, mask=head_ok)
+    else:
+        row = seq * (tl.num_programs(1) * GROUP) + heads
+        tl.store(out + row[:, None] * DIM + dims[None, :], (acc / l_i[:, None]).to(out.dtype.element_ty),
+                 mask=store_ok)
+
+
+@triton.jit(do_not_specialize=["num_parts"])
+def _merge_kernel(parts, part_max, part_sum, out, num_parts,
+                  DIM: tl.constexpr, DIM_P: tl.constexpr, PARTS_P: tl.constexpr):
+    """One (sequence, query head): its partitions' sums rescaled to the largest max, added, normalized.
+    An empty partition (past the context) has max -inf and sum 0: weight exp(-inf) = 0. Partition 0
+    always holds the first token, so the largest max is finite."""
+    row = tl.program_id(0)
+    p = tl.arange(0, PARTS_P)
+    p_ok = p < num_parts
+    dims = tl.arange(0, DIM_P)
+    dim_ok = dims < DIM
+    m = tl.load(part_max + row * num_parts + p, mask=p_ok, other=float("-inf"))
+    s = tl.load(part_sum + row * num_parts + p, mask=p_ok, other=0.0)
+    w = tl.exp(m - tl.max(m, axis=0))
+    acc = tl.load(parts + (row * num_parts + p)[:, None] * DIM + dims[None, :],
+                  mask=p_ok[:, None] & dim_ok[None, :], other=0.0)
+    merged = tl.sum(acc * w[:, None], axis=0) / tl.sum(s * w, axis=0)
+    tl.store(out + row * DIM + dims, merged.to(out.dtype.element_ty), mask=dim_ok)
+
+
+def tile_tokens(group_p: int, dim_p: int) -> int:
+    """Tokens a tile: as many as TILE_ELEMENTS allow, 16 to 64 (a power of two for tl.arange)."""
+    return max(16, min(64, TILE_ELEMENTS // (group_p * dim_p)))
+
+
+@functools.cache
+def _programs_wanted(device: torch.device) -> int:
+    if device.type != "cuda":
+        return CPU_PROGRAMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def partition_size(batch: int, kv_heads: int, width_tokens: int, tile: int, device: torch.device) -> int:
+    """Tokens per partition (a multiple of the tile): the whole width where batch x KV heads programs
+    already fill the SMs, else split until they do, partitions no shorter than MIN_PARTITION_TOKENS."""
+    parts = max(1, min(_programs_wanted(device) // (batch * kv_heads), width_tokens // MIN_PARTITION_TOKENS))
+    return ceil_div(ceil_div(width_tokens, parts), tile) * tile
+
+
+def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
+                           context_lens: torch.Tensor, scale: float, partition_tokens: int = 0) -> torch.Tensor:
+    """q [B, heads, D] (any strides with a unit last one), pools [blocks, block_size, kv_heads, D]
+    (last dim contiguous), block_tables [B, W], context_lens [B] (>= 1, the new token included)
+    -> [B, heads, D] in q's dtype. `partition_tokens`: 0 picks the split from the shapes (tests force one)."""
+    q, block_tables = _unit_last_stride(q), _unit_last_stride(block_tables)  # views as they come: no copy
+    batch, heads, dim = q.shape
+    _, block_size, kv_heads, _ = k_pool.shape
+    group = heads // kv_heads
+    group_p, dim_p = triton.next_power_of_2(group), triton.next_power_of_2(dim)
+    tile = tile_tokens(group_p, dim_p)
+    width = block_tables.shape[1] * block_size
+    part = partition_tokens or partition_size(batch, kv_heads, width, tile, q.device)
+    parts = ceil_div(width, part)
+    out = torch.empty((batch, heads, dim), dtype=q.dtype, device=q.device)
+    if parts > 1:
+        partial = torch.empty((batch, heads, parts, dim), dtype=torch.float32, device=q.device)
+        stats = torch.empty((2, batch, heads, parts), dtype=torch.float32, device=q.device)
+        target, part_max, part_sum = partial, stats[0], stats[1]
+    else:
+        target = part_max = part_sum = out  # the max/sum pointers are unused without a split
+    _partition_kernel[(batch, kv_heads, parts)](
+        q, k_pool, v_pool, block_tables, context_lens, target, part_max, part_sum, scale,
+        q.stride(0), q.stride(1), *k_pool.stride()[:3], *v_pool.stride()[:3], block_tables.stride(0),
+        context_lens.stride(0), width, part, parts,
+        GROUP=group, GROUP_P=group_p, DIM=dim, DIM_P=dim_p, BLOCK_SIZE=block_size, TILE=tile, SPLIT=parts > 1,
+        num_warps=4 if group_p * tile * dim_p <= TILE_ELEMENTS else 8)
+    if parts > 1:
+        _merge_kernel[(batch * heads,)](partial, part_max, part_sum, out, parts,
+                                        DIM=dim, DIM_P=dim_p, PARTS_P=triton.next_power_of_2(parts))
+    return out
+
+
+def _unit_last_stride(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+@torch.library.custom_op("minivllm_triton::paged_decode_attention", mutates_args=())
+def paged_decode_attention_op(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
+                              context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """The kernel as an operator: torch.compile (MINIVLLM_CUDA_COMPILE=1) keeps it one opaque call
+    instead of tracing the launch's host arithmetic over dynamic sizes."""
+    return paged_decode_attention(q, k_pool, v_pool, block_tables, context_lens, scale)
+
+
+@paged_decode_attention_op.register_fake
+def _(q, k_pool, v_pool, block_tables, context_lens, scale):
+    return q.new_empty(q.shape)
+
+
+def self_check(device: torch.device | str = "cuda") -> None:
+    """Raises unless the kernel compiles and computes plain attention on this device, split and unsplit:
+    run once before the first step uses it (an older Triton's compile error or a wrong result then leaves
+    the portable path serving, rather than failing a step or a graph capture)."""
+    gen = torch.Generator().manual_seed(0)
+    k_pool, v_pool = (torch.randn(3, 16, 1, 64, generator=gen).to(device) for _ in range(2))
+    q = torch.randn(1, 2, 64, generator=gen).to(device)
+    table = torch.tensor([[2, 0, 1]], device=device)
+    keys, values = (pool[table[0]].flatten(0, 1)[:40, 0] for pool in (k_pool, v_pool))
+    expected = torch.softmax(q[0] @ keys.T * 0.125, -1) @ values
+    for partition in (0, 16):
+        got = paged_decode_attention(q, k_pool, v_pool, table, torch.tensor([40], device=device), 0.125, partition)
+        if not torch.allclose(got[0], expected, atol=1e-4, rtol=0):
+            raise RuntimeError(f"wrong result (partition {partition}): max abs diff "
+                               f"{(got[0] - expected).abs().max().item():.2e}")

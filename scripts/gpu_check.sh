@@ -6,7 +6,8 @@
 # (fp32 parity with transformers, graphs vs eager, the Triton decode kernel against the gathered
 # path), and where a step's time goes. Runs under the machine's own python3 and torch;
 # packages it lacks come as wheels in .whl/ (msgspec, gguf, llguidance).
-# Usage: [BENCHES="smollm2 tinyllama tinyllama-bf16 tinyllama-int4"] scripts/gpu_check.sh [output folder]
+# Usage: [BENCHES="smollm2 tinyllama tinyllama-bf16 tinyllama-int4"] [CUDA_COMPILE=0] scripts/gpu_check.sh [output folder]
+# (CUDA_COMPILE=0: the benches leave out the compiled-layer graphs, and their cold compile)
 # (default folder: $OUT, else ./gpu-check). Each part has its own time limit, most important first.
 set -u
 out="${1:-${OUT:-gpu-check}}"
@@ -23,17 +24,18 @@ python3 -c "import torch, transformers; print('torch', torch.__version__, 'trans
 bench() {  # tag, seconds, model, more bench arguments
     local tag="$1" limit="$2" model="$3"
     shift 3
-    MINIVLLM_CUDA_COMPILE=1 timeout "$limit" python3 -c "import sys; from minivllm.cli import main; sys.exit(main(sys.argv[1:]))" \
+    MINIVLLM_CUDA_COMPILE="${CUDA_COMPILE:-1}" timeout "$limit" python3 -c "import sys; from minivllm.cli import main; sys.exit(main(sys.argv[1:]))" \
         bench compile --model "$model" --device cuda --concurrency 1 8 32 --max-tokens 128 \
         --max-num-seqs 32 --max-model-len 2048 --output-dir "$out/bench-$tag" "$@" 2>&1 \
         | grep -v "round .*/.*:" | tee "$out/bench-$tag.log" | grep -v "^\[minivllm\] *capturing" | tail -9
 }
-benches=" ${BENCHES:-smollm2 tinyllama tinyllama-bf16 tinyllama-int4} "
-[[ $benches == *" smollm2 "* ]] && bench smollm2 180 random:smollm2-135m
-
 timeout 170 python3 -m pytest tests/test_cuda.py tests/test_triton_attention.py tests/test_decode_graphs.py \
     "tests/test_quant.py::test_cuda_kernels_match_the_dequantized_weight" -q -rs -p no:cacheprovider 2>&1 \
     | tee "$out/pytest.log" | grep -v "^\[minivllm\]" | tail -12
+
+benches=" ${BENCHES:-smollm2 tinyllama tinyllama-bf16 tinyllama-int4} "
+[[ $benches == *" smollm2 "* ]] && bench smollm2 180 random:smollm2-135m
+
 
 # where a step's time goes (replay alone, runner call with and without graphs, engine step)
 timeout 70 python3 scripts/gpu_step_times.py random:smollm2-135m float32 none 2>&1 | grep -v "^\[minivllm\]" \

@@ -243,7 +243,7 @@ def test_the_cpu_path_never_asks_for_triton(monkeypatch):
     k_pool, v_pool = k_pool.nan_to_num(0.0), v_pool.nan_to_num(0.0)
     for native in (True, False):
         monkeypatch.setattr(attention, "USE_NATIVE_DECODE", native)
-        assert attention.reads_pool_directly(k_pool) == attention.reads_pool_natively(k_pool)
+        assert attention.reads_pool_directly(k_pool, 2, q.dtype) == attention.reads_pool_natively(k_pool)
         assert not attention.reads_pool_with_triton(k_pool)
         mask = decode_context_mask(lens, tables.shape[1] * 16, q.dtype)
         out = attention.decode_attention(q, k_pool, v_pool, tables, lens, mask, 0.125)
@@ -271,3 +271,23 @@ def test_a_captured_call_follows_new_lengths_and_tables():
     mask = decode_context_mask(lens, ref_tables.shape[1] * 16, torch.float64)
     ref = gathered_decode_attention(q.double(), k_ref, v_ref, ref_tables, mask, 0.125)
     assert (out.cpu().double() - ref).abs().max() <= 1e-5
+
+
+def test_the_kernel_serves_fp32_steps_and_lone_half_precision_sequences(monkeypatch):
+    """Where the kernel measured faster than gather + SDPA on an H200 (triton_serves): fp32 activations at
+    any batch, bf16/fp16 only for one sequence. The decode mask is built exactly where the gathered path
+    serves, so a bf16 batch never reaches SDPA without it."""
+    from minivllm.engine.model_runner import ModelRunner, SeqWork
+
+    monkeypatch.setattr(attention, "reads_pool_with_triton", lambda k_pool: True)  # a GPU with triton, as seen here
+    monkeypatch.setattr(attention, "USE_NATIVE_DECODE", False)
+    pool = torch.zeros(4, 16, 1, 64)
+    served = {(dtype, rows): attention.triton_serves(pool, rows, dtype)
+              for dtype in (torch.float32, torch.bfloat16, torch.float16) for rows in (1, 2, 8)}
+    assert served == {(dtype, rows): dtype == torch.float32 or rows == 1 for dtype, rows in served}
+    for (dtype, rows), triton in served.items():
+        assert attention.reads_pool_directly(pool, rows, dtype) == triton
+        runner = ModelRunner.__new__(ModelRunner)  # only what _metadata reads
+        runner.kv_cache, runner.device, runner.dtype, runner.block_size = type("KV", (), {"k": [pool]})(), "cpu", dtype, 16
+        works = [SeqWork([1], 3, [0]) for _ in range(rows)]
+        assert (runner._metadata(works, [], [3] * rows).decode_mask is None) == triton

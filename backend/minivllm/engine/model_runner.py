@@ -15,7 +15,7 @@ import torch
 
 from minivllm.engine.prompt_logprobs import PromptLogprobsRows, target_logprobs
 from minivllm.model.attention import (AttentionMetadata, KVCache, PrefillChunk, native_decode_ready,
-                                      reads_pool_directly)
+                                      reads_pool_directly, reads_pool_with_triton)
 from minivllm.arith import ceil_div
 from minivllm.console import progress
 from minivllm.cache import compiler_cache_dir
@@ -63,7 +63,7 @@ class ModelRunner:
         if self.device.type == "cpu":
             native_decode_ready()
         else:  # Triton's decode kernel checked now, before any compile or capture asks (attention.py)
-            reads_pool_directly(self.kv_cache.k[0])
+            reads_pool_with_triton(self.kv_cache.k[0])
         compiled = compiled_step_for(self.model, max_rows, self.kv_cache.k[0])
         if compiled is not None and compiled.active:
             self._compile_decode(compiled, max_rows, max_model_len)
@@ -169,7 +169,7 @@ class ModelRunner:
                                  if single else None),
             prefills=self._prefill_chunks(chunks, offset=len(single)),
             block_size=self.block_size, dtype=self.dtype,
-            decode_mask_read=not reads_pool_directly(self.kv_cache.k[0]),
+            decode_mask_read=not reads_pool_directly(self.kv_cache.k[0], len(single), self.dtype),
         )
 
     def _slot(self, table: list[int], position: int) -> int:

@@ -149,15 +149,25 @@ def decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor
         out = torch.ops.minivllm_native.paged_decode_attention(  # q: a strided view, read as it is
             q.float(), k_pool, v_pool, block_tables, context_lens, scale)
         return out.to(q.dtype)
-    if reads_pool_with_triton(k_pool):  # q: a strided view, read as it is
+    if triton_serves(k_pool, q.shape[0], q.dtype):  # q: a strided view, read as it is
         return torch.ops.minivllm_triton.paged_decode_attention(q, k_pool, v_pool, block_tables, context_lens, scale)
     return gathered_decode_attention(q, k_pool, v_pool, block_tables, mask, scale)
 
 
-def reads_pool_directly(k_pool: torch.Tensor) -> bool:
-    """Whether some kernel reads this pool through the block tables, bounded by the context lengths:
-    then no step needs the decode mask (`AttentionMetadata.decode_mask_read`)."""
-    return reads_pool_natively(k_pool) or reads_pool_with_triton(k_pool)
+def reads_pool_directly(k_pool: torch.Tensor, rows: int, dtype: torch.dtype) -> bool:
+    """Whether a kernel reads this pool through the block tables, bounded by the context lengths, for
+    `rows` decoding sequences of `dtype` activations: then their step needs no decode mask
+    (`AttentionMetadata.decode_mask_read`)."""
+    return reads_pool_natively(k_pool) or triton_serves(k_pool, rows, dtype)
+
+
+def triton_serves(k_pool: torch.Tensor, rows: int, dtype: torch.dtype) -> bool:
+    """Whether the Triton kernel serves decode attention here: fp32 activations (SDPA has no tensor-core
+    path for them), or a lone sequence. H200, kernel alone inside CUDA graphs
+    (scripts/gpu_attention_sweep.py): 9/3 heads fp32, 2-25x faster than gather + SDPA at 1-32 sequences
+    of 128-2,000 tokens; 32/4 heads bf16, 1.5-2.4x faster at one sequence but 1.3-3.8x slower from 8
+    (SDPA's bf16 kernels use tensor cores; this kernel's products run on the CUDA cores)."""
+    return (dtype == torch.float32 or rows == 1) and reads_pool_with_triton(k_pool)
 
 
 def reads_pool_natively(k_pool: torch.Tensor) -> bool:

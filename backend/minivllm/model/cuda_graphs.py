@@ -141,7 +141,7 @@ class DecodeGraphs:
             meta = AttentionMetadata(
                 slot_mapping=slots, num_decode_tokens=graph.rows, decode_block_tables=tables,
                 decode_context_lens=context_lens, prefills=[], block_size=self.kv_cache.block_size,
-                dtype=self.dtype, decode_mask_read=not reads_pool_directly(self.kv_cache.k[0]))
+                dtype=self.dtype, decode_mask_read=not reads_pool_directly(self.kv_cache.k[0], graph.rows, self.dtype))
             return self.model(ids, positions, self.kv_cache, meta)
 
         return step

@@ -29,9 +29,14 @@ from minivllm.arith import ceil_div
 # holds 64 fp32 values, a budget that leaves registers for the rest; larger tiles get 8 warps. Estimated,
 # not yet measured on a GPU.
 TILE_ELEMENTS = 8192
-# Partitions no shorter than this: a shorter one's few tiles would cost less than the merge kernel's
-# launch and pass over the partial sums (a guess, to be tuned with `bench compile --device cuda`)
-MIN_PARTITION_TOKENS = 256
+# A context is split until batch x KV heads x partitions reaches PROGRAMS_PER_SM programs per SM, in
+# partitions no shorter than MIN_PARTITION_TOKENS: each program walks its tokens one dependent tile at a
+# time, so short partitions and several programs per SM hide the loads' latency. H200, kernel alone inside
+# CUDA graphs (scripts/gpu_attention_sweep.py, 18 shapes): 32 tokens and 8 per SM had the smallest
+# geometric mean; against 256 and 1 (the first guess), 2.7x faster at one sequence of 128 tokens (9/3
+# heads: 18.3 -> 6.9 us), 2.3x at 32 of 2,000 (291.8 -> 127.0 us).
+MIN_PARTITION_TOKENS = 32
+PROGRAMS_PER_SM = 8
 CPU_PROGRAMS = 8  # under the interpreter: what "fill the machine" means (tests force splits anyway)
 
 
@@ -117,10 +122,12 @@ def tile_tokens(group_p: int, dim_p: int) -> int:
     return max(16, min(64, TILE_ELEMENTS // (group_p * dim_p)))
 
 
-@functools.cache
 def _programs_wanted(device: torch.device) -> int:
-    if device.type != "cuda":
-        return CPU_PROGRAMS
+    return CPU_PROGRAMS if device.type != "cuda" else _sm_count(device) * PROGRAMS_PER_SM
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 

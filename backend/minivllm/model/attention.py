@@ -165,7 +165,7 @@ def triton_serves(k_pool: torch.Tensor, rows: int, dtype: torch.dtype) -> bool:
     """Whether the Triton kernel serves decode attention here: fp32 activations (SDPA has no tensor-core
     path for them), or a lone sequence. H200, kernel alone inside CUDA graphs
     (scripts/gpu_attention_sweep.py): 9/3 heads fp32, 2-25x faster than gather + SDPA at 1-32 sequences
-    of 128-2,000 tokens; 32/4 heads bf16, 1.5-2.4x faster at one sequence but 1.3-3.8x slower from 8
+    of 128-2,000 tokens; 32/4 heads bf16, 1.4-2.4x faster at one sequence but 1.0-3.8x slower from 8
     (SDPA's bf16 kernels use tensor cores; this kernel's products run on the CUDA cores)."""
     return (dtype == torch.float32 or rows == 1) and reads_pool_with_triton(k_pool)
 

@@ -139,11 +139,11 @@ def _eager_graphs(model, kv_cache, like: DecodeGraphs) -> DecodeGraphs:
 def _portable_attention_graphs(model, kv_cache, like: DecodeGraphs) -> DecodeGraphs:
     """`_eager_graphs` holding the gather + mask + SDPA decode attention instead of the Triton kernel
     (the switch is read at each graph's capture)."""
-    attention.USE_TRITON_DECODE = False
+    was, attention.USE_TRITON_DECODE = attention.USE_TRITON_DECODE, False
     try:
         return _eager_graphs(model, kv_cache, like)
     finally:
-        attention.USE_TRITON_DECODE = True
+        attention.USE_TRITON_DECODE = was
 
 
 def _ratio(run: RoundsRun, mode: str, base: str) -> str:

@@ -7,6 +7,7 @@ import os
 import sys
 
 from minivllm.engine_args import add_model_args, build_engine
+from minivllm.env import says_yes
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -167,7 +168,7 @@ def apply_env_defaults(parser: argparse.ArgumentParser, environ=None) -> None:
         if not value:
             continue
         if action.nargs == 0:  # store_true flags
-            action.default = value.lower() in ("1", "true", "yes", "on")
+            action.default = says_yes(value)
         elif isinstance(action, argparse._AppendAction):
             action.default = [v for v in value.split(",") if v]
         else:

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import math
 import mmap
-import os
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from minivllm.console import progress
+from minivllm.env import env_flag
 from minivllm.quant import native
 
 POOL_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # what the native and Triton kernels read
@@ -181,7 +181,7 @@ def reads_pool_natively(k_pool: torch.Tensor) -> bool:
 USE_NATIVE_DECODE = True  # tests turn it off to cover the portable path
 # MINIVLLM_TRITON_ATTENTION=0 (or this switch, read at each step and at each graph's capture) turns the
 # Triton kernel off: `bench compile --device cuda` compares it with the portable path side by side
-USE_TRITON_DECODE = os.environ.get("MINIVLLM_TRITON_ATTENTION", "1").lower() not in ("0", "false", "no", "off")
+USE_TRITON_DECODE = env_flag("MINIVLLM_TRITON_ATTENTION", default=True)
 
 
 def native_decode_ready() -> bool:

@@ -23,13 +23,13 @@ with one warning naming the cause, and the step goes on eagerly: it never takes 
 
 from __future__ import annotations
 
-import os
 import types
 
 import torch
 import torch.fx.experimental._config as fx_config
 
 from minivllm.console import progress
+from minivllm.env import env_flag
 from minivllm.model import vec_isa_cache
 from minivllm.model.attention import native_decode_ready, reads_pool_natively, triton_decode_ready
 from minivllm.model.native_step import NativeDecodeStep
@@ -130,10 +130,6 @@ class CompiledLayers:
         lines = str(exc).strip().splitlines()
         self.error = f"{type(exc).__name__}: {lines[0][:300] if lines else ''}".rstrip(": ")
         progress(f"WARNING: torch.compile failed, running eager from now on ({self.error})")
-
-
-def env_flag(name: str) -> bool:
-    return os.environ.get(name, "").lower() in ("1", "true", "yes", "on")
 
 
 def eager_requested(enforce_eager: bool | None) -> bool:

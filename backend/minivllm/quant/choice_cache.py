@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 from pathlib import Path
 
 import torch
 
 from minivllm.cache import cache_dir, read_json_entries, write_json_atomic
 from minivllm.cpuinfo import cpu_model
+from minivllm.env import env_flag
 from minivllm.quant.native import vnni_turned_off
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ def entry_key(device: torch.device, group: str, candidates: list[str], mode: str
 def lookup(key: str) -> tuple[list[tuple[int, str]], dict[int, dict[str, float]]] | None:
     """The stored (plan, timings) for this key, unless MINIVLLM_RETIME_KERNELS asks to time again or
     the entry is malformed (then the caller times again and replaces it)."""
-    if os.environ.get(RETIME_ENV, "").lower() in ("1", "true", "yes", "on"):
+    if env_flag(RETIME_ENV):
         return None
     entry = _read().get(key)
     if entry is None:

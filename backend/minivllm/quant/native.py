@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from pathlib import Path
 
 import torch
 
 from minivllm.cache import cache_dir
 from minivllm.console import progress
+from minivllm.env import env_flag
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ def _build() -> None:
 def vnni_turned_off() -> bool:
     """MINIVLLM_NO_VNNI=1: run the AVX2 loops where VNNI ones exist. With ATEN_CPU_CAPABILITY=avx2 and
     MKL_ENABLE_INSTRUCTIONS=AVX2 an AVX-512 box then runs an AVX2 box's code paths (not its bandwidth)."""
-    return os.environ.get(NO_VNNI_ENV, "").lower() in ("1", "true", "yes", "on")
+    return env_flag(NO_VNNI_ENV)
 
 
 def use_vnni(enable: bool) -> bool:

@@ -4,6 +4,8 @@ Each (setting, shape) call is captured in a CUDA graph of 20 calls and replayed 
 launch overhead is out, as in the engine's graphed steps. Shapes: the embedded model's heads (9 / 3, D 64,
 fp32 pool) and TinyLlama's (32 / 4, D 64, bf16 pool) at 1 / 8 / 32 sequences and 128 / 512 / 2,000 tokens.
 Usage (GPU): PYTHONPATH=backend python3 scripts/gpu_attention_sweep.py
+It ends with "BEST <min partition tokens> <programs per SM>": the defaults in model/triton_attention.py came
+from it; `CUDA_COMPILE=0 scripts/gpu_check.sh` then benchmarks the engine with them.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Our native kernels (quant/native.py), with int8, int8x2 and fp32 activations: built here, not skipped on a capable
 CPU, each row computed alone, the fp32 ones exact, the VNNI loops equal to the AVX2 ones, the GGUF Q4_1
 block carried over exactly, inside torch.compile, and a build that fails leaves torch's kernels in charge. Also
-the greedy pick's fused argmax + log-sum-exp."""
+the greedy pick's fused argmax + log-sum-exp and the int8 embedding lookup."""
 
 from __future__ import annotations
 
@@ -236,20 +236,47 @@ def test_the_fp32_kernel_choice_follows_the_timings(monkeypatch, tmp_path, wins,
 @needs_avx2
 @pytest.mark.parametrize("vocab", [1, 7, 8, 23, 49152 + 3])
 def test_argmax_logsumexp_is_torchs_argmax_and_logsumexp(vocab):
-    """The greedy step's fused pick: torch's first maximum and log-sum-exp, each row alone or in any batch."""
+    """The greedy step's fused pick: torch's first maximum and log-sum-exp, and the pick's log-prob as torch's
+    gather and subtraction give it, each row alone or in any batch."""
     x = torch.randn(9, vocab, generator=torch.Generator().manual_seed(vocab)) * 4
     x[1] = x[1].max()  # a tie across the whole row: the first index
     x[2, vocab // 2:] = x[2].max() + 1  # ties in the second half, some in the scalar tail
     x[3] = float("-inf")  # a fully masked row: index 0, -inf
     x[4, vocab // 3] = float("nan")  # NaN wins, as in torch.argmax, and poisons the sum
     x[5, -1] = float("inf")
-    ids, lse = native.argmax_logsumexp(x)
+    ids, lse, logprob = native.argmax_logsumexp(x)
     assert torch.equal(ids, x.argmax(dim=-1))
     torch.testing.assert_close(lse, torch.logsumexp(x, dim=-1), rtol=2e-6, atol=2e-6, equal_nan=True)
+    torch.testing.assert_close(logprob, x.gather(1, ids[:, None])[:, 0] - lse, rtol=0, atol=0, equal_nan=True)
+    assert logprob[[3, 4, 5]].isnan().all()  # -inf - -inf, a NaN row, inf - inf: as torch's subtraction
     for i in range(9):
-        alone_ids, alone_lse = native.argmax_logsumexp(x[i:i + 1].contiguous())
-        assert torch.equal(alone_ids, ids[i:i + 1])
-        torch.testing.assert_close(alone_lse, lse[i:i + 1], rtol=0, atol=0, equal_nan=True)  # the same bits
+        alone = native.argmax_logsumexp(x[i:i + 1].contiguous())
+        for value, batched in zip(alone, (ids, lse, logprob)):
+            torch.testing.assert_close(value, batched[i:i + 1], rtol=0, atol=0, equal_nan=True)  # the same bits
+
+
+@needs_avx2
+# per group of 32 (GGUF's Q8_0), of 64, one scale per row of 100 values (a tail no vector holds)
+@pytest.mark.parametrize("hidden, group", [(96, 32), (128, 64), (100, None)])
+def test_the_native_embedding_lookup_is_the_torch_forms_bits(hidden, group):
+    """QuantEmbedding's one native call gives the six-operator torch form's bits for ids of any shape,
+    and an id outside the table is an error, not a read."""
+    from minivllm.quant.linear import QuantEmbedding
+
+    table = quantize_int8("embed", torch.randn(50, hidden, generator=torch.Generator().manual_seed(1)), group)
+    embedding = QuantEmbedding(table, CPU, torch.float32)
+    assert embedding.looks_up_natively
+    ids = torch.tensor([[0, 49, 7], [7, 3, 0]])
+    native_rows = embedding(ids)
+    embedding.looks_up_natively = False
+    torch_rows = embedding(ids)
+    assert native_rows.shape == (2, 3, hidden) and torch.equal(native_rows, torch_rows)
+    assert torch.equal(native_rows, table.dequantize()[ids])
+    assert torch.equal(native.int8_embedding(torch.tensor([], dtype=torch.long), table.q, table.scale),
+                       torch.empty(0, hidden))
+    for bad in (50, -1):
+        with pytest.raises(RuntimeError, match=f"token id {bad} is outside the embedding table's 50 rows"):
+            native.int8_embedding(torch.tensor([1, bad]), table.q, table.scale)
 
 
 @needs_vnni

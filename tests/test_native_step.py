@@ -229,6 +229,22 @@ def test_a_slot_outside_the_pool_is_refused_before_anything_is_written(tiny_q4):
     assert all(torch.equal(a, b) for a, b in zip(pools, (*engine.kv_cache.k, *engine.kv_cache.v)))
 
 
+def test_a_position_past_the_rotary_tables_is_refused_before_anything_is_written(tiny_q4, monkeypatch):
+    """The call reads each row's rotary rows at its position in the model's whole tables: a position past
+    them is an error naming it, not a read outside them."""
+    loaded, step, engine = tiny_q4
+    table_rows = loaded.model.rotary.cos.shape[0]
+    real = torch.ops.minivllm_native.decode_layers
+    monkeypatch.setattr(torch.ops.minivllm_native, "decode_layers",
+                        lambda x, positions, *rest: real(x, positions + table_rows, *rest))
+    works = random_decode_works(random.Random(8), 2, engine.block_manager.num_blocks, max_width=4)
+    pools = [pool.clone() for pool in (*engine.kv_cache.k, *engine.kv_cache.v)]
+    with pytest.raises(RuntimeError, match=f"position {table_rows + works[0].num_computed} outside the rotary "
+                                           f"tables' {table_rows} positions"):
+        _step(loaded, engine, step, works)
+    assert all(torch.equal(a, b) for a, b in zip(pools, (*engine.kv_cache.k, *engine.kv_cache.v)))
+
+
 def test_a_block_outside_the_pool_is_refused_before_anything_is_written(tiny_q4):
     """Block tables are checked once, before the first layer writes its K/V (not by each layer's attention)."""
     loaded, step, engine = tiny_q4

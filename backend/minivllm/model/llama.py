@@ -107,12 +107,12 @@ class LlamaModel(nn.Module):
         for `output_hidden_states`). `num_layers`: stop after that many layers and norm there (early
         exit: the speculative self-draft; only those layers' KV is written)."""
         x = self.embed_tokens(input_ids)
-        rope = self.rotary.tables(positions, x.dtype)
         num_layers = len(self.layers) if num_layers is None else num_layers
         if hidden_states_out is None and self.native_step is not None:  # decode steps, where it can
-            normed = self.native_step.run(x, rope, kv_cache, meta, num_layers)  # the final norm included
+            normed = self.native_step.run(x, positions, self.rotary, kv_cache, meta, num_layers)  # and the final norm
             if normed is not None:
                 return normed
+        rope = self.rotary.tables(positions, x.dtype)
         done = 0
         if self.compiled is not None and not meta.prefills and hidden_states_out is None:
             x, done = self.compiled.run(self.layers, x, rope, kv_cache, meta, num_layers)

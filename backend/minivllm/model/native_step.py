@@ -20,6 +20,7 @@ import torch
 
 from minivllm.model.attention import AttentionMetadata, KVCache, reads_pool_natively
 from minivllm.model.packed_linear import PackedLinear
+from minivllm.model.rope import RotaryEmbedding
 from minivllm.quant import native
 from minivllm.quant.kernels import Int4Native
 from minivllm.quant.linear import QuantLinear
@@ -90,18 +91,17 @@ class NativeDecodeStep:
             self._kinds[rows] = product_kinds(self.layers, rows)
         return self._kinds[rows]
 
-    def run(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv_cache: KVCache,
+    def run(self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding, kv_cache: KVCache,
             meta: AttentionMetadata, num_layers: int) -> torch.Tensor | None:
         """x after the first `num_layers` layers and the final norm, or None when this step cannot run
-        natively."""
+        natively. The rotary tables go in whole: the call reads each row's position there."""
         if meta.prefills or not reads_pool_natively(kv_cache.k[0]):  # before a prefill's row count is looked up
             return None
         kinds = self.kinds(x.shape[0])
         if kinds is None:
             return None
-        cos, signed_sin = rope
         return torch.ops.minivllm_native.decode_layers(
-            x, cos, signed_sin, self.weights[: WEIGHTS_PER_LAYER * num_layers], kv_cache.k[:num_layers],
+            x, positions, rotary.cos, rotary.signed_sin, self.weights[: WEIGHTS_PER_LAYER * num_layers], kv_cache.k[:num_layers],
             kv_cache.v[:num_layers], meta.slot_mapping, meta.decode_block_tables, meta.decode_context_lens,
             kinds[: PRODUCTS_PER_LAYER * num_layers],
             self.heads, self.eps, self.scale, self.final_norm)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from minivllm.quant import native
 from minivllm.quant.formats import Int4Weight, Int8Weight, QuantizedWeight, quantize_int8
 from minivllm.quant.kernels import Kernel, candidates
 
@@ -73,8 +74,14 @@ class QuantEmbedding(nn.Module):
         self.group_size = weight.group_size
         self.dtype = dtype
         self.num_embeddings, self.embedding_dim = self.q.shape
+        # one native call (embedding.cpp) instead of six small operators, the same bits
+        self.looks_up_natively = (self.q.device.type == "cpu" and dtype == torch.float32
+                                  and self.scale.dtype == torch.float32 and self.q.is_contiguous()
+                                  and self.scale.is_contiguous() and native.available() is None)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.looks_up_natively:
+            return native.int8_embedding(ids, self.q, self.scale)
         q = self.q[ids].to(self.dtype).view(*ids.shape, -1, self.group_size)
         return (q * self.scale[ids, :, None].to(self.dtype)).flatten(-2)
 

@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).with_name("native") / name
            for name in ("q8_matmul.cpp", "f32_matmul.cpp", "paged_attention.cpp", "logits_reduce.cpp",
-                         "decode_step.cpp")]
+                         "decode_step.cpp", "embedding.cpp")]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
 NO_VNNI_ENV = "MINIVLLM_NO_VNNI"  # 1: the int8 kernels' AVX2 loops on a VNNI CPU too (another CPU class's code path)
 BLOCK = 32  # the activation quantization block
@@ -94,8 +94,11 @@ def _register_fakes() -> None:
         torch.library.register_fake(f"minivllm_native::{op}")(output_shape)
     torch.library.register_fake("minivllm_native::paged_decode_attention")(
         lambda q, k_pool, v_pool, block_tables, context_lens, scale: q.new_empty(q.shape))
+    torch.library.register_fake("minivllm_native::int8_embedding")(
+        lambda ids, q, scale: q.new_empty(*ids.shape, q.shape[1], dtype=torch.float32))
     torch.library.register_fake("minivllm_native::argmax_logsumexp")(
-        lambda logits: (logits.new_empty(logits.shape[0], dtype=torch.long), logits.new_empty(logits.shape[0])))
+        lambda logits: (logits.new_empty(logits.shape[0], dtype=torch.long), logits.new_empty(logits.shape[0]),
+                        logits.new_empty(logits.shape[0])))
 
 
 def q4_q8_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
@@ -122,8 +125,14 @@ def i8_f32_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torc
     return torch.ops.minivllm_native.i8_f32_linear(x, q, scale)
 
 
-def argmax_logsumexp(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's argmax (torch's: the first maximum, NaN counting as one) and log-sum-exp, in two passes."""
+def int8_embedding(ids: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Rows of an int8 table [vocab, hidden] times their scales [vocab, groups], as fp32 [*ids.shape, hidden]."""
+    return torch.ops.minivllm_native.int8_embedding(ids, q, scale)
+
+
+def argmax_logsumexp(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each row's argmax (torch's: the first maximum, NaN counting as one), log-sum-exp and the argmax's
+    log-prob (its logit minus the log-sum-exp), in two passes."""
     return torch.ops.minivllm_native.argmax_logsumexp(logits)
 
 

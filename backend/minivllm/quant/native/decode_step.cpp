@@ -121,10 +121,11 @@ struct Shape {
   int64_t width() const { return (heads + 2 * kv_heads) * dim; }  // a QKV row
 };
 
-// Rotary on every row's Q and K heads (in place in `qkv`), then K and V into the pool at the row's slot.
+// Rotary on every row's Q and K heads (in place in `qkv`), by the rows of the tables at the row's position,
+// then K and V into the pool at the row's slot.
 template <typename T>
 void rotate_and_store(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& signed_sin, at::Tensor& k_pool,
-                      at::Tensor& v_pool, const int64_t* slots, const Shape& s) {
+                      at::Tensor& v_pool, const int64_t* positions, const int64_t* slots, const Shape& s) {
   float* base = qkv.data_ptr<float>();
   T* k = k_pool.data_ptr<T>();
   T* v = v_pool.data_ptr<T>();
@@ -133,16 +134,16 @@ void rotate_and_store(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& 
   const int64_t kv_row = s.kv_heads * s.dim;
   over_rows(s.rows, s.width(), [&](int64_t r) {
     float* row = base + r * s.width();
-    rotate(row, s.heads + s.kv_heads, s.dim, c + r * s.dim, sn + r * s.dim);
+    rotate(row, s.heads + s.kv_heads, s.dim, c + positions[r] * s.dim, sn + positions[r] * s.dim);
     store(k + slots[r] * kv_row, row + s.heads * s.dim, kv_row);
     store(v + slots[r] * kv_row, row + (s.heads + s.kv_heads) * s.dim, kv_row);
   });
 }
 
 void rotate_and_store(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& signed_sin, at::Tensor k_pool,
-                      at::Tensor v_pool, const int64_t* slots, const Shape& s) {
+                      at::Tensor v_pool, const int64_t* positions, const int64_t* slots, const Shape& s) {
   with_pool_type(k_pool, [&](auto element) {
-    rotate_and_store<decltype(element)>(qkv, cos, signed_sin, k_pool, v_pool, slots, s);
+    rotate_and_store<decltype(element)>(qkv, cos, signed_sin, k_pool, v_pool, positions, slots, s);
   });
 }
 
@@ -195,9 +196,21 @@ void check_product_rows(at::TensorList weights, int64_t layer, int64_t hidden, i
                 "layer ", layer, ": product weight ", index, " must have ", rows, " output rows, got ", w[index].sizes());
 }
 
-void check_step(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& signed_sin, at::TensorList weights,
-                at::TensorList k_pools, at::TensorList v_pools, const at::Tensor& slots, at::IntArrayRef kinds,
-                int64_t heads, const std::optional<at::Tensor>& final_norm) {
+// A [rows] contiguous int64 tensor whose every value lies in [0, limit): positions in the rotary tables, slots in
+// the pool (a wrong one must be an error, not an access outside them).
+void check_indices(const at::Tensor& t, int64_t rows, int64_t limit, const char* what, const char* within,
+                   const char* unit) {
+  TORCH_CHECK(t.dim() == 1 && t.size(0) == rows && t.scalar_type() == at::kLong && t.is_contiguous(),
+              what, "s must be contiguous int64 [rows], got ", t.sizes(), " ", t.scalar_type());
+  const int64_t* v = t.data_ptr<int64_t>();
+  for (int64_t r = 0; r < rows; ++r)
+    TORCH_CHECK(v[r] >= 0 && v[r] < limit, "row ", r, ": ", what, " ", v[r], " outside the ", within, " ", limit, " ",
+                unit);
+}
+
+void check_step(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& signed_sin,
+                at::TensorList weights, at::TensorList k_pools, at::TensorList v_pools, const at::Tensor& slots,
+                at::IntArrayRef kinds, int64_t heads, const std::optional<at::Tensor>& final_norm) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "expected contiguous fp32 hidden states [rows, hidden], got ", x.sizes(), " ", x.scalar_type());
   const int64_t layers = static_cast<int64_t>(k_pools.size()), rows = x.size(0);
@@ -213,14 +226,11 @@ void check_step(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
               " query heads a multiple of the KV heads and an even head dim, got ", pool.sizes());
   for (int64_t kind : kinds) TORCH_CHECK(kind >= kQ4Int8 && kind <= kFp32, "unknown product kind ", kind);
   for (const at::Tensor* t : {&cos, &signed_sin})
-    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->numel() == rows * pool.size(3),
-                "rotary tables must be contiguous fp32 [rows, 1, head_dim], got ", t->sizes());
-  TORCH_CHECK(slots.dim() == 1 && slots.size(0) == rows && slots.scalar_type() == at::kLong && slots.is_contiguous(),
-              "slot mapping must be contiguous int64 [rows], got ", slots.sizes());
-  const int64_t capacity = pool.size(0) * pool.size(1);
-  const int64_t* s = slots.data_ptr<int64_t>();
-  for (int64_t r = 0; r < rows; ++r)  // a wrong slot must be an error, not a write out of the pool
-    TORCH_CHECK(s[r] >= 0 && s[r] < capacity, "row ", r, ": slot ", s[r], " outside the pool's ", capacity, " slots");
+    TORCH_CHECK(t->dim() == 2 && t->scalar_type() == at::kFloat && t->is_contiguous() && t->size(1) == pool.size(3) &&
+                    t->sizes() == cos.sizes(),
+                "rotary tables must be contiguous fp32 [positions, head_dim] of one shape, got ", t->sizes());
+  check_indices(positions, rows, cos.size(0), "position", "rotary tables'", "positions");
+  check_indices(slots, rows, pool.size(0) * pool.size(1), "slot", "pool's", "slots");
   for (int64_t l = 0; l < layers; ++l) {
     TORCH_CHECK(k_pools[l].sizes() == pool.sizes() && v_pools[l].sizes() == pool.sizes() &&
                 k_pools[l].scalar_type() == pool.scalar_type() && v_pools[l].scalar_type() == pool.scalar_type() &&
@@ -252,14 +262,17 @@ struct Buffers {
 // then through `final_norm` where given (its weight; the layers' eps).
 // weights: per layer [input norm, QKV, O, post-attention norm, gate/up, down], the products' weights as
 // their kernels take them; kinds: per layer and product, its ProductKind.
-at::Tensor decode_layers(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& signed_sin,
-                         at::TensorList weights, at::TensorList k_pools, at::TensorList v_pools,
+// cos / signed_sin: the model's whole rotary tables [positions, head_dim], read at each row's position (a lookup
+// in Python was two indexing calls a step).
+at::Tensor decode_layers(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos,
+                         const at::Tensor& signed_sin, at::TensorList weights, at::TensorList k_pools, at::TensorList v_pools,
                          const at::Tensor& slot_mapping, const at::Tensor& block_tables,
                          const at::Tensor& context_lens, at::IntArrayRef kinds, int64_t heads, double eps,
                          double scale, const std::optional<at::Tensor>& final_norm) {
-  check_step(x, cos, signed_sin, weights, k_pools, v_pools, slot_mapping, kinds, heads, final_norm);
+  check_step(x, positions, cos, signed_sin, weights, k_pools, v_pools, slot_mapping, kinds, heads, final_norm);
   const Shape s{x.size(0), heads, k_pools[0].size(2), k_pools[0].size(3)};
   const int64_t* slots = slot_mapping.data_ptr<int64_t>();
+  const int64_t* position = positions.data_ptr<int64_t>();
   Buffers b(x, s, weights[4].size(0) / 2);  // gate/up: 2I rows (check_step)
   // every layer's pools have one shape (check_step): the tables and lengths are checked against them once
   check_decode_attention(b.queries, k_pools[0], v_pools[0], block_tables, context_lens);
@@ -269,7 +282,7 @@ at::Tensor decode_layers(const at::Tensor& x, const at::Tensor& cos, const at::T
     const int64_t* kind = &kinds[kProductsPerLayer * l];
     rms_norm(hidden, w[0], eps, b.normed);
     product(b.normed, w[1], kind[0], b.qkv);
-    rotate_and_store(b.qkv, cos, signed_sin, k_pools[l], v_pools[l], slots, s);
+    rotate_and_store(b.qkv, cos, signed_sin, k_pools[l], v_pools[l], position, slots, s);
     paged_decode_attention_into(b.queries, k_pools[l], v_pools[l], block_tables, context_lens, scale, b.attention);
     product(b.attention_rows, w[2], kind[1], b.projected);
     add_into(hidden, b.projected);
@@ -288,7 +301,7 @@ at::Tensor decode_layers(const at::Tensor& x, const at::Tensor& cos, const at::T
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(minivllm_native, m) {
-  m.def("decode_layers(Tensor x, Tensor cos, Tensor signed_sin, Tensor[] weights, Tensor[] k_pools, "
+  m.def("decode_layers(Tensor x, Tensor positions, Tensor cos, Tensor signed_sin, Tensor[] weights, Tensor[] k_pools, "
         "Tensor[] v_pools, Tensor slot_mapping, Tensor block_tables, Tensor context_lens, int[] kinds, "
         "int heads, float eps, float scale, Tensor? final_norm) -> Tensor");
 }

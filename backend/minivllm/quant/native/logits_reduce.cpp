@@ -76,28 +76,33 @@ float log_sum_exp(const float* x, int64_t n, float top) {
   return top + std::log(sum);
 }
 
-std::tuple<at::Tensor, at::Tensor> argmax_logsumexp(const at::Tensor& logits) {
+// Also the argmax's log-prob (its logit minus the log-sum-exp): a greedy pick's reported log-prob, as torch's
+// gather-and-subtract gives it (NaN where the row's maximum or sum is NaN or infinite, as there).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> argmax_logsumexp(const at::Tensor& logits) {
   TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.is_contiguous() && logits.size(1) > 0 &&
                   logits.size(1) < std::numeric_limits<int32_t>::max(),
               "expected contiguous fp32 logits [rows, vocab], got ", logits.sizes(), " ", logits.scalar_type());
   const int64_t rows = logits.size(0), vocab = logits.size(1);
   at::Tensor index = at::empty({rows}, logits.options().dtype(at::kLong));
   at::Tensor lse = at::empty({rows}, logits.options());
+  at::Tensor peak_logprob = at::empty({rows}, logits.options());
   const float* x = logits.data_ptr<float>();
   int64_t* index_out = index.data_ptr<int64_t>();
   float* lse_out = lse.data_ptr<float>();
+  float* logprob_out = peak_logprob.data_ptr<float>();
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const Peak peak = first_max(x + r * vocab, vocab);
       index_out[r] = peak.index;
       lse_out[r] = log_sum_exp(x + r * vocab, vocab, peak.value);
+      logprob_out[r] = x[r * vocab + peak.index] - lse_out[r];
     }
   });
-  return {index, lse};
+  return {index, lse, peak_logprob};
 }
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(minivllm_native, m) { m.def("argmax_logsumexp(Tensor logits) -> (Tensor, Tensor)"); }
+TORCH_LIBRARY_FRAGMENT(minivllm_native, m) { m.def("argmax_logsumexp(Tensor logits) -> (Tensor, Tensor, Tensor)"); }
 
 TORCH_LIBRARY_IMPL(minivllm_native, CPU, m) { m.impl("argmax_logsumexp", &argmax_logsumexp); }

@@ -3,13 +3,20 @@
 Each (setting, shape) call is captured in a CUDA graph of 20 calls and replayed (events, median of 5), so
 launch overhead is out, as in the engine's graphed steps. Shapes: the embedded model's heads (9 / 3, D 64,
 fp32 pool) and TinyLlama's (32 / 4, D 64, bf16 pool) at 1 / 8 / 32 sequences and 128 / 512 / 2,000 tokens.
-Usage (GPU): PYTHONPATH=backend python3 scripts/gpu_attention_sweep.py
-It ends with "BEST <min partition tokens> <programs per SM>": the defaults in model/triton_attention.py came
-from it; `CUDA_COMPILE=0 scripts/gpu_check.sh` then benchmarks the engine with them.
+Usage (GPU): PYTHONPATH=backend python3 scripts/gpu_attention_sweep.py [--dot-only]
+The sweep ends with "BEST <min partition tokens> <programs per SM>": the defaults in model/triton_attention.py
+came from it; `CUDA_COMPILE=0 scripts/gpu_check.sh` then benchmarks the engine with them.
+Then, for TinyLlama's bf16 shape at the module's split defaults, the kernel's two ways to take its products
+side by side: CUDA cores (fp32 broadcast sums) and tensor cores (tl.dot), each forced, against SDPA, with
+each path's largest difference from SDPA's output. --dot-only prints only that table (seconds);
+--dot-tiles times the dot path's tile / warps settings instead ("BEST DOT <tile tokens> <warps>": the
+defaults in model/triton_attention.py came from it).
 """
 
 from __future__ import annotations
 
+import argparse
+import functools
 import math
 import statistics
 import sys
@@ -22,6 +29,8 @@ from minivllm.model.attention import decode_context_mask, gathered_decode_attent
 SETTINGS = [(256, 1), (128, 2), (64, 4), (32, 4), (64, 8), (32, 8)]  # (MIN_PARTITION_TOKENS, PROGRAMS_PER_SM)
 MODELS = {"smollm2 9/3 fp32": (9, 3, 64, torch.float32), "tinyllama 32/4 bf16": (32, 4, 64, torch.bfloat16)}
 BLOCK = 16
+DOT_MODEL = "tinyllama 32/4 bf16"
+DEFAULT_SETTING = (ta.MIN_PARTITION_TOKENS, ta.PROGRAMS_PER_SM)  # the current best split, before the sweep
 
 
 def graph_time_us(fn, calls: int = 20) -> float:
@@ -54,7 +63,7 @@ def inputs(heads, kv_heads, dim, dtype, batch, ctx):
     return q, k_pool, v_pool, tables, lens
 
 
-def main() -> int:
+def sweep_split_settings() -> None:
     print("setting: (min partition tokens, programs per SM); kernel us per call inside a CUDA graph")
     logs = {setting: 0.0 for setting in SETTINGS}  # sums of log times: the geometric means' order
     header = f"{'shape':<40}" + "".join(f"{str(s):>12}" for s in SETTINGS) + f"{'sdpa':>10}"
@@ -74,6 +83,69 @@ def main() -> int:
                       + "".join(f"{t:12.1f}" for t in row) + f"{sdpa:10.1f}")
     best = min(logs, key=logs.get)
     print(f"\nBEST {best[0]} {best[1]}")  # the setting of the smallest geometric mean over every shape
+
+
+def compare_products(quiet: bool = False) -> float:
+    """CUDA-core against tensor-core products, both forced, and SDPA: us per call, time / SDPA's time
+    (below 1: faster than SDPA), largest abs difference from SDPA's output. Returns the dot path's geometric
+    mean of time / SDPA's (`quiet`: prints nothing)."""
+    print = _print_unless(quiet)
+    heads, kv_heads, dim, dtype = MODELS[DOT_MODEL]
+    ta.MIN_PARTITION_TOKENS, ta.PROGRAMS_PER_SM = DEFAULT_SETTING
+    print(f"\n== {DOT_MODEL}: CUDA cores vs tensor cores, split setting {DEFAULT_SETTING}, dot tile "
+          f"{ta.DOT_TILE_TOKENS} tokens, {ta.DOT_NUM_WARPS} warps ==")
+    print(f"{'shape':<28}{'cores us':>10}{'dot us':>10}{'sdpa us':>10}{'cores/sdpa':>12}{'dot/sdpa':>10}"
+          f"{'cores diff':>12}{'dot diff':>10}")
+    logs = {"cores": 0.0, "dot": 0.0}
+    for batch in (1, 8, 32):
+        for ctx in (128, 512, 2000):
+            q, k_pool, v_pool, tables, lens = inputs(heads, kv_heads, dim, dtype, batch, ctx)
+            mask = decode_context_mask(lens, tables.shape[1] * BLOCK, q.dtype)
+            sdpa_call = functools.partial(gathered_decode_attention, q, k_pool, v_pool, tables, mask, 0.125)
+            paths = {name: functools.partial(ta.paged_decode_attention, q, k_pool, v_pool, tables, lens, 0.125,
+                                             tensor_cores=name == "dot") for name in logs}
+            sdpa, expected = graph_time_us(sdpa_call), sdpa_call().float()
+            times = {name: graph_time_us(call) for name, call in paths.items()}
+            diffs = {name: (call().float() - expected).abs().max().item() for name, call in paths.items()}
+            for name in logs:
+                logs[name] += math.log(times[name] / sdpa)
+            print(f"{f'B={batch} ctx={ctx}':<28}{times['cores']:10.1f}{times['dot']:10.1f}{sdpa:10.1f}"
+                  f"{times['cores'] / sdpa:12.2f}{times['dot'] / sdpa:10.2f}{diffs['cores']:12.1e}{diffs['dot']:10.1e}")
+    means = ", ".join(f"{name} {math.exp(log / 9):.2f}" for name, log in logs.items())
+    print(f"geometric mean of time / sdpa: {means}")
+    return math.exp(logs["dot"] / 9)
+
+
+def _print_unless(quiet: bool):
+    return (lambda *args, **kwargs: None) if quiet else print
+
+
+DOT_TILES = [(tile, warps) for tile in (32, 64, 128) for warps in (2, 4, 8)]  # (DOT_TILE_TOKENS, DOT_NUM_WARPS)
+
+
+def sweep_dot_tiles() -> None:
+    """The dot path's tile and warps: compare_products' geometric mean for each; the defaults came from it."""
+    means = {}
+    for ta.DOT_TILE_TOKENS, ta.DOT_NUM_WARPS in DOT_TILES:
+        means[(ta.DOT_TILE_TOKENS, ta.DOT_NUM_WARPS)] = mean = compare_products(quiet=True)
+        print(f"dot tile {ta.DOT_TILE_TOKENS} tokens, {ta.DOT_NUM_WARPS} warps: time / sdpa {mean:.2f}", flush=True)
+    best = min(means, key=means.get)
+    print(f"BEST DOT {best[0]} {best[1]}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dot-only", action="store_true",
+                        help="only the CUDA-core vs tensor-core table (TinyLlama bf16), not the split sweep")
+    parser.add_argument("--dot-tiles", action="store_true",
+                        help="only the dot path's tile / warps settings, one geometric mean each (a minute)")
+    args = parser.parse_args()
+    if args.dot_tiles:
+        sweep_dot_tiles()
+        return 0
+    if not args.dot_only:
+        sweep_split_settings()
+    compare_products()
     return 0
 
 

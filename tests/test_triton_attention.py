@@ -3,13 +3,15 @@ replaces on CUDA (`gathered_decode_attention`: gather + mask + SDPA, here in flo
 
 Pools hold random K/V under shuffled block tables; every slot the kernel must not read (past each
 context in its last block, and whole padding columns) holds NaN, so a stray read shows as NaN. Cases:
-GQA, MHA, MQA, head sizes 48 to 128, fp32 / bf16 / fp16 pools, context lengths from 1 past 2,000 in one
-batch, q as a strided view of a fused QKV row, split and unsplit contexts.
+GQA, MHA, MQA, head sizes 48 to 256, fp32 / bf16 / fp16 pools, context lengths from 1 past 2,000 in one
+batch, q as a strided view of a fused QKV row, split and unsplit contexts; the products on the CUDA cores
+and, for half precision, on the tensor cores (`tl.dot`, the "dot-" cases).
 
 Where it runs: on CUDA in this process; on a CPU with triton installed, under Triton's interpreter in
 one subprocess (TRITON_INTERPRET=1 has to be set before triton is imported, and must not leak into
-this process's other tests); skipped where neither (CI installs no triton). The CPU path's promise,
-that it never asks for triton, is checked everywhere."""
+this process's other tests); skipped where neither (CI installs no triton). bf16 tensor-core cases run on
+CUDA only (INTERPRETER_BF16_DOT says why). The CPU path's promise, that it never asks for triton, is
+checked everywhere."""
 
 from __future__ import annotations
 
@@ -31,7 +33,14 @@ ON_CUDA = HAS_TRITON and torch.cuda.is_available()
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed and there is no CUDA device "
                                   "(CI's case): the kernel runs only on CUDA; with triton installed these tests "
                                   "run here under its interpreter")
-NAN_BLOCKS = 2  # blocks past the sequences', all NaN: where padding columns point
+# blocks 0 and 1, all NaN: where padding columns point, and block 0 is also where the kernel's masked table
+# reads fall back to (other=0), so a K/V load that trusts a dead token's block id reads NaN
+NAN_BLOCKS = 2
+INTERPRETER_BF16_DOT = ("bf16 tensor-core cases run on CUDA only: Triton's interpreter (3.9, "
+                        "runtime/interpreter.py `create_dot`) multiplies bf16 tl.dot operands as their raw uint16 "
+                        "bit patterns (it converts only 8-bit floats), so its result says nothing of the kernel's; "
+                        "the fp16 dot- cases cover the same code here")
+cuda_only_bf16_dot = pytest.mark.skipif(not ON_CUDA, reason=INTERPRETER_BF16_DOT)
 
 
 @dataclass(frozen=True)
@@ -46,11 +55,27 @@ class Case:
     partition: int = 0  # tokens a partition; 0: the kernel's choice from the shapes
     strided_q: bool = False  # q a view of a fused QKV row, as the model passes it
     wild_padding: bool = False  # padding columns hold ids past the pool (a read would fault)
+    tensor_cores: bool | None = None  # None: the kernel's choice from the dtypes; True / False force a path
+
+    @property
+    def dot(self) -> bool:
+        """Whether the products run on the tensor cores (`triton_attention.uses_tensor_cores` when not forced)."""
+        if self.tensor_cores is not None:
+            return self.tensor_cores
+        return self.q_dtype == self.pool_dtype and self.q_dtype in (BF16, FP16)
 
     @property
     def tolerance(self) -> tuple[float, float]:
-        """(atol, rtol): fp32 outputs to 1e-5; bf16 / fp16 outputs to about two of their steps."""
+        """(atol, rtol): fp32 outputs to 1e-5; bf16 / fp16 outputs to about two of their steps. The dot path
+        also rounds each softmax weight to the pool's dtype before the weighted sum: an error of a few of its
+        steps of |v| (~1 here) that does not shrink with the output, hence an absolute term."""
+        if self.dot:
+            return {torch.bfloat16: (2**-7, 2**-6), torch.float16: (2**-10, 2**-9)}[self.q_dtype]
         return {torch.float32: (1e-5, 0.0), torch.bfloat16: (1e-6, 2**-6), torch.float16: (1e-6, 2**-9)}[self.q_dtype]
+
+    @property
+    def interpreter_runs(self) -> bool:
+        return not (self.dot and BF16 in (self.q_dtype, self.pool_dtype))
 
 
 BF16, FP16 = torch.bfloat16, torch.float16
@@ -68,13 +93,28 @@ CASES = {
     "gqa-6/2-d80": Case(6, 2, 80, (1, 17, 300)),
     "mha-3/3-d48-split": Case(3, 3, 48, (33, 700), partition=128),
     "bf16-pool-fp32-q": Case(9, 3, 64, (1, 17, 300), pool_dtype=BF16),
-    "bf16-pool-bf16-q": Case(9, 3, 64, MIXED, pool_dtype=BF16, q_dtype=BF16, strided_q=True),
-    "fp16-pool-fp16-q": Case(8, 2, 128, (1, 17, 300), pool_dtype=FP16, q_dtype=FP16),
-    "fp16-pool-fp16-q-split": Case(9, 3, 64, (2100,), pool_dtype=FP16, q_dtype=FP16, partition=512),
+    "bf16-pool-bf16-q": Case(9, 3, 64, MIXED, pool_dtype=BF16, q_dtype=BF16, strided_q=True, tensor_cores=False),
+    "fp16-pool-fp16-q": Case(8, 2, 128, (1, 17, 300), pool_dtype=FP16, q_dtype=FP16, tensor_cores=False),
+    "fp16-pool-fp16-q-split": Case(9, 3, 64, (2100,), pool_dtype=FP16, q_dtype=FP16, partition=512,
+                                   tensor_cores=False),
     "block-size-8": Case(9, 3, 64, (1, 8, 9, 300), block_size=8),
     "block-size-32-split": Case(9, 3, 64, (32, 33, 1000), block_size=32, partition=192),
     "wild-padding-ids": Case(9, 3, 64, (1, 17, 300), wild_padding=True),
     "graph-padding-rows": Case(9, 3, 64, (1, 1, 1, 40)),  # a graph's padding rows: one token each
+    # the tensor-core path: query groups of 1 / 3 / 4 / 8 padded to 16 rows, head dims 48 / 80 padded to 64 /
+    # 128, 256 (narrower tiles), split and unsplit, a partition that is not a whole number of tiles
+    "dot-fp16-gqa-32/4-d64-tinyllama": Case(32, 4, 64, MIXED, pool_dtype=FP16, q_dtype=FP16, strided_q=True),
+    "dot-fp16-gqa-9/3-d64-split-64": Case(9, 3, 64, (1, 17, 300, 700), FP16, FP16, partition=64),
+    "dot-fp16-mha-4/4-d64-unsplit": Case(4, 4, 64, (1, 17, 300), FP16, FP16, partition=4096),
+    "dot-fp16-mqa-8/1-d64-split-48": Case(8, 1, 64, (16, 2100), FP16, FP16, partition=48),
+    "dot-fp16-gqa-6/2-d80": Case(6, 2, 80, (1, 17, 300), FP16, FP16),
+    "dot-fp16-mha-3/3-d48-split": Case(3, 3, 48, (33, 700), FP16, FP16, partition=128),
+    "dot-fp16-gqa-8/2-d256": Case(8, 2, 256, (1, 17, 300), FP16, FP16),
+    "dot-fp16-block-size-8-wild-padding": Case(9, 3, 64, (1, 8, 9, 300), FP16, FP16, block_size=8, wild_padding=True),
+    "dot-bf16-gqa-32/4-d64-tinyllama": Case(32, 4, 64, MIXED, pool_dtype=BF16, q_dtype=BF16, strided_q=True),
+    "dot-bf16-gqa-9/3-d64-split-64": Case(9, 3, 64, (1, 17, 300, 700), BF16, BF16, partition=64),
+    "dot-bf16-mha-4/4-d64-unsplit": Case(4, 4, 64, (1, 17, 300), BF16, BF16, partition=4096),
+    "dot-bf16-gqa-6/2-d80-split": Case(6, 2, 80, (1, 17, 300), BF16, BF16, partition=96),
 }
 
 
@@ -86,18 +126,18 @@ def _inputs(case: Case, seed: int):
     counts = [-(-n // bs) for n in case.lens]
     width = max(counts) + 2  # padding columns after the longest too
     real = sum(counts)
-    k, v = (torch.randn(real + NAN_BLOCKS, bs, kv, dim, generator=gen) for _ in range(2))
-    ids = torch.randperm(real, generator=gen).tolist()  # shuffled: no sequence's blocks are in order
-    pad = 10**9 if case.wild_padding else real
+    k, v = (torch.randn(NAN_BLOCKS + real, bs, kv, dim, generator=gen) for _ in range(2))
+    ids = (torch.randperm(real, generator=gen) + NAN_BLOCKS).tolist()  # shuffled: no sequence's blocks are in order
+    pad = 10**9 if case.wild_padding else 0
     tables = torch.full((len(case.lens), width), pad, dtype=torch.long)
-    tables[:, 1::2] = pad if case.wild_padding else real + 1
+    tables[:, 1::2] = pad if case.wild_padding else 1
     for row, (n, count) in enumerate(zip(case.lens, counts)):
         own, ids = ids[:count], ids[count:]
         tables[row, :count] = torch.tensor(own)
         for pool in (k, v):
             pool[own[-1], (n - 1) % bs + 1:] = float("nan")  # the last block's slots past the context
     for pool in (k, v):
-        pool[real:] = float("nan")
+        pool[:NAN_BLOCKS] = float("nan")
     k_pool, v_pool = k.to(case.pool_dtype), v.to(case.pool_dtype)
     ref_tables = tables.where(tables < real + NAN_BLOCKS, 0)
     heads = case.heads
@@ -120,12 +160,15 @@ def run_case(name: str, device: str, seed: int = 0) -> dict:
     scale = case.dim ** -0.5
     moved = [t.to(device) for t in (k_pool, v_pool, tables, lens)]
     q_dev = q.to(device) if not case.strided_q else _strided_on(q, device)
-    out = paged_decode_attention(q_dev, *moved, scale, case.partition).cpu()
+    out = paged_decode_attention(q_dev, *moved, scale, case.partition, case.tensor_cores).cpu()
     mask = decode_context_mask(lens, ref_tables.shape[1] * case.block_size, torch.float64)
     ref = gathered_decode_attention(q.double(), k_ref, v_ref, ref_tables, mask, scale)
     atol, rtol = case.tolerance
     diff = (out.double() - ref).abs()
     ok = out.dtype == q.dtype and not out.isnan().any() and bool((diff <= atol + rtol * ref.abs()).all())
+    if case.tensor_cores is None:  # the kernel's own choice: the path the case expects, bit for bit
+        forced = paged_decode_attention(q_dev, *moved, scale, case.partition, case.dot).cpu()
+        ok &= torch.equal(out, forced)
     return {"max_abs_diff": diff.max().item(), "ok": ok}
 
 
@@ -177,7 +220,7 @@ def padded_graph_steps_on_cpu() -> dict:
 
 def interpreted_results() -> dict:
     """Every case under the interpreter (run by the subprocess), the engine's padded steps, the self-check."""
-    results = {name: run_case(name, "cpu") for name in CASES}
+    results = {name: run_case(name, "cpu") for name, case in CASES.items() if case.interpreter_runs}
     results["engine"] = padded_graph_steps_on_cpu()
     from minivllm.model.triton_attention import self_check
 
@@ -204,7 +247,8 @@ def results():
 
 
 @needs_triton
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", [
+    name if case.interpreter_runs else pytest.param(name, marks=cuda_only_bf16_dot) for name, case in CASES.items()])
 def test_kernel_matches_the_gathered_sdpa_path(name, results):
     got = run_case(name, "cuda") if ON_CUDA else results[name]
     where = "cuda" if ON_CUDA else "interpreter"
@@ -230,6 +274,21 @@ def test_self_check_passes(results):
         self_check("cuda")
     else:
         assert results["self-check"]["ok"], results["self-check"]
+
+
+@needs_triton
+def test_half_precision_over_its_own_pool_takes_the_tensor_cores(monkeypatch):
+    """The dot path's rule: bf16 / fp16 queries over a pool of their dtype; fp32 and mixed dtypes keep the
+    CUDA-core products; HALF_PRECISION_DOT off sends every dtype back to them."""
+    from minivllm.model import triton_attention
+
+    dtypes = (torch.float32, BF16, FP16)
+    rule = {(q, pool): triton_attention.uses_tensor_cores(q, pool) for q in dtypes for pool in dtypes}
+    assert rule == {(q, pool): q == pool != torch.float32 for q, pool in rule}
+    assert [CASES[name].dot for name in ("gqa-9/3-d64-mixed", "bf16-pool-fp32-q", "dot-bf16-gqa-32/4-d64-tinyllama",
+                                         "dot-fp16-gqa-6/2-d80")] == [False, False, True, True]
+    monkeypatch.setattr(triton_attention, "HALF_PRECISION_DOT", False)
+    assert not any(triton_attention.uses_tensor_cores(dtype, dtype) for dtype in dtypes)
 
 
 def test_the_cpu_path_never_asks_for_triton(monkeypatch):
@@ -273,20 +332,27 @@ def test_a_captured_call_follows_new_lengths_and_tables():
     assert (out.cpu().double() - ref).abs().max() <= 1e-5
 
 
-def test_the_kernel_serves_fp32_steps_and_lone_half_precision_sequences(monkeypatch):
+def test_the_kernel_serves_fp32_and_half_precision_over_its_own_pool(monkeypatch):
     """Where the kernel measured faster than gather + SDPA on an H200 (triton_serves): fp32 activations at
-    any batch, bf16/fp16 only for one sequence. The decode mask is built exactly where the gathered path
-    serves, so a bf16 batch never reaches SDPA without it."""
+    any batch, bf16/fp16 over a pool of their own dtype at any batch (tensor-core products), a half-precision
+    batch over a pool of another dtype only for one sequence. The decode mask is built exactly where the
+    gathered path serves, so such a batch never reaches SDPA without it."""
     from minivllm.engine.model_runner import ModelRunner, SeqWork
 
     monkeypatch.setattr(attention, "reads_pool_with_triton", lambda k_pool: True)  # a GPU with triton, as seen here
     monkeypatch.setattr(attention, "USE_NATIVE_DECODE", False)
-    pool = torch.zeros(4, 16, 1, 64)
-    served = {(dtype, rows): attention.triton_serves(pool, rows, dtype)
-              for dtype in (torch.float32, torch.bfloat16, torch.float16) for rows in (1, 2, 8)}
-    assert served == {(dtype, rows): dtype == torch.float32 or rows == 1 for dtype, rows in served}
-    for (dtype, rows), triton in served.items():
-        assert attention.reads_pool_directly(pool, rows, dtype) == triton
+    dtypes = (torch.float32, torch.bfloat16, torch.float16)
+    for pool_dtype in dtypes:
+        pool = torch.zeros(4, 16, 1, 64, dtype=pool_dtype)
+        served = {(dtype, rows): attention.triton_serves(pool, rows, dtype) for dtype in dtypes for rows in (1, 2, 8)}
+        assert served == {(dtype, rows): dtype == torch.float32 or rows == 1 or dtype == pool_dtype
+                          for dtype, rows in served}
+        for (dtype, rows), triton in served.items():
+            assert attention.reads_pool_directly(pool, rows, dtype) == triton
+            runner = ModelRunner.__new__(ModelRunner)  # only what _metadata reads
+            runner.kv_cache, runner.device, runner.dtype, runner.block_size = type("KV", (), {"k": [pool]})(), "cpu", dtype, 16
+            works = [SeqWork([1], 3, [0]) for _ in range(rows)]
+            assert (runner._metadata(works, [], [3] * rows).decode_mask is None) == triton
         runner = ModelRunner.__new__(ModelRunner)  # only what _metadata reads
         runner.kv_cache, runner.device, runner.dtype, runner.block_size = type("KV", (), {"k": [pool]})(), "cpu", dtype, 16
         works = [SeqWork([1], 3, [0]) for _ in range(rows)]

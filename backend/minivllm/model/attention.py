@@ -162,12 +162,21 @@ def reads_pool_directly(k_pool: torch.Tensor, rows: int, dtype: torch.dtype) -> 
 
 
 def triton_serves(k_pool: torch.Tensor, rows: int, dtype: torch.dtype) -> bool:
-    """Whether the Triton kernel serves decode attention here: fp32 activations (SDPA has no tensor-core
-    path for them), or a lone sequence. H200, kernel alone inside CUDA graphs
+    """Whether the Triton kernel serves decode attention here: fp32 activations (its CUDA-core products;
+    SDPA has no tensor-core path for them), half-precision ones over a pool of their own dtype (its
+    tensor-core products), or a lone sequence. H200, kernel alone inside CUDA graphs
     (scripts/gpu_attention_sweep.py): 9/3 heads fp32, 2-25x faster than gather + SDPA at 1-32 sequences
-    of 128-2,000 tokens; 32/4 heads bf16, 1.4-2.4x faster at one sequence but 1.0-3.8x slower from 8
-    (SDPA's bf16 kernels use tensor cores; this kernel's products run on the CUDA cores)."""
-    return (dtype == torch.float32 or rows == 1) and reads_pool_with_triton(k_pool)
+    of 128-2,000 tokens; 32/4 heads bf16 with tensor-core products 0.15-0.51x SDPA's time at 1-32
+    sequences (with CUDA-core products 0.41-3.8x: slower from 8 sequences, where SDPA's bf16 kernels
+    use tensor cores). A batch of half-precision activations over a pool of another dtype keeps SDPA."""
+    return ((dtype == torch.float32 or rows == 1 or tensor_core_dtypes(dtype, k_pool.dtype))
+            and reads_pool_with_triton(k_pool))
+
+
+def tensor_core_dtypes(dtype: torch.dtype, pool_dtype: torch.dtype) -> bool:
+    """bf16 / fp16 activations over a pool of the same dtype: the Triton kernel's tensor-core products
+    (tl.dot's operands share one dtype)."""
+    return dtype == pool_dtype and dtype in (torch.bfloat16, torch.float16)
 
 
 def reads_pool_natively(k_pool: torch.Tensor) -> bool:

@@ -353,7 +353,3 @@ def test_the_kernel_serves_fp32_and_half_precision_over_its_own_pool(monkeypatch
             runner.kv_cache, runner.device, runner.dtype, runner.block_size = type("KV", (), {"k": [pool]})(), "cpu", dtype, 16
             works = [SeqWork([1], 3, [0]) for _ in range(rows)]
             assert (runner._metadata(works, [], [3] * rows).decode_mask is None) == triton
-        runner = ModelRunner.__new__(ModelRunner)  # only what _metadata reads
-        runner.kv_cache, runner.device, runner.dtype, runner.block_size = type("KV", (), {"k": [pool]})(), "cpu", dtype, 16
-        works = [SeqWork([1], 3, [0]) for _ in range(rows)]
-        assert (runner._metadata(works, [], [3] * rows).decode_mask is None) == triton

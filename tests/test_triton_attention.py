@@ -285,6 +285,7 @@ def test_half_precision_over_its_own_pool_takes_the_tensor_cores(monkeypatch):
     dtypes = (torch.float32, BF16, FP16)
     rule = {(q, pool): triton_attention.uses_tensor_cores(q, pool) for q in dtypes for pool in dtypes}
     assert rule == {(q, pool): q == pool != torch.float32 for q, pool in rule}
+    assert rule == {(q, pool): attention.tensor_core_dtypes(q, pool) for q, pool in rule}  # the routing's copy
     assert [CASES[name].dot for name in ("gqa-9/3-d64-mixed", "bf16-pool-fp32-q", "dot-bf16-gqa-32/4-d64-tinyllama",
                                          "dot-fp16-gqa-6/2-d80")] == [False, False, True, True]
     monkeypatch.setattr(triton_attention, "HALF_PRECISION_DOT", False)

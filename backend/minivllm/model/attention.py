@@ -174,8 +174,8 @@ def triton_serves(k_pool: torch.Tensor, rows: int, dtype: torch.dtype) -> bool:
 
 
 def tensor_core_dtypes(dtype: torch.dtype, pool_dtype: torch.dtype) -> bool:
-    """bf16 / fp16 activations over a pool of the same dtype: the Triton kernel's tensor-core products
-    (tl.dot's operands share one dtype)."""
+    """bf16 / fp16 activations over a pool of the same dtype: where the Triton kernel takes its products on
+    the tensor cores (`triton_attention.uses_tensor_cores`, the same rule; that module imports triton)."""
     return dtype == pool_dtype and dtype in (torch.bfloat16, torch.float16)
 
 

@@ -101,9 +101,9 @@ class NativeDecodeStep:
         if kinds is None:
             return None
         return torch.ops.minivllm_native.decode_layers(
-            x, positions, rotary.cos, rotary.signed_sin, self.weights[: WEIGHTS_PER_LAYER * num_layers], kv_cache.k[:num_layers],
-            kv_cache.v[:num_layers], meta.slot_mapping, meta.decode_block_tables, meta.decode_context_lens,
-            kinds[: PRODUCTS_PER_LAYER * num_layers],
+            x, positions, rotary.cos, rotary.signed_sin, self.weights[: WEIGHTS_PER_LAYER * num_layers],
+            kv_cache.k[:num_layers], kv_cache.v[:num_layers], meta.slot_mapping, meta.decode_block_tables,
+            meta.decode_context_lens, kinds[: PRODUCTS_PER_LAYER * num_layers],
             self.heads, self.eps, self.scale, self.final_norm)
 
     @staticmethod

@@ -36,7 +36,6 @@ import triton
 import triton.language as tl
 
 from minivllm.arith import ceil_div
-from minivllm.model.attention import tensor_core_dtypes
 
 # Products (query heads x tokens x head dims) of one tile's scores: at 8192 each of 4 warps' 128 threads
 # holds 64 fp32 values, a budget that leaves registers for the rest; larger tiles get 8 warps. Estimated,
@@ -160,9 +159,10 @@ def tile_tokens(group_p: int, dim_p: int) -> int:
 
 
 def uses_tensor_cores(q_dtype: torch.dtype, pool_dtype: torch.dtype) -> bool:
-    """The dot path's rule (`attention.tensor_core_dtypes`: bf16 / fp16 queries over a pool of the same
-    dtype), unless switched off; fp32 keeps the CUDA-core products."""
-    return HALF_PRECISION_DOT and tensor_core_dtypes(q_dtype, pool_dtype)
+    """The dot path's rule: bf16 / fp16 queries over a pool of the same dtype (tl.dot's operands share one
+    dtype), unless switched off; fp32 keeps the CUDA-core products. `attention.tensor_core_dtypes` routes
+    batches by the same rule without importing triton (a test holds the two equal)."""
+    return HALF_PRECISION_DOT and q_dtype == pool_dtype and q_dtype in (torch.bfloat16, torch.float16)
 
 
 @dataclass(frozen=True)

@@ -262,11 +262,11 @@ struct Buffers {
 // then through `final_norm` where given (its weight; the layers' eps).
 // weights: per layer [input norm, QKV, O, post-attention norm, gate/up, down], the products' weights as
 // their kernels take them; kinds: per layer and product, its ProductKind.
-// cos / signed_sin: the model's whole rotary tables [positions, head_dim], read at each row's position (a lookup
-// in Python was two indexing calls a step).
+// cos / signed_sin: the model's whole rotary tables [positions, head_dim], read at each row's position (a
+// lookup in Python was two indexing calls a step).
 at::Tensor decode_layers(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos,
-                         const at::Tensor& signed_sin, at::TensorList weights, at::TensorList k_pools, at::TensorList v_pools,
-                         const at::Tensor& slot_mapping, const at::Tensor& block_tables,
+                         const at::Tensor& signed_sin, at::TensorList weights, at::TensorList k_pools,
+                         at::TensorList v_pools, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
                          const at::Tensor& context_lens, at::IntArrayRef kinds, int64_t heads, double eps,
                          double scale, const std::optional<at::Tensor>& final_norm) {
   check_step(x, positions, cos, signed_sin, weights, k_pools, v_pools, slot_mapping, kinds, heads, final_norm);

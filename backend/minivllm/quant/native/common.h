@@ -24,6 +24,12 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+inline float hmax(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
 // e^x for x <= 0 (scores minus their maximum), ~1 ulp: e^x = 2^n e^r with |r| <= ln2/2 and a degree-6
 // polynomial for e^r (Cephes' expf). Below -87 the result is clamped to ~1e-38: a weight of nothing.
 inline __m256 exp8(__m256 x) {

@@ -57,12 +57,6 @@ inline int64_t round_up8(int64_t n) { return (n + 7) / 8 * 8; }
 
 constexpr int32_t kSplitUnit = 128;  // int8x2: x = d / 128 * (128 * q + r); the loops' `<< 7` is this weight of q
 
-inline float hmax(__m256 v) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
-}
-
 inline int32_t hsum_epi32(__m256i v) {
   __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
   s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@ constexpr int64_t kBlock = 32;
 constexpr int64_t kPair = 2 * kBlock;   // 4-bit weights are stepped two blocks at a time
 constexpr int64_t kQ4BlockBytes = 20;   // a 4-bit weight block: fp16 d, fp16 m, 16 bytes of nibbles
 constexpr int64_t kFeatureGrain = 64;   // output features per parallel task: amortises a task, still balances
+constexpr int64_t kElementGrain = 16384;  // elements per parallel task: below that a thread hand-off costs more
 
 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -73,6 +75,15 @@ inline void prefetch_ahead(const void* p, int64_t bytes, int64_t ahead, const vo
   const auto from = reinterpret_cast<uintptr_t>(p) + ahead;
   const auto end = std::min(from + bytes, reinterpret_cast<uintptr_t>(stop));
   for (uintptr_t line = from; line < end; line += 64) _mm_prefetch(reinterpret_cast<const char*>(line), _MM_HINT_T0);
+}
+
+// Runs f(row) for every row, in parallel only when the rows hold enough elements to pay for it.
+template <typename F>
+void over_rows(int64_t rows, int64_t row_elements, F&& f) {
+  at::parallel_for(0, rows, std::max<int64_t>(1, kElementGrain / std::max<int64_t>(1, row_elements)),
+                   [&](int64_t begin, int64_t end) {
+                     for (int64_t r = begin; r < end; ++r) f(r);
+                   });
 }
 
 inline __m256i load32(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }

@@ -42,17 +42,6 @@ void product(const at::Tensor& x, const at::Tensor& w, int64_t kind, at::Tensor&
   }
 }
 
-constexpr int64_t kElementGrain = 16384;  // elements per parallel task: below that a thread hand-off costs more
-
-// Runs f(row) for every row, in parallel only when the rows hold enough elements to pay for it.
-template <typename F>
-void over_rows(int64_t rows, int64_t row_elements, F&& f) {
-  at::parallel_for(0, rows, std::max<int64_t>(1, kElementGrain / std::max<int64_t>(1, row_elements)),
-                   [&](int64_t begin, int64_t end) {
-                     for (int64_t r = begin; r < end; ++r) f(r);
-                   });
-}
-
 float sum_of_squares(const float* x, int64_t n) {
   __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
   int64_t i = 0;

@@ -46,10 +46,9 @@ at::Tensor int8_embedding(const at::Tensor& ids, const at::Tensor& q, const at::
   const int8_t* values = q.data_ptr<int8_t>();
   const float* scales = scale.data_ptr<float>();
   float* dst = out.data_ptr<float>();
-  at::parallel_for(0, count, std::max<int64_t>(1, 16384 / hidden), [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t)
-      for (int64_t g = 0; g < groups; ++g)
-        scale_row(values + id[t] * hidden + g * group, scales[id[t] * groups + g], dst + t * hidden + g * group, group);
+  over_rows(count, hidden, [&](int64_t t) {
+    for (int64_t g = 0; g < groups; ++g)
+      scale_row(values + id[t] * hidden + g * group, scales[id[t] * groups + g], dst + t * hidden + g * group, group);
   });
   return out;
 }

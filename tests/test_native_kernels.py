@@ -238,6 +238,7 @@ def test_the_fp32_kernel_choice_follows_the_timings(monkeypatch, tmp_path, wins,
 def test_argmax_logsumexp_is_torchs_argmax_and_logsumexp(vocab):
     """The greedy step's fused pick: torch's first maximum and log-sum-exp, and the pick's log-prob as torch's
     gather and subtraction give it, each row alone or in any batch."""
+    native.available()  # builds / loads the operators: run alone, no earlier test has
     x = torch.randn(9, vocab, generator=torch.Generator().manual_seed(vocab)) * 4
     x[1] = x[1].max()  # a tie across the whole row: the first index
     x[2, vocab // 2:] = x[2].max() + 1  # ties in the second half, some in the scalar tail

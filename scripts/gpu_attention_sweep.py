@@ -16,7 +16,9 @@ defaults in model/triton_attention.py came from it).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
+import io
 import math
 import statistics
 import sys
@@ -29,6 +31,7 @@ from minivllm.model.attention import decode_context_mask, gathered_decode_attent
 SETTINGS = [(256, 1), (128, 2), (64, 4), (32, 4), (64, 8), (32, 8)]  # (MIN_PARTITION_TOKENS, PROGRAMS_PER_SM)
 MODELS = {"smollm2 9/3 fp32": (9, 3, 64, torch.float32), "tinyllama 32/4 bf16": (32, 4, 64, torch.bfloat16)}
 BLOCK = 16
+SHAPES = [(batch, ctx) for batch in (1, 8, 32) for ctx in (128, 512, 2000)]  # (sequences, tokens of context)
 DOT_MODEL = "tinyllama 32/4 bf16"
 DEFAULT_SETTING = (ta.MIN_PARTITION_TOKENS, ta.PROGRAMS_PER_SM)  # the current best split, before the sweep
 
@@ -69,27 +72,30 @@ def sweep_split_settings() -> None:
     header = f"{'shape':<40}" + "".join(f"{str(s):>12}" for s in SETTINGS) + f"{'sdpa':>10}"
     for name, (heads, kv_heads, dim, dtype) in MODELS.items():
         print(f"\n== {name} ==\n{header}")
-        for batch in (1, 8, 32):
-            for ctx in (128, 512, 2000):
-                q, k_pool, v_pool, tables, lens = inputs(heads, kv_heads, dim, dtype, batch, ctx)
-                row = []
-                for min_tokens, per_sm in SETTINGS:
-                    ta.MIN_PARTITION_TOKENS, ta.PROGRAMS_PER_SM = min_tokens, per_sm
-                    row.append(graph_time_us(lambda: ta.paged_decode_attention(q, k_pool, v_pool, tables, lens, 0.125)))
-                    logs[(min_tokens, per_sm)] += math.log(row[-1])
-                mask = decode_context_mask(lens, tables.shape[1] * BLOCK, q.dtype)
-                sdpa = graph_time_us(lambda: gathered_decode_attention(q, k_pool, v_pool, tables, mask, 0.125))
-                print(f"{f'B={batch} ctx={ctx} width={tables.shape[1] * BLOCK}':<40}"
-                      + "".join(f"{t:12.1f}" for t in row) + f"{sdpa:10.1f}")
+        for batch, ctx in SHAPES:
+            q, k_pool, v_pool, tables, lens = inputs(heads, kv_heads, dim, dtype, batch, ctx)
+            row = []
+            for min_tokens, per_sm in SETTINGS:
+                ta.MIN_PARTITION_TOKENS, ta.PROGRAMS_PER_SM = min_tokens, per_sm
+                row.append(graph_time_us(lambda: ta.paged_decode_attention(q, k_pool, v_pool, tables, lens, 0.125)))
+                logs[(min_tokens, per_sm)] += math.log(row[-1])
+            sdpa = graph_time_us(sdpa_call(q, k_pool, v_pool, tables, lens))
+            print(f"{f'B={batch} ctx={ctx} width={tables.shape[1] * BLOCK}':<40}"
+                  + "".join(f"{t:12.1f}" for t in row) + f"{sdpa:10.1f}")
     best = min(logs, key=logs.get)
     print(f"\nBEST {best[0]} {best[1]}")  # the setting of the smallest geometric mean over every shape
 
 
-def compare_products(quiet: bool = False) -> float:
+def sdpa_call(q, k_pool, v_pool, tables, lens):
+    """The gathered path (gather + mask + SDPA) on these inputs, as a call to time."""
+    mask = decode_context_mask(lens, tables.shape[1] * BLOCK, q.dtype)
+    return functools.partial(gathered_decode_attention, q, k_pool, v_pool, tables, mask, 0.125)
+
+
+def compare_products() -> float:
     """CUDA-core against tensor-core products, both forced, and SDPA: us per call, time / SDPA's time
     (below 1: faster than SDPA), largest abs difference from SDPA's output. Returns the dot path's geometric
-    mean of time / SDPA's (`quiet`: prints nothing)."""
-    print = _print_unless(quiet)
+    mean of time / SDPA's."""
     heads, kv_heads, dim, dtype = MODELS[DOT_MODEL]
     ta.MIN_PARTITION_TOKENS, ta.PROGRAMS_PER_SM = DEFAULT_SETTING
     print(f"\n== {DOT_MODEL}: CUDA cores vs tensor cores, split setting {DEFAULT_SETTING}, dot tile "
@@ -97,27 +103,21 @@ def compare_products(quiet: bool = False) -> float:
     print(f"{'shape':<28}{'cores us':>10}{'dot us':>10}{'sdpa us':>10}{'cores/sdpa':>12}{'dot/sdpa':>10}"
           f"{'cores diff':>12}{'dot diff':>10}")
     logs = {"cores": 0.0, "dot": 0.0}
-    for batch in (1, 8, 32):
-        for ctx in (128, 512, 2000):
-            q, k_pool, v_pool, tables, lens = inputs(heads, kv_heads, dim, dtype, batch, ctx)
-            mask = decode_context_mask(lens, tables.shape[1] * BLOCK, q.dtype)
-            sdpa_call = functools.partial(gathered_decode_attention, q, k_pool, v_pool, tables, mask, 0.125)
-            paths = {name: functools.partial(ta.paged_decode_attention, q, k_pool, v_pool, tables, lens, 0.125,
-                                             tensor_cores=name == "dot") for name in logs}
-            sdpa, expected = graph_time_us(sdpa_call), sdpa_call().float()
-            times = {name: graph_time_us(call) for name, call in paths.items()}
-            diffs = {name: (call().float() - expected).abs().max().item() for name, call in paths.items()}
-            for name in logs:
-                logs[name] += math.log(times[name] / sdpa)
-            print(f"{f'B={batch} ctx={ctx}':<28}{times['cores']:10.1f}{times['dot']:10.1f}{sdpa:10.1f}"
-                  f"{times['cores'] / sdpa:12.2f}{times['dot'] / sdpa:10.2f}{diffs['cores']:12.1e}{diffs['dot']:10.1e}")
-    means = ", ".join(f"{name} {math.exp(log / 9):.2f}" for name, log in logs.items())
-    print(f"geometric mean of time / sdpa: {means}")
-    return math.exp(logs["dot"] / 9)
-
-
-def _print_unless(quiet: bool):
-    return (lambda *args, **kwargs: None) if quiet else print
+    for batch, ctx in SHAPES:
+        q, k_pool, v_pool, tables, lens = inputs(heads, kv_heads, dim, dtype, batch, ctx)
+        sdpa_path = sdpa_call(q, k_pool, v_pool, tables, lens)
+        paths = {name: functools.partial(ta.paged_decode_attention, q, k_pool, v_pool, tables, lens, 0.125,
+                                         tensor_cores=name == "dot") for name in logs}
+        sdpa, expected = graph_time_us(sdpa_path), sdpa_path().float()
+        times = {name: graph_time_us(call) for name, call in paths.items()}
+        diffs = {name: (call().float() - expected).abs().max().item() for name, call in paths.items()}
+        for name in logs:
+            logs[name] += math.log(times[name] / sdpa)
+        print(f"{f'B={batch} ctx={ctx}':<28}{times['cores']:10.1f}{times['dot']:10.1f}{sdpa:10.1f}"
+              f"{times['cores'] / sdpa:12.2f}{times['dot'] / sdpa:10.2f}{diffs['cores']:12.1e}{diffs['dot']:10.1e}")
+    means = {name: math.exp(log / len(SHAPES)) for name, log in logs.items()}
+    print("geometric mean of time / sdpa: " + ", ".join(f"{name} {mean:.2f}" for name, mean in means.items()))
+    return means["dot"]
 
 
 DOT_TILES = [(tile, warps) for tile in (32, 64, 128) for warps in (2, 4, 8)]  # (DOT_TILE_TOKENS, DOT_NUM_WARPS)
@@ -127,7 +127,8 @@ def sweep_dot_tiles() -> None:
     """The dot path's tile and warps: compare_products' geometric mean for each; the defaults came from it."""
     means = {}
     for ta.DOT_TILE_TOKENS, ta.DOT_NUM_WARPS in DOT_TILES:
-        means[(ta.DOT_TILE_TOKENS, ta.DOT_NUM_WARPS)] = mean = compare_products(quiet=True)
+        with contextlib.redirect_stdout(io.StringIO()):  # only the geometric mean, a line a setting
+            means[(ta.DOT_TILE_TOKENS, ta.DOT_NUM_WARPS)] = mean = compare_products()
         print(f"dot tile {ta.DOT_TILE_TOKENS} tokens, {ta.DOT_NUM_WARPS} warps: time / sdpa {mean:.2f}", flush=True)
     best = min(means, key=means.get)
     print(f"BEST DOT {best[0]} {best[1]}")

@@ -47,6 +47,7 @@ def test_the_native_kernels_build_and_are_candidates_on_an_avx2_cpu():
 
 
 def _native(kind: str, acts: str, n: int, k: int):
+    assert native.available() is None  # loads the operators: a test run alone (-k) has no earlier one to do it
     if kind == "int4":
         return kernels.Int4Native(_int4(n, k).packed, acts)
     w = quantize_int8("w", torch.randn(n, k, generator=torch.Generator().manual_seed(1)))
@@ -114,7 +115,6 @@ def test_the_fp32_activation_kernels_compute_the_dequantized_product(kind, shape
 @pytest.mark.parametrize("kind,k", [(kind, k) for kind in ("int4", "int8") for k in (576, 448, 1536, 128)] +
                          [("int8", 288), ("int8", 160)])
 def test_the_vnni_loops_give_the_avx2_loops_bits(kind, acts, k):
-    assert native.available() is None  # built here too, not only by the tests before it
     kernel = _native(kind, acts, 200, k)
     x = torch.randn(7, k)
     try:
@@ -145,7 +145,7 @@ def test_a_gguf_q4_1_block_is_packed_with_its_own_fp16_d_and_m():
 @needs_avx2
 @pytest.mark.parametrize("acts", kernels.NATIVE_ACTS)
 def test_the_native_kernel_runs_inside_a_compiled_graph(acts):
-    kernel = kernels.Int4Native(_int4(128, 128).packed, acts)
+    kernel = _native("int4", acts, 128, 128)
     norm = torch.ones(128)
 
     def layer(x):

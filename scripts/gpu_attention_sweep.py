@@ -10,7 +10,8 @@ Then, for TinyLlama's bf16 shape at the module's split defaults, the kernel's tw
 side by side: CUDA cores (fp32 broadcast sums) and tensor cores (tl.dot), each forced, against SDPA, with
 each path's largest difference from SDPA's output. --dot-only prints only that table (seconds);
 --dot-tiles times the dot path's tile / warps settings instead ("BEST DOT <tile tokens> <warps>": the
-defaults in model/triton_attention.py came from it).
+defaults in model/triton_attention.py came from it). --dot-model picks those two tables' heads (TinyLlama's
+by default; also Llama-3-8B's, head dim 128, where the dot tile is half as many tokens).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ MODELS = {"smollm2 9/3 fp32": (9, 3, 64, torch.float32), "tinyllama 32/4 bf16": 
 BLOCK = 16
 SHAPES = [(batch, ctx) for batch in (1, 8, 32) for ctx in (128, 512, 2000)]  # (sequences, tokens of context)
 DOT_MODEL = "tinyllama 32/4 bf16"
+# the dot path's own table may also take a head dim of 128 (Llama-3-8B's heads), where its tile is 64 tokens
+DOT_MODELS = {**MODELS, "llama3-8b 32/8 D128 bf16": (32, 8, 128, torch.bfloat16)}
 DEFAULT_SETTING = (ta.MIN_PARTITION_TOKENS, ta.PROGRAMS_PER_SM)  # the current best split, before the sweep
 
 
@@ -92,13 +95,13 @@ def sdpa_call(q, k_pool, v_pool, tables, lens):
     return functools.partial(gathered_decode_attention, q, k_pool, v_pool, tables, mask, 0.125)
 
 
-def compare_products() -> float:
+def compare_products(model: str = DOT_MODEL) -> float:
     """CUDA-core against tensor-core products, both forced, and SDPA: us per call, time / SDPA's time
     (below 1: faster than SDPA), largest abs difference from SDPA's output. Returns the dot path's geometric
     mean of time / SDPA's."""
-    heads, kv_heads, dim, dtype = MODELS[DOT_MODEL]
+    heads, kv_heads, dim, dtype = DOT_MODELS[model]
     ta.MIN_PARTITION_TOKENS, ta.PROGRAMS_PER_SM = DEFAULT_SETTING
-    print(f"\n== {DOT_MODEL}: CUDA cores vs tensor cores, split setting {DEFAULT_SETTING}, dot tile "
+    print(f"\n== {model}: CUDA cores vs tensor cores, split setting {DEFAULT_SETTING}, dot tile "
           f"{ta.DOT_TILE_TOKENS} tokens, {ta.DOT_NUM_WARPS} warps ==")
     print(f"{'shape':<28}{'cores us':>10}{'dot us':>10}{'sdpa us':>10}{'cores/sdpa':>12}{'dot/sdpa':>10}"
           f"{'cores diff':>12}{'dot diff':>10}")
@@ -123,12 +126,13 @@ def compare_products() -> float:
 DOT_TILES = [(tile, warps) for tile in (32, 64, 128) for warps in (2, 4, 8)]  # (DOT_TILE_TOKENS, DOT_NUM_WARPS)
 
 
-def sweep_dot_tiles() -> None:
-    """The dot path's tile and warps: compare_products' geometric mean for each; the defaults came from it."""
+def sweep_dot_tiles(model: str = DOT_MODEL) -> None:
+    """The dot path's tile and warps: compare_products' geometric mean for each; the defaults came from it.
+    (The tile is DOT_TILE_TOKENS at head dims up to 64 and shrinks with wider heads: launch_shape.)"""
     means = {}
     for ta.DOT_TILE_TOKENS, ta.DOT_NUM_WARPS in DOT_TILES:
         with contextlib.redirect_stdout(io.StringIO()):  # only the geometric mean, a line a setting
-            means[(ta.DOT_TILE_TOKENS, ta.DOT_NUM_WARPS)] = mean = compare_products()
+            means[(ta.DOT_TILE_TOKENS, ta.DOT_NUM_WARPS)] = mean = compare_products(model)
         print(f"dot tile {ta.DOT_TILE_TOKENS} tokens, {ta.DOT_NUM_WARPS} warps: time / sdpa {mean:.2f}", flush=True)
     best = min(means, key=means.get)
     print(f"BEST DOT {best[0]} {best[1]}")
@@ -140,13 +144,15 @@ def main() -> int:
                         help="only the CUDA-core vs tensor-core table (TinyLlama bf16), not the split sweep")
     parser.add_argument("--dot-tiles", action="store_true",
                         help="only the dot path's tile / warps settings, one geometric mean each (a minute)")
+    parser.add_argument("--dot-model", choices=list(DOT_MODELS), default=DOT_MODEL,
+                        help="the heads the two --dot tables take (default: %(default)s)")
     args = parser.parse_args()
     if args.dot_tiles:
-        sweep_dot_tiles()
+        sweep_dot_tiles(args.dot_model)
         return 0
     if not args.dot_only:
         sweep_split_settings()
-    compare_products()
+    compare_products(args.dot_model)
     return 0
 
 

@@ -86,6 +86,29 @@ void over_rows(int64_t rows, int64_t row_elements, F&& f) {
                    });
 }
 
+// Runs f(i) for every task i in [0, cost.size()), each thread taking one contiguous run of tasks of about
+// equal total cost (parallel_for's runs have equal counts: a lone sequence's 9 attention parts, the last
+// partial, were 5 full parts against 3 and a bit). Contiguous, not pulled one by one: a thread reads its
+// parts front to back and its prefetches reach its next part (interleaved parts measured 1.09-1.34x the
+// one-sequence step at 512-1,500 tokens). f(i) must not depend on which thread runs it.
+template <typename F>
+void over_balanced_runs(const std::vector<int64_t>& cost, F&& f) {
+  const int64_t tasks = static_cast<int64_t>(cost.size()), threads = std::min<int64_t>(tasks, at::get_num_threads());
+  std::vector<int64_t> before(tasks + 1, 0);  // before[i]: the cost of tasks [0, i)
+  for (int64_t i = 0; i < tasks; ++i) before[i + 1] = before[i] + cost[i];
+  auto run_start = [&](int64_t j) {  // thread j's first task: where the cost before it is nearest j / threads of all
+    if (j == threads) return tasks;
+    const double target = static_cast<double>(before[tasks]) * static_cast<double>(j) / static_cast<double>(threads);
+    int64_t i = std::lower_bound(before.begin(), before.end(), target) - before.begin();
+    if (i > 0 && target - static_cast<double>(before[i - 1]) < static_cast<double>(before[i]) - target) --i;
+    return i;
+  };
+  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; ++j)
+      for (int64_t i = run_start(j), stop = run_start(j + 1); i < stop; ++i) f(i);
+  });
+}
+
 inline __m256i load32(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
 // Eight fp16 values as floats; a short tail (n = 2, 4 or 6: blocks come in pairs) is zero-padded by a

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from engine_utils import make_engine, run
 
 import minivllm.loader
 from minivllm.cli import main
+from minivllm.quant import native
 from minivllm.sampling.params import SamplingParams
 
 
@@ -21,8 +23,10 @@ def minivllm_cmd() -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "minivllm.cli"]
 
 
-def cli(*args: str, stdin: str | None = None, timeout: int = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([*minivllm_cmd(), *args], capture_output=True, text=True, input=stdin, timeout=timeout)
+def cli(*args: str, stdin: str | None = None, timeout: int = 180, env: dict[str, str] | None = None
+        ) -> subprocess.CompletedProcess:
+    return subprocess.run([*minivllm_cmd(), *args], capture_output=True, text=True, input=stdin, timeout=timeout,
+                          env=None if env is None else {**os.environ, **env})
 
 
 def greedy_text(loaded, prompt: str, max_tokens: int) -> str:
@@ -129,9 +133,18 @@ def test_bench_throughput_and_profile_run(tmp_path):
     assert re.search(r"mini-vllm one at a time\s+4\s", proc.stdout), proc.stdout
     assert "4 concurrent: continuous batching is" in proc.stdout
     assert "with prefix caching" in proc.stdout and (tmp_path / "throughput.png").stat().st_size > 0
-    proc = cli("bench", "profile", "--model", "random:tiny", "--concurrency", "4", "--max-tokens", "16")
+    # not eager (the suite's default): the tiny model's decode steps then run natively where the CPU allows
+    proc = cli("bench", "profile", "--model", "random:tiny", "--concurrency", "4", "--max-tokens", "16",
+               env={"MINIVLLM_ENFORCE_EAGER": "0"})
     assert proc.returncode == 0, proc.stderr
     assert "one decode step at 4 concurrent" in proc.stdout and "GEMM (linear layers, LM head)" in proc.stdout
+    if native.cpu_has_avx2():  # their parts, timed from inside the native call
+        inside = re.search(r"inside the native decode step \(wall time around each part, mean of (\d+) timed calls\):\n"
+                           r"  products +([\d.]+) ms +\(([\d.]+) MiB of layer weights at ([\d.]+) GB/s\)\n"
+                           r"  attention +([\d.]+) ms\n(?:  .+\n){4}  whole call +([\d.]+) ms", proc.stdout)
+        assert inside, proc.stdout
+        calls, products, mib, rate, attention, whole = map(float, inside.groups())
+        assert calls >= 4 and 0 < products + attention < whole and mib > 0 and rate > 0
     # the floor: the bandwidth read before each round of timed steps, each round's ratio against its own reading
     floor = re.search(r"([\d.]+)-([\d.]+) GB/s read before each of 4 rounds of steps\) = [\d.]+ ms; this step is "
                       r"([\d.]+)x the floor \(median of the rounds, each against its own reading: ([\d.]+)-([\d.]+)x\)",

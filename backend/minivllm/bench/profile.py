@@ -2,15 +2,19 @@
 
 Engine phases come from the StepFinished events (schedule, forward, sample, post-process); the
 forward pass is split by operator category with torch.profiler, and what the operators do not
-account for is Python / dispatch overhead."""
+account for is Python / dispatch overhead. Where decode steps run natively (decode_step.cpp), the call's
+own parts (products, attention, rotary + K/V store, norms + residuals, SiLU) are timed from inside it
+during the unprofiled steps, with the rate at which the products read the layers' weights."""
 
 from __future__ import annotations
 
+import contextlib
 from collections import defaultdict
 
 from minivllm.bench.common import chat_prompt_ids, greedy, median, progress
 from minivllm.bench.machine import machine_line
 from minivllm.bench.prompts import CHAT_PROMPTS
+from minivllm.quant import native
 
 CATEGORIES = {
     "GEMM (linear layers, LM head)": ("aten::mm", "aten::addmm", "mkl::_mkl_linear", "aten::linear",
@@ -41,7 +45,10 @@ def bench_profile(engine, args) -> int:
     while any(r.status.value in ("WAITING", "PREFILL") for r in engine.requests.values()):
         engine.step()
     progress(f"timing decode steps at {level} concurrent")
-    rounds = _timed_rounds(engine, max(4, min(16, args.max_tokens // 2)))
+    native_step = getattr(engine.loaded.model, "native_step", None)
+    with _native_part_clocks(native_step is not None):
+        rounds = _timed_rounds(engine, max(4, min(16, args.max_tokens // 2)))
+        inside = native.decode_part_times() if native_step is not None else None
     steps = [step for _, round_steps in rounds for step in round_steps]
     progress("profiling operators")
     with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -50,8 +57,41 @@ def bench_profile(engine, args) -> int:
     while engine.has_work():
         engine.step()
     _report(steps, prof, level)
+    if inside is not None:
+        _print_native_parts(*inside, native_step.product_bytes)
     _print_floor(engine, level, rounds)
     return 0
+
+
+@contextlib.contextmanager
+def _native_part_clocks(on: bool):
+    """The native decode step's per-part clocks, on for the timed steps only (~330 clock reads, ~10 us a step)."""
+    if not on:
+        yield
+        return
+    native.decode_part_times()  # from zero
+    native.decode_part_timing(True)
+    try:
+        yield
+    finally:
+        native.decode_part_timing(False)
+
+
+def _print_native_parts(parts: dict[str, float], whole: float, calls: int, product_bytes: int) -> None:
+    """The native call's parts, per call, timed around each in the unprofiled steps: the products' rate is
+    what the floor assumes of every weight byte."""
+    if calls == 0:
+        print("\nthe native decode step did not run in the timed steps (a kernel plan not ours at this row count)")
+        return
+    print(f"\ninside the native decode step (wall time around each part, mean of {calls} timed calls):")
+    for name, seconds in parts.items():
+        rate = ""
+        if name == "products" and seconds > 0:
+            rate = f"   ({product_bytes / 2**20:.3g} MiB of layer weights at {product_bytes * calls / seconds / 1e9:.1f} GB/s)"
+        print(f"  {name:<24} {seconds / calls * 1e3:7.2f} ms{rate}")
+    rest = whole - sum(parts.values())
+    print(f"  {'the rest of the call':<24} {rest / calls * 1e3:7.2f} ms   (checks, buffers, the final norm)")
+    print(f"  {'whole call':<24} {whole / calls * 1e3:7.2f} ms")
 
 
 FLOOR_ROUNDS = 4  # the timed steps come in this many rounds, each after a bandwidth reading of its own

@@ -86,6 +86,11 @@ class NativeDecodeStep:
             return None
         return NativeDecodeStep(model)
 
+    @property
+    def product_bytes(self) -> int:
+        """Bytes of the layers' product weights, which every call reads once (the norms' aside)."""
+        return sum(w.nbytes for i, w in enumerate(self.weights) if i % WEIGHTS_PER_LAYER in (1, 2, 4, 5))
+
     def kinds(self, rows: int) -> list[int] | None:
         if rows not in self._kinds:
             self._kinds[rows] = product_kinds(self.layers, rows)

@@ -136,6 +136,22 @@ def argmax_logsumexp(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, 
     return torch.ops.minivllm_native.argmax_logsumexp(logits)
 
 
+# decode_step.cpp's parts of a call, in the order `decode_part_times` returns them (then the whole call)
+DECODE_PARTS = ("products", "attention", "rotary + K/V store", "norms + residuals", "SiLU x up")
+
+
+def decode_part_timing(on: bool) -> None:
+    """Turn the native decode step's per-part clocks on or off (`bench profile`; off by default)."""
+    torch.ops.minivllm_native.decode_part_timing(on)
+
+
+def decode_part_times() -> tuple[dict[str, float], float, int]:
+    """Seconds in each part (DECODE_PARTS) and in whole calls, and the calls timed, since the last read;
+    the sums then restart from zero."""
+    *parts, whole, calls = torch.ops.minivllm_native.decode_part_times()
+    return dict(zip(DECODE_PARTS, parts, strict=True)), whole, int(calls)
+
+
 def reduces_logits(logits: torch.Tensor) -> bool:
     """Whether `argmax_logsumexp` can take these logits (contiguous fp32 on this CPU, kernels built)."""
     return (logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.dim() == 2

@@ -16,6 +16,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <vector>
 
@@ -231,6 +233,33 @@ void check_step(const at::Tensor& x, const at::Tensor& positions, const at::Tens
   if (final_norm) check_norm(*final_norm, x.size(1), "the final");
 }
 
+// Where the call's time goes, on request (`bench profile`): wall time around each part of every layer, summed
+// over calls until read (`decode_part_times`). Off, a part costs a relaxed load and a branch. The engine calls
+// the step from one thread, which alone adds to the sums.
+enum Part : int { kProducts, kAttention, kRotaryStore, kNormsResiduals, kSiluUp, kWholeCall, kParts };
+std::atomic<bool> timing_parts{false};
+double part_seconds[kParts] = {};
+int64_t timed_calls = 0;
+
+template <typename F>
+void timed(Part part, F&& f) {
+  if (!timing_parts.load(std::memory_order_relaxed)) return f();
+  const auto start = std::chrono::steady_clock::now();
+  f();
+  part_seconds[part] += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+void decode_part_timing(bool on) { timing_parts = on; }
+
+// Seconds per part (Part's order, the whole call last) and the timed calls since the last read; then zeros.
+std::vector<double> decode_part_times() {
+  std::vector<double> times(part_seconds, part_seconds + kParts);
+  times.push_back(static_cast<double>(timed_calls));
+  std::fill(part_seconds, part_seconds + kParts, 0.0);
+  timed_calls = 0;
+  return times;
+}
+
 // One step's intermediate values, allocated once a call and reused by every layer (allocating them per
 // layer was ~10 tensors a layer, ~300 a step: ~0.3-0.5 us each, and as many views).
 struct Buffers {
@@ -253,11 +282,11 @@ struct Buffers {
 // their kernels take them; kinds: per layer and product, its ProductKind.
 // cos / signed_sin: the model's whole rotary tables [positions, head_dim], read at each row's position (a
 // lookup in Python was two indexing calls a step).
-at::Tensor decode_layers(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos,
-                         const at::Tensor& signed_sin, at::TensorList weights, at::TensorList k_pools,
-                         at::TensorList v_pools, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
-                         const at::Tensor& context_lens, at::IntArrayRef kinds, int64_t heads, double eps,
-                         double scale, const std::optional<at::Tensor>& final_norm) {
+at::Tensor run_layers(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos,
+                      const at::Tensor& signed_sin, at::TensorList weights, at::TensorList k_pools,
+                      at::TensorList v_pools, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
+                      const at::Tensor& context_lens, at::IntArrayRef kinds, int64_t heads, double eps,
+                      double scale, const std::optional<at::Tensor>& final_norm) {
   check_step(x, positions, cos, signed_sin, weights, k_pools, v_pools, slot_mapping, kinds, heads, final_norm);
   const Shape s{x.size(0), heads, k_pools[0].size(2), k_pools[0].size(3)};
   const int64_t* slots = slot_mapping.data_ptr<int64_t>();
@@ -269,22 +298,41 @@ at::Tensor decode_layers(const at::Tensor& x, const at::Tensor& positions, const
   for (size_t l = 0; l < k_pools.size(); ++l) {
     const at::Tensor* w = &weights[kWeightsPerLayer * l];
     const int64_t* kind = &kinds[kProductsPerLayer * l];
-    rms_norm(hidden, w[0], eps, b.normed);
-    product(b.normed, w[1], kind[0], b.qkv);
-    rotate_and_store(b.qkv, cos, signed_sin, k_pools[l], v_pools[l], position, slots, s);
-    paged_decode_attention_into(b.queries, k_pools[l], v_pools[l], block_tables, context_lens, scale, b.attention);
-    product(b.attention_rows, w[2], kind[1], b.projected);
-    add_into(hidden, b.projected);
-    rms_norm(hidden, w[3], eps, b.normed);
-    product(b.normed, w[4], kind[2], b.gate_up);
-    silu_times_up(b.gate_up, b.activated);
-    product(b.activated, w[5], kind[3], b.projected);
-    add_into(hidden, b.projected);
+    timed(kNormsResiduals, [&] { rms_norm(hidden, w[0], eps, b.normed); });
+    timed(kProducts, [&] { product(b.normed, w[1], kind[0], b.qkv); });
+    timed(kRotaryStore, [&] { rotate_and_store(b.qkv, cos, signed_sin, k_pools[l], v_pools[l], position, slots, s); });
+    timed(kAttention, [&] {
+      paged_decode_attention_into(b.queries, k_pools[l], v_pools[l], block_tables, context_lens, scale, b.attention);
+    });
+    timed(kProducts, [&] { product(b.attention_rows, w[2], kind[1], b.projected); });
+    timed(kNormsResiduals, [&] {
+      add_into(hidden, b.projected);
+      rms_norm(hidden, w[3], eps, b.normed);
+    });
+    timed(kProducts, [&] { product(b.normed, w[4], kind[2], b.gate_up); });
+    timed(kSiluUp, [&] { silu_times_up(b.gate_up, b.activated); });
+    timed(kProducts, [&] { product(b.activated, w[5], kind[3], b.projected); });
+    timed(kNormsResiduals, [&] { add_into(hidden, b.projected); });
   }
   if (!final_norm) return hidden;
   // the model's final norm here too: eagerly, alone, it took ~0.2 ms of a one-sequence step
   rms_norm(hidden, *final_norm, eps, b.normed);
   return b.normed;
+}
+
+// The operator: run_layers, timed as a whole call when part timing is on.
+at::Tensor decode_layers(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos,
+                         const at::Tensor& signed_sin, at::TensorList weights, at::TensorList k_pools,
+                         at::TensorList v_pools, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
+                         const at::Tensor& context_lens, at::IntArrayRef kinds, int64_t heads, double eps,
+                         double scale, const std::optional<at::Tensor>& final_norm) {
+  at::Tensor out;
+  timed(kWholeCall, [&] {
+    out = run_layers(x, positions, cos, signed_sin, weights, k_pools, v_pools, slot_mapping, block_tables,
+                     context_lens, kinds, heads, eps, scale, final_norm);
+  });
+  if (timing_parts.load(std::memory_order_relaxed)) ++timed_calls;
+  return out;
 }
 
 }  // namespace
@@ -293,6 +341,8 @@ TORCH_LIBRARY_FRAGMENT(minivllm_native, m) {
   m.def("decode_layers(Tensor x, Tensor positions, Tensor cos, Tensor signed_sin, Tensor[] weights, Tensor[] k_pools, "
         "Tensor[] v_pools, Tensor slot_mapping, Tensor block_tables, Tensor context_lens, int[] kinds, "
         "int heads, float eps, float scale, Tensor? final_norm) -> Tensor");
+  m.def("decode_part_timing(bool on) -> ()", &decode_part_timing);
+  m.def("decode_part_times() -> float[]", &decode_part_times);
 }
 
 TORCH_LIBRARY_IMPL(minivllm_native, CPU, m) { m.impl("decode_layers", &decode_layers); }

@@ -46,8 +46,10 @@ def bench_profile(engine, args) -> int:
         engine.step()
     progress(f"timing decode steps at {level} concurrent")
     native_step = getattr(engine.loaded.model, "native_step", None)
+    timed = max(4, min(32, args.max_tokens // 3))
+    warm = min(WARM_STEPS, max(0, args.max_tokens - 1 - timed - PROFILED_STEPS) // FLOOR_ROUNDS)
     with _native_part_clocks(native_step is not None):
-        rounds = _timed_rounds(engine, max(4, min(16, args.max_tokens // 2)))
+        rounds = _timed_rounds(engine, timed, warm)
         inside = native.decode_part_times() if native_step is not None else None
     steps = [step for _, round_steps in rounds for step in round_steps]
     progress("profiling operators")
@@ -59,7 +61,7 @@ def bench_profile(engine, args) -> int:
     _report(steps, prof, level)
     if inside is not None:
         _print_native_parts(*inside, native_step.product_bytes)
-    _print_floor(engine, level, rounds)
+    _print_floor(engine, level, rounds, warm)
     return 0
 
 
@@ -95,17 +97,24 @@ def _print_native_parts(parts: dict[str, float], whole: float, calls: int, produ
 
 
 FLOOR_ROUNDS = 4  # the timed steps come in this many rounds, each after a bandwidth reading of its own
+# Untimed steps after each reading: the first decode steps after it (or after any pause) run ~1 ms slower at one
+# sequence while the threads and caches warm up (4.6-5.0 ms, then 3.5-3.9; docs/ARCHITECTURE.md). A served
+# decode follows its prefill or the step before, so the steady steps are what a stream's tokens cost.
+WARM_STEPS = 4
 
 
-def _timed_rounds(engine, count: int) -> list[tuple[float, list]]:
+def _timed_rounds(engine, count: int, warm: int = 0) -> list[tuple[float, list]]:
     """`count` decode steps in FLOOR_ROUNDS rounds, as (streaming GB/s measured just before, the round's
-    StepFinished events). A box's memory bandwidth drifts by 1.5x within minutes (docs/ARCHITECTURE.md),
-    so a floor read once, after the steps, could belong to another phase than the steps it divides."""
+    StepFinished events), each round's timed steps after `warm` untimed ones. A box's memory bandwidth drifts
+    by 1.5x within minutes (docs/ARCHITECTURE.md), so a floor read once, after the steps, could belong to
+    another phase than the steps it divides."""
     from minivllm.bench.machine import streaming_bandwidth_gbs
 
     rounds = []
     for r in range(FLOOR_ROUNDS):
         bandwidth, steps = streaming_bandwidth_gbs(repeats=3), []
+        for _ in range(warm):
+            engine.step()
         unsubscribe = engine.bus.subscribe(lambda e: steps.append(e) if type(e).__name__ == "StepFinished" else None)
         for _ in range(count * (r + 1) // FLOOR_ROUNDS - count * r // FLOOR_ROUNDS):
             engine.step()
@@ -114,7 +123,7 @@ def _timed_rounds(engine, count: int) -> list[tuple[float, list]]:
     return rounds
 
 
-def _print_floor(engine, rows: int, rounds: list[tuple[float, list]]) -> None:
+def _print_floor(engine, rows: int, rounds: list[tuple[float, list]], warm: int) -> None:
     """The weight-read floor: a decode step cannot be faster than streaming its weights once. Each round's
     median step is divided by the floor at the bandwidth read just before it; the median ratio is reported."""
     from minivllm.bench.machine import cpu_capability
@@ -130,7 +139,8 @@ def _print_floor(engine, rows: int, rounds: list[tuple[float, list]]) -> None:
     bandwidth = median(bandwidths)
     print(f"\nweight-read floor at {rows} rows: {read / 2**20:.0f} MiB of weights per step / {bandwidth:.1f} GB/s "
           f"(CPU {cpu_capability()}; {bandwidths[0]:.1f}-{bandwidths[-1]:.1f} GB/s read before each of "
-          f"{len(timed)} rounds of steps) = {read / bandwidth / 1e6:.1f} ms; this step is {median(ratios):.2f}x "
+          f"{len(timed)} rounds of steps, {warm} untimed after each reading) = {read / bandwidth / 1e6:.1f} ms; "
+          f"this step is {median(ratios):.2f}x "
           f"the floor (median of the rounds, each against its own reading: {ratios[0]:.2f}-{ratios[-1]:.2f}x)")
 
 

@@ -118,9 +118,10 @@ def test_an_early_exit_runs_only_its_layers(tiny_q4, native_calls):
 def test_the_part_clocks_time_each_part_of_a_call_only_while_on(tiny_q4):
     loaded, step, engine = tiny_q4
     works = random_decode_works(random.Random(7), 2, engine.block_manager.num_blocks, max_width=6)
+    nothing = ({part: 0.0 for part in native.DECODE_PARTS}, 0.0, 0)
     native.decode_part_times()  # from zero
     _step(loaded, engine, step, works)
-    assert native.decode_part_times() == ({part: 0.0 for part in native.DECODE_PARTS}, 0.0, 0)  # off: nothing
+    assert native.decode_part_times() == nothing  # off: nothing
     native.decode_part_timing(True)
     try:
         for _ in range(3):
@@ -131,7 +132,7 @@ def test_the_part_clocks_time_each_part_of_a_call_only_while_on(tiny_q4):
     assert calls == 3 and list(parts) == list(native.DECODE_PARTS)
     assert all(seconds > 0 for seconds in parts.values()), parts  # every part ran, in every layer
     assert sum(parts.values()) < whole  # parts of the calls, each timed inside its call
-    assert native.decode_part_times() == ({part: 0.0 for part in native.DECODE_PARTS}, 0.0, 0)  # a read restarts
+    assert native.decode_part_times() == nothing  # a read restarts
 
 
 def test_a_sequence_gets_the_same_bits_alone_and_in_a_batch(tiny_q4):

@@ -86,11 +86,11 @@ void over_rows(int64_t rows, int64_t row_elements, F&& f) {
                    });
 }
 
-// Runs f(i) for every task i in [0, cost.size()), each thread taking one contiguous run of tasks of about
-// equal total cost (parallel_for's runs have equal counts: a lone sequence's 9 attention parts, the last
-// partial, were 5 full parts against 3 and a bit). Contiguous, not pulled one by one: a thread reads its
-// parts front to back and its prefetches reach its next part (interleaved parts measured 1.09-1.34x the
-// one-sequence step at 512-1,500 tokens). f(i) must not depend on which thread runs it.
+// at::parallel_for over tasks [0, cost.size()), but each thread's run f(begin, end) of contiguous tasks has
+// about equal total cost, not an equal count (a lone sequence's 9 attention parts, the last partial, went 5
+// full parts against 3 and a bit). Contiguous, not pulled one by one: a thread reads its parts front to back
+// and its prefetches reach its next part (interleaved parts measured 1.09-1.34x the one-sequence step at
+// 512-1,500 tokens). A task's result must not depend on which thread runs it.
 template <typename F>
 void over_balanced_runs(const std::vector<int64_t>& cost, F&& f) {
   const int64_t tasks = static_cast<int64_t>(cost.size()), threads = std::min<int64_t>(tasks, at::get_num_threads());
@@ -105,7 +105,7 @@ void over_balanced_runs(const std::vector<int64_t>& cost, F&& f) {
   };
   at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
     for (int64_t j = begin; j < end; ++j)
-      for (int64_t i = run_start(j), stop = run_start(j + 1); i < stop; ++i) f(i);
+      if (const int64_t first = run_start(j), stop = run_start(j + 1); first < stop) f(first, stop);
   });
 }
 

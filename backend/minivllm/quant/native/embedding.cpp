@@ -5,7 +5,6 @@
 // operators, ~125 us of a one-sequence decode step on a box where the step's 94 MiB of weights have just
 // evicted everything they touch; one call is a few microseconds.
 
-#include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include "common.h"

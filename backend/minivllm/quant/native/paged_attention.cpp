@@ -355,12 +355,14 @@ std::array<float*, N> thread_scratch(const std::array<int64_t, N>& floats) {
 template <typename T>
 void by_sequence(const Attention<T>& a, int64_t seqs, float* out) {
   const int64_t max_len = a.g.max_blocks * a.g.block_size, most_parts = (max_len + a.part_len - 1) / a.part_len;
-  over_balanced_runs(std::vector<int64_t>(a.lens, a.lens + seqs), [&](int64_t s) {
+  over_balanced_runs(std::vector<int64_t>(a.lens, a.lens + seqs), [&](int64_t begin, int64_t end) {
     const auto [scaled, scores, top, sum, parts_out] = thread_scratch<5>(
         {a.all_heads * a.g.dim, a.all_heads * max_len, most_parts * a.all_heads, most_parts * a.all_heads,
          most_parts * a.all_heads * a.g.dim});
-    a.attend_parts(s, 0, a.part_count(s), 0, a.g.kv_heads, scaled, scores, top, sum, parts_out);
-    merge_parts(parts_out, top, sum, a.part_count(s), a.all_heads, a.g.dim, out + s * a.all_heads * a.g.dim);
+    for (int64_t s = begin; s < end; ++s) {
+      a.attend_parts(s, 0, a.part_count(s), 0, a.g.kv_heads, scaled, scores, top, sum, parts_out);
+      merge_parts(parts_out, top, sum, a.part_count(s), a.all_heads, a.g.dim, out + s * a.all_heads * a.g.dim);
+    }
   });
 }
 
@@ -387,18 +389,20 @@ void by_part(const Attention<T>& a, int64_t seqs, float* out) {
         tokens.push_back(std::min(a.part_len, a.lens[s] - p * a.part_len));
       }
   std::vector<float> parts_out(kept * a.all_heads * a.g.dim), tops(kept * a.all_heads), sums(kept * a.all_heads);
-  over_balanced_runs(tokens, [&](int64_t i) {
+  over_balanced_runs(tokens, [&](int64_t begin, int64_t end) {
     const auto [scaled, scores, top, sum] = thread_scratch<4>({heads * a.g.dim, heads * a.part_len, heads, heads});
-    const Task& t = tasks[i];
-    if (first_part[t.seq] < 0) {  // one part: straight out
-      float* o = out + (t.seq * a.all_heads + t.h0 * a.g.group) * a.g.dim;
-      a.attend_parts(t.seq, 0, 1, t.h0, kv_count, scaled, scores, top, sum, o);
-      merge_parts(o, top, sum, 1, heads, a.g.dim, o);
-      return;
+    for (int64_t i = begin; i < end; ++i) {
+      const Task& t = tasks[i];
+      if (first_part[t.seq] < 0) {  // one part: straight out
+        float* o = out + (t.seq * a.all_heads + t.h0 * a.g.group) * a.g.dim;
+        a.attend_parts(t.seq, 0, 1, t.h0, kv_count, scaled, scores, top, sum, o);
+        merge_parts(o, top, sum, 1, heads, a.g.dim, o);
+        continue;
+      }
+      const int64_t at = (first_part[t.seq] + t.part) * a.all_heads + t.h0 * a.g.group;
+      a.attend_parts(t.seq, t.part, t.part + 1, t.h0, kv_count, scaled, scores, tops.data() + at,
+                     sums.data() + at, parts_out.data() + at * a.g.dim);
     }
-    const int64_t at = (first_part[t.seq] + t.part) * a.all_heads + t.h0 * a.g.group;
-    a.attend_parts(t.seq, t.part, t.part + 1, t.h0, kv_count, scaled, scores, tops.data() + at,
-                   sums.data() + at, parts_out.data() + at * a.g.dim);
   });
   for (int64_t s = 0; s < seqs; ++s) {
     if (first_part[s] < 0) continue;

@@ -123,6 +123,22 @@ def test_chat_streaming_matches_non_streaming_and_follows_openai_framing(client)
         assert all(t["bytes"] == list(t["token"].encode()) for t in streamed_lp)
 
 
+def test_continuous_usage_stats_put_the_usage_so_far_on_every_chunk(client):
+    """vLLM's stream_options.continuous_usage_stats (GuideLLM sends it): each chunk's usage counts
+    the tokens generated so far, ending at the closing usage chunk's totals."""
+    body = chat_body(stream=True, stream_options={"include_usage": True, "continuous_usage_stats": True})
+    events = sse_events(client.post("/v1/chat/completions", json=body).text)
+    chunks, closing = events[:-2], events[-2]
+    assert all(c["usage"] is not None for c in chunks)
+    prompt = closing["usage"]["prompt_tokens"]
+    assert {c["usage"]["prompt_tokens"] for c in chunks} == {prompt}
+    counts = [c["usage"]["completion_tokens"] for c in chunks]
+    assert counts[0] == 0 and counts == sorted(counts) and counts[-1] == closing["usage"]["completion_tokens"] == 6
+    assert all(c["usage"]["total_tokens"] == prompt + c["usage"]["completion_tokens"] for c in chunks)
+    plain = sse_events(client.post("/v1/chat/completions", json=chat_body(stream=True)).text)
+    assert all(c.get("usage") is None for c in plain[:-1])
+
+
 def test_completion_streaming_without_usage(client):
     full = client.post("/v1/completions", json={"prompt": "Once upon", **GREEDY}).json()
     events = sse_events(client.post("/v1/completions", json={"prompt": "Once upon", "stream": True, **GREEDY}).text)

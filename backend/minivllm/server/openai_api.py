@@ -173,7 +173,8 @@ async def completions(request: Request) -> Response:
     with _engine_errors():
         await _compile_grammars(ae, params, None)
     job = s.Job(s.COMPLETION, f"cmpl-{request_id_of(request.scope)}", model, params, server.token_text,
-                include_usage=bool(req.stream_options and req.stream_options.include_usage), echo=req.echo,
+                include_usage=bool(req.stream_options and req.stream_options.include_usage),
+                continuous_usage=bool(req.stream_options and req.stream_options.continuous_usage_stats), echo=req.echo,
                 echo_only=echo_only, prompt_logprobs=None if req.stream else req.prompt_logprobs)
     return await _respond_all(request, server, ae, job, req.stream, prompts, req.priority)
 
@@ -194,7 +195,8 @@ async def chat_completions(request: Request) -> Response:
             continue_final_message=req.continue_final_message, template_kwargs=req.chat_template_kwargs))
     job = s.Job(s.CHAT, f"chatcmpl-{request_id_of(request.scope)}", model, params, server.token_text,
                 top_logprobs=req.top_logprobs or 0,
-                include_usage=bool(req.stream_options and req.stream_options.include_usage), tools=tools,
+                include_usage=bool(req.stream_options and req.stream_options.include_usage),
+                continuous_usage=bool(req.stream_options and req.stream_options.continuous_usage_stats), tools=tools,
                 prompt_logprobs=None if req.stream else req.prompt_logprobs)
     return await _respond(request, server, ae, job, req.stream, None, prompt_ids, req.priority)
 

@@ -22,6 +22,7 @@ Strict = dict(kw_only=True, forbid_unknown_fields=True)
 
 class StreamOptions(msgspec.Struct, **Strict):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: usage (so far) on every chunk
     include_obfuscation: bool | None = None  # no-op: there is no side channel to pad against here
 
 

@@ -207,9 +207,11 @@ class ChatFormat(_Format):
                                    finish_reason=finish_reason)
         return self._chunk(job, [choice])
 
-    def opening_chunks(self, job: "Job") -> list[p.ChatCompletionChunk]:
+    def opening_chunks(self, job: "Job", prompt_tokens: int) -> list[p.ChatCompletionChunk]:
         """The role comes first, once per choice."""
-        return [self._chunk(job, [p.ChatChunkChoice(index=i, delta=p.DeltaMessage(role="assistant", content=""))])
+        opening = p.Usage(prompt_tokens=prompt_tokens, completion_tokens=0, total_tokens=prompt_tokens)
+        return [self._chunk(job, [p.ChatChunkChoice(index=i, delta=p.DeltaMessage(role="assistant", content=""))],
+                            usage=opening if job.continuous_usage else None)
                 for i in range(job.params.n)]
 
     @staticmethod
@@ -251,7 +253,7 @@ class CompletionFormat(_Format):
         """`echo`: the prompt, which a choice's first chunk carries before its text."""
         return self._chunk(job, [self._choice(job, o, text_offset, echo)])
 
-    def opening_chunks(self, job: "Job") -> list[p.CompletionChunk]:
+    def opening_chunks(self, job: "Job", prompt_tokens: int) -> list[p.CompletionChunk]:
         return []
 
     @staticmethod
@@ -286,6 +288,7 @@ class Job:
     tokens: TokenText
     top_logprobs: int = 0  # chat: how many alternatives to list
     include_usage: bool = False
+    continuous_usage: bool = False  # vLLM's continuous_usage_stats: every chunk carries the usage so far
     created: int = field(default_factory=lambda: int(time.time()))
     tools: ToolPlan | None = None  # chat with tools offered: the output is parsed for calls
     tool_streams: list[ToolCallStream] | None = None  # streaming with tools: one parser per choice
@@ -329,6 +332,7 @@ def chunks_for(job: Job, out: RequestOutput, state: StreamState, prompt: int = 0
         state.prompt_logprobs[prompt] = out.prompt_logprobs
     out = shown(job, out)
     n, result = job.params.n, []
+    so_far = usage(out) if job.continuous_usage else None  # num_tokens counts every token so far
     for o in out.outputs:
         if o.index >= n:
             continue
@@ -342,10 +346,12 @@ def chunks_for(job: Job, out: RequestOutput, state: StreamState, prompt: int = 0
             o = replace(o, index=i)
         if echo:
             part = COMPLETION.echo(job, out, state.prompt_logprobs.get(prompt))
-            result.append(sse(COMPLETION.chunk(job, o, state.text_offset[i], part)))
+            chunk = COMPLETION.chunk(job, o, state.text_offset[i], part)
             state.text_offset[i] += len(part.text)
         else:
-            result.append(sse(job.format.chunk(job, o, state.text_offset[i])))
+            chunk = job.format.chunk(job, o, state.text_offset[i])
+        chunk.usage = so_far
+        result.append(sse(chunk))
         state.text_offset[i] += len(o.text)
         state.started[i] = True
         state.done[i] = o.finish_reason is not None
@@ -361,7 +367,7 @@ async def sse_stream(job: Job, firsts: list[RequestOutput], rests: list[AsyncIte
     finals = list(firsts)
     live = merged({i: rests[i] for i, out in enumerate(firsts) if not out.finished})
     try:
-        for opening in job.format.opening_chunks(job):
+        for opening in job.format.opening_chunks(job, len(firsts[0].prompt_token_ids)):
             yield sse(opening)
         for i, out in enumerate(firsts):
             for chunk in chunks_for(job, out, state, i):

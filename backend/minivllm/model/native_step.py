@@ -7,8 +7,8 @@ with norm, rotary, the K/V write, SiLU and residuals as small vector loops, all 
 call a step.
 
 Where: a CPU with our kernels built, fp32 activations, a pool the native attention reads, and every
-layer's four products on our kernels at the step's row count: 4-bit weights (int8, int8x2 or fp32
-activations: the kernel plan's choice, looked up once per row count) or fp32 weights where our fp32
+layer's four products on our kernels at the step's row count: 4-bit or GGUF K-quant weights (int8, int8x2 or
+fp32 activations: the kernel plan's choice, looked up once per row count) or fp32 weights where our fp32
 kernel won at load (packed_linear.choose_fp32_kernel). Any other step (torch's kernels, MKL, a row
 count whose plan picks another kernel, CUDA) runs the compiled step (compiled.py) or eagerly. Only
 decode steps (one token per sequence); prefill chunks and hidden-state capture run as before.
@@ -18,17 +18,19 @@ from __future__ import annotations
 
 import torch
 
+from minivllm.console import progress
 from minivllm.model.attention import AttentionMetadata, KVCache, reads_pool_natively
 from minivllm.model.packed_linear import PackedLinear
 from minivllm.model.rope import RotaryEmbedding
 from minivllm.quant import native
-from minivllm.quant.kernels import Int4Native
+from minivllm.quant.kernels import Int4Native, KQuantNative
 from minivllm.quant.linear import QuantLinear
 
 # A product's kind, as decode_step.cpp numbers them: a 4-bit weight on our kernel by activation precision,
-# or an fp32 weight on our fp32 kernel
+# an fp32 weight on our fp32 kernel, or a GGUF K-quant weight on ours by activation precision
 Q4_KINDS = {"int8": 0, "int8x2": 1, "fp32": 2}
 FP32_KIND = 3
+KQUANT_KINDS = {"int8": 4, "int8x2": 5, "fp32": 6}
 WEIGHTS_PER_LAYER = 6  # input norm, QKV, O, post-attention norm, gate/up, down: decode_step.cpp's order
 PRODUCTS_PER_LAYER = 4
 
@@ -43,7 +45,10 @@ def product_kind(product: torch.nn.Module, rows: int) -> int | None:
     native kernel would (torch's kernels, MKL)."""
     if isinstance(product, QuantLinear):
         kernel = product.kernel_for(rows)
-        return Q4_KINDS.get(kernel.name.split("/")[-1]) if isinstance(kernel, Int4Native) else None
+        acts = kernel.name.split("/")[-1]
+        if isinstance(kernel, KQuantNative):
+            return KQUANT_KINDS.get(acts)
+        return Q4_KINDS.get(acts) if isinstance(kernel, Int4Native) else None
     if isinstance(product, PackedLinear) and product.native:
         return FP32_KIND
     return None
@@ -78,6 +83,10 @@ class NativeDecodeStep:
         """The model's native step, or None where it can never run (no native kernels, a product on
         torch's kernels or MKL, activations not fp32)."""
         if native.available() is not None or model.norm.weight.dtype != torch.float32:
+            return None
+        if any(layer.self_attn.has_family_pieces for layer in model.layers):
+            progress(f"native decode step off: the {model.config.family} family's attention biases / Q-K norms "
+                     f"are not in decode_step.cpp; decode steps take the compiled step (or run eagerly)")
             return None
         if any(norm.eps != model.norm.eps for layer in model.layers
                for norm in (layer.input_layernorm, layer.post_attention_layernorm)):
@@ -120,7 +129,7 @@ def native_weight(product: torch.nn.Module) -> torch.Tensor | None:
     """The weight as our kernels read it: a 4-bit product's packed rows (its native candidates share
     them), an fp32 product's weight where our fp32 kernel serves it; else None."""
     if isinstance(product, QuantLinear):
-        return next((k.packed for k in product.candidates if isinstance(k, Int4Native)), None)
+        return next((k.packed for k in product.candidates if isinstance(k, (Int4Native, KQuantNative))), None)
     if isinstance(product, PackedLinear) and product.native:
         return product.weight.detach()
     return None

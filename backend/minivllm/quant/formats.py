@@ -1,6 +1,6 @@
 """Quantized weight formats, independent of any kernel.
 
-Both formats describe a linear weight W [out, in] ("N rows of K inputs") in groups along the input
+Int4Weight and Int8Weight describe a linear weight W [out, in] ("N rows of K inputs") in groups along the input
 dimension, the layout GGUF and torch's CPU/CUDA 4-bit kernels share:
 
   Int4Weight   W[n, k] = (q[n, k] - 8) * scale[n, g] + zero[n, g],  q in 0..15,   g = k // group
@@ -8,7 +8,9 @@ dimension, the layout GGUF and torch's CPU/CUDA 4-bit kernels share:
 
 A GGUF Q4_1 block (w = d*q + m) is an Int4Weight with scale = d and zero = m + 8d, exactly; a Q8_0
 block is an Int8Weight with group 32. `group_size == in_features` means one group per row
-(per-channel). Formats are row-concatenable, which is how q|k|v and gate|up are fused.
+(per-channel). GGUF's K-quants (Q4_K, Q5_K, Q6_K: super-blocks of 256 with 6- or 8-bit sub-block
+scales) fit neither without re-rounding, so a KQuantWeight keeps their blocks as the file stores them.
+Formats are row-concatenable, which is how q|k|v and gate|up are fused.
 """
 
 from __future__ import annotations
@@ -107,7 +109,45 @@ class Int8Weight:
         return Int8Weight(_take_rows(self.q, index), self.scale[index], self.group_size)
 
 
-QuantizedWeight = Int4Weight | Int8Weight
+KQUANT_TYPES = ("Q4_K", "Q5_K", "Q6_K")  # the GGML K-quant types our kernels read, in their native numbering
+SUPER_BLOCK = 256  # weights per K-quant super-block
+KQUANT_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}  # bytes per super-block
+
+
+@dataclass
+class KQuantWeight:
+    """GGUF K-quant rows as the file stores them (super-blocks of 256, layouts in native/kquant_matmul.cpp),
+    in parts stacked by rows, each of one type: a fused q|k|v may hold a Q6_K v under a Q4_K q and k, and
+    keeps every part's bytes rather than meeting in floats. Dequantized by gguf-py, the reference the
+    kernels are tested against."""
+
+    parts: list[tuple[str, torch.Tensor]]  # (GGML type name, uint8 [rows, K/256 * KQUANT_BYTES[type]])
+    group_size = SUPER_BLOCK
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        kind, data = self.parts[0]
+        return sum(d.shape[0] for _, d in self.parts), data.shape[1] // KQUANT_BYTES[kind] * SUPER_BLOCK
+
+    @property
+    def kinds(self) -> list[str]:
+        return [kind for kind, _ in self.parts]
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        from gguf import GGMLQuantizationType, quants
+
+        return torch.cat([torch.from_numpy(quants.dequantize(data.numpy(), GGMLQuantizationType[kind]))
+                          for kind, data in self.parts]).to(dtype)
+
+    def rows(self, index: torch.Tensor) -> "KQuantWeight":
+        """Rows by index from a one-part weight (the loader's Q/K un-permutation, an embedding's lookup)."""
+        if len(self.parts) != 1:
+            raise QuantizationError("row selection applies to a K-quant weight of one part")
+        kind, data = self.parts[0]
+        return KQuantWeight([(kind, _take_rows(data, index))])
+
+
+QuantizedWeight = Int4Weight | Int8Weight | KQuantWeight
 
 
 def _take_rows(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -123,6 +163,8 @@ def concat_rows(parts: list[QuantizedWeight]) -> QuantizedWeight:
                                 + ", ".join(f"{type(p).__name__}(group {p.group_size})" for p in parts))
     if isinstance(first, Int4Weight):
         return Int4Weight(torch.cat([p.packed for p in parts]), first.group_size)
+    if isinstance(first, KQuantWeight):
+        return KQuantWeight([part for p in parts for part in p.parts])
     return Int8Weight(torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]), first.group_size)
 
 
@@ -184,5 +226,7 @@ def weight_bytes(weight: QuantizedWeight | torch.Tensor) -> int:
         return weight.numel() * weight.element_size()
     if isinstance(weight, Int4Weight):
         return weight.packed.numel()
+    if isinstance(weight, KQuantWeight):
+        return sum(data.numel() for _, data in weight.parts)
     values = weight.q.numel() * weight.bits // 8
     return values + weight.scale.numel() * weight.scale.element_size()

@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 from minivllm.quant.chooser import GroupChoice, choose_kernels, describe
-from minivllm.quant.formats import Int8Weight, QuantizedWeight, weight_bytes
+from minivllm.quant.formats import Int8Weight, KQuantWeight, QuantizedWeight, weight_bytes
 from minivllm.quant.kernels import lm_head_candidates
-from minivllm.quant.linear import QuantEmbedding, QuantLinear
+from minivllm.quant.linear import KQuantEmbedding, QuantEmbedding, QuantLinear
 
 
 @dataclass
@@ -40,7 +40,9 @@ def install_quantized(model: nn.Module, quantized: dict[str, QuantizedWeight], d
                       dtype: torch.dtype, tied: bool) -> None:
     """Replace the (meta) modules whose weights are quantized."""
     if "embed_tokens.weight" in quantized:
-        model.embed_tokens = QuantEmbedding(quantized["embed_tokens.weight"], device, dtype)
+        table = quantized["embed_tokens.weight"]
+        model.embed_tokens = (KQuantEmbedding(table, dtype) if isinstance(table, KQuantWeight)
+                              else QuantEmbedding(table, device, dtype))
         if tied:  # one int8 table serves the lookup and the head
             model.lm_head = _lm_head(model.embed_tokens.as_weight(), device, dtype)
     for name, weight in quantized.items():
@@ -79,7 +81,7 @@ def weight_tensors(model: nn.Module) -> list[torch.Tensor]:
     """Every tensor the model keeps for weights: parameters and the quantized modules' stored forms."""
     tensors = list(model.parameters())
     for module in model.modules():
-        if isinstance(module, (QuantLinear, QuantEmbedding)):
+        if isinstance(module, (QuantLinear, QuantEmbedding, KQuantEmbedding)):
             tensors += module.stored_tensors()
     return tensors
 

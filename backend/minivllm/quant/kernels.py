@@ -16,6 +16,11 @@ product up to the activation precision they name:
   int4avx2/int8x2, int8avx2/int8x2
                   the same with each activation also keeping its rounding remainder as a second int8
                   (x = d/128 * (128q + r)): ~15 bits per block, two integer products per pair
+  kquant/int8, kquant/int8x2, kquant/fp32
+                  our kernels for GGUF K-quants (Q4_K, Q5_K, Q6_K) in their own super-blocks, the three
+                  activation precisions as above (native/kquant_matmul.cpp); K % 256 == 0
+  kquant-dequant  a K-quant weight dequantized once at load (gguf-py), then a plain matmul: where our
+                  kernels cannot run (no AVX2, CUDA)
   int4avx2/fp32, int8avx2/fp32
                   our AVX2 kernels with fp32 activations: the weights dequantized in registers, exact
                   (the same packed weights as the int8-activation kernels: one copy serves both)
@@ -35,7 +40,8 @@ import torch.nn.functional as F
 
 from minivllm.arith import ceil_div
 from minivllm.quant import native
-from minivllm.quant.formats import Int4Weight, Int8Weight, QuantizedWeight, to_per_channel, weight_bytes
+from minivllm.quant.formats import (KQUANT_TYPES, Int4Weight, Int8Weight, KQuantWeight, QuantizedWeight,
+                                    to_per_channel, weight_bytes)
 
 NATIVE_ACTS = ("int8", "int8x2", "fp32")  # our kernels' activation precisions, coarsest first
 CPU_INT4_ROW_MULTIPLE = 16  # torch's CPU int4 packing needs N % 16 == 0: pad with zero rows
@@ -177,6 +183,56 @@ class Int8Native(_NativeKernel):
         return [self.q, self.scale]
 
 
+KQUANT_MAGIC = 0x4B515731  # native/kquant_matmul.cpp's header: its kMagic
+KQUANT_HEADER_BYTES = 64
+
+
+def pack_kquant(weight: KQuantWeight) -> torch.Tensor:
+    """The weight as our K-quant kernels read it: one uint8 tensor, a 64-byte header (int32: magic, parts, then
+    each part's type and rows) and the parts' super-blocks back to back, their bytes as the file has them.
+    One tensor per weight, whatever its parts: the decode step passes it like any other weight."""
+    fields = [KQUANT_MAGIC, len(weight.parts)] + [v for kind, data in weight.parts
+                                                  for v in (KQUANT_TYPES.index(kind), data.shape[0])]
+    if len(fields) * 4 > KQUANT_HEADER_BYTES:
+        raise ValueError(f"a K-quant weight of {len(weight.parts)} parts: at most {KQUANT_HEADER_BYTES // 8 - 1}")
+    header = torch.zeros(KQUANT_HEADER_BYTES // 4, dtype=torch.int32)
+    header[:len(fields)] = torch.tensor(fields, dtype=torch.int32)
+    return torch.cat([header.view(torch.uint8)] + [data.reshape(-1) for _, data in weight.parts])
+
+
+class KQuantNative(_NativeKernel):
+    """Our K-quant kernel with activations in `acts`. `packed`: `pack_kquant`'s tensor, shared by the
+    activation precisions."""
+
+    PREFIX = "kquant"
+    OPS = native.KQUANT_ACTS
+
+    def __init__(self, packed: torch.Tensor, out_features: int, acts: str = "int8"):
+        self.packed, self.out_features = packed, out_features
+        self._use(acts)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return native.kquant_linear(x.float().contiguous(), self.packed, self.out_features, self.op).to(x.dtype)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.packed]
+
+
+class KQuantDequant(Kernel):
+    """A K-quant weight dequantized once (gguf-py's arithmetic), then F.linear: where our kernels cannot run."""
+
+    name = "kquant-dequant"
+
+    def __init__(self, weight: KQuantWeight, device: torch.device, dtype: torch.dtype):
+        self.weight = weight.dequantize().to(device, dtype)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight.to(x.dtype))
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.weight]
+
+
 def _native_int8_scales(weight: Int8Weight) -> torch.Tensor | None:
     """The native int8 kernels' scales: [N] per channel, [N, K/32] per block of 32 (a coarser group
     repeats its scale), None for groups that do not tile 32."""
@@ -188,7 +244,7 @@ def _native_int8_scales(weight: Int8Weight) -> torch.Tensor | None:
 
 
 def _native_fits(weight: QuantizedWeight) -> bool:
-    multiple = native.PAIR if isinstance(weight, Int4Weight) else native.BLOCK
+    multiple = {Int4Weight: native.PAIR, KQuantWeight: KQuantWeight.group_size}.get(type(weight), native.BLOCK)
     return weight.shape[1] % multiple == 0 and native.available() is None
 
 
@@ -283,10 +339,15 @@ class Dequant(Kernel):
 
 def candidates(weight: QuantizedWeight, device: torch.device, dtype: torch.dtype) -> list[Kernel]:
     """Every path that can run this weight on this device, fastest-to-try first."""
-    if device.type == "cuda":
+    if device.type == "cuda" and not isinstance(weight, KQuantWeight):
         if isinstance(weight, Int4Weight) and weight.shape[0] % 8 == 0 and weight.shape[1] % 32 == 0:
             return [Int4PackCUDA(weight, device), Dequant(weight, device, dtype)]
         return [Dequant(weight, device, dtype)]
+    if isinstance(weight, KQuantWeight):
+        if device.type == "cpu" and _native_fits(weight):
+            packed = pack_kquant(weight)  # one copy for every activation precision
+            return [KQuantNative(packed, weight.shape[0], acts) for acts in NATIVE_ACTS]
+        return [KQuantDequant(weight, device, dtype)]
     acts = [torch.bfloat16, torch.float32] if dtype == torch.float32 else [dtype]
     native_ok = _native_fits(weight)
     if native_ok and isinstance(weight, Int8Weight):
@@ -306,5 +367,6 @@ def _short(dtype: torch.dtype) -> str:
     return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
 
 
-__all__ = ["Kernel", "Int4PackCPU", "Int8PackCPU", "Int4Native", "Int8Native", "Int4PackCUDA", "Dequant",
+__all__ = ["Kernel", "Int4PackCPU", "Int8PackCPU", "Int4Native", "Int8Native", "KQuantNative", "KQuantDequant",
+           "Int4PackCUDA", "Dequant",
            "ExactTopLogits", "candidates", "lm_head_candidates"]

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from minivllm.quant import native
-from minivllm.quant.formats import Int4Weight, Int8Weight, QuantizedWeight, quantize_int8
+from minivllm.quant.formats import Int4Weight, Int8Weight, KQuantWeight, QuantizedWeight, quantize_int8
 from minivllm.quant.kernels import Kernel, candidates
 
 
@@ -93,7 +93,29 @@ class QuantEmbedding(nn.Module):
         return [self.q, self.scale]
 
 
+class KQuantEmbedding(nn.Module):
+    """A K-quant table (a Q4_K_M file's token_embd is Q4_K) kept in its super-blocks: a lookup dequantizes
+    only its rows (gguf-py's arithmetic: the file's values exactly). A tied LM head shares the blocks."""
+
+    def __init__(self, weight: KQuantWeight, dtype: torch.dtype):
+        super().__init__()
+        self.weight, self.dtype = weight, dtype
+        self.num_embeddings, self.embedding_dim = weight.shape
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        rows = self.weight.rows(ids.flatten().cpu()).dequantize(self.dtype)
+        return rows.view(*ids.shape, self.embedding_dim).to(ids.device)
+
+    def as_weight(self) -> KQuantWeight:
+        return self.weight
+
+    def stored_tensors(self) -> list[torch.Tensor]:
+        return [data for _, data in self.weight.parts]
+
+
 def _format_name(weight: QuantizedWeight) -> str:
+    if isinstance(weight, KQuantWeight):
+        return "+".join(dict.fromkeys(weight.kinds))  # "Q4_K", "Q4_K+Q6_K" (a fused q|k|v)
     if isinstance(weight, Int4Weight):
         return f"int4 g{weight.group_size}"
     return "int8 per-channel" if weight.per_channel else f"int8 g{weight.group_size}"

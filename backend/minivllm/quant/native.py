@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).with_name("native") / name
            for name in ("q8_matmul.cpp", "f32_matmul.cpp", "paged_attention.cpp", "logits_reduce.cpp",
-                         "decode_step.cpp", "embedding.cpp")]
+                         "decode_step.cpp", "embedding.cpp", "kquant_matmul.cpp")]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
 NO_VNNI_ENV = "MINIVLLM_NO_VNNI"  # 1: the int8 kernels' AVX2 loops on a VNNI CPU too (another CPU class's code path)
 BLOCK = 32  # the activation quantization block
@@ -92,6 +92,7 @@ def _register_fakes() -> None:
     for op in ("q4_q8_linear", "i8_q8_linear", "q4_q8x2_linear", "i8_q8x2_linear", "q4_f32_linear", "i8_f32_linear",
                "f32_linear"):
         torch.library.register_fake(f"minivllm_native::{op}")(output_shape)
+    torch.library.register_fake("minivllm_native::kquant_linear")(lambda x, w, n, acts: x.new_empty(x.shape[0], n))
     torch.library.register_fake("minivllm_native::paged_decode_attention")(
         lambda q, k_pool, v_pool, block_tables, context_lens, scale: q.new_empty(q.shape))
     torch.library.register_fake("minivllm_native::int8_embedding")(
@@ -123,6 +124,15 @@ def q4_f32_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
 
 def i8_f32_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return torch.ops.minivllm_native.i8_f32_linear(x, q, scale)
+
+
+KQUANT_ACTS = {"int8": 0, "int8x2": 1, "fp32": 2}  # kquant_matmul.cpp's numbering of activation precisions
+
+
+def kquant_linear(x: torch.Tensor, packed: torch.Tensor, n: int, acts: int) -> torch.Tensor:
+    """x @ W^T for a K-quant weight as `kernels.pack_kquant` stores it (n output rows); `acts` one of
+    KQUANT_ACTS' values."""
+    return torch.ops.minivllm_native.kquant_linear(x, packed, n, acts)
 
 
 def int8_embedding(ids: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

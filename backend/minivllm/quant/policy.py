@@ -1,6 +1,7 @@
 """Which precision each tensor runs in: `--quantization {auto,none,int8,int4}`.
 
-  auto   what the checkpoint holds: GGUF Q4_1 -> int4, Q8_0 -> int8, F32/F16/BF16 and safetensors
+  auto   what the checkpoint holds: GGUF Q4_1 -> int4, Q8_0 -> int8, Q4_K/Q5_K/Q6_K in their own
+         super-blocks (a K-quant LM head too: Q6_K in a Q4_K_M file), F32/F16/BF16 and safetensors
          in the model dtype; other GGUF types were dequantized at read time (the loader says so)
   none   everything dequantized to the model dtype (the HF-parity reference)
   int4   linear layers in 4 bits, asymmetric, groups of 32/64/128 along the input
@@ -20,8 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from minivllm.quant.formats import (Int4Weight, Int8Weight, QuantizedWeight, concat_rows, quantize_int4,
-                                    quantize_int8)
+from minivllm.quant.formats import (Int4Weight, Int8Weight, KQuantWeight, QuantizedWeight, concat_rows,
+                                    quantize_int4, quantize_int8)
 
 QUANTIZATION_CHOICES = ("auto", "none", "int8", "int4")
 INT4_GROUP_SIZES = (32, 64, 128)
@@ -100,12 +101,17 @@ def compounded_rounding_note(state: Mapping[str, torch.Tensor | QuantizedWeight]
 
 def describe_mode(state: Mapping[str, torch.Tensor | QuantizedWeight]) -> str:
     """A short human name for what the policy produced: 'int4 g32 + int8 embedding', 'none'."""
-    kinds = sorted({_kind(v) for n, v in state.items() if n not in TABLE_NAMES and "_proj." in n})
-    table = {_kind(v) for n, v in state.items() if n in TABLE_NAMES}
+    kinds = sorted({k for n, v in state.items() if n not in TABLE_NAMES and "_proj." in n for k in _kinds(v)})
+    table = {k for n, v in state.items() if n in TABLE_NAMES for k in _kinds(v)}
     text = "/".join(kinds) or "none"
     if table and table != set(kinds):
         text += f" (embedding and LM head: {'/'.join(sorted(table))})"
     return text
+
+
+def _kinds(value) -> list[str]:
+    """The formats a weight holds: one, or a K-quant weight's GGUF types (a fused q|k|v may hold two)."""
+    return value.kinds if isinstance(value, KQuantWeight) else [_kind(value)]
 
 
 def _kind(value) -> str:

@@ -4,9 +4,9 @@
 //
 // Why: at one sequence the weight products of a 4-bit step take ~4 ms, and everything around them took
 // another ~2.5 ms: inductor's wrapper calling ~12 kernels a layer from Python, each call's dispatch,
-// guards and allocations. Here the products are the same kernels (4-bit or fp32 weights: q8_matmul.cpp,
-// f32_matmul.cpp; attention: paged_attention.cpp) and the small operations are a few vector loops each,
-// called from C++: one Python call a step.
+// guards and allocations. Here the products are the same kernels (4-bit, GGUF K-quant or fp32 weights:
+// q8_matmul.cpp, kquant_matmul.cpp, f32_matmul.cpp; attention: paged_attention.cpp) and the small operations
+// are a few vector loops each, called from C++: one Python call a step.
 //
 // Only steps whose every row is one sequence's single token (decode); each row is computed from its own
 // values only, so a sequence gets the same bits alone and in any batch. The products' results are bit for
@@ -31,7 +31,9 @@ using namespace minivllm_native;
 constexpr int64_t kWeightsPerLayer = 6;  // input norm, QKV, O, post-attention norm, gate/up, down
 constexpr int64_t kProductsPerLayer = 4;
 // How a product runs (the kernel plan's choice at the step's row count; model/native_step.py numbers them alike).
-enum ProductKind : int64_t { kQ4Int8 = 0, kQ4Int8x2 = 1, kQ4Fp32 = 2, kFp32 = 3 };
+enum ProductKind : int64_t {
+  kQ4Int8 = 0, kQ4Int8x2 = 1, kQ4Fp32 = 2, kFp32 = 3, kKQuantInt8 = 4, kKQuantInt8x2 = 5, kKQuantFp32 = 6
+};
 
 // x @ w^T into `out` [rows, N].
 void product(const at::Tensor& x, const at::Tensor& w, int64_t kind, at::Tensor& out) {
@@ -40,8 +42,15 @@ void product(const at::Tensor& x, const at::Tensor& w, int64_t kind, at::Tensor&
     case kQ4Int8x2: return q4_int8_linear_into(x, w, true, out);
     case kQ4Fp32: return q4_fp32_linear_into(x, w, out);
     case kFp32: return fp32_linear_into(x, w, out);
+    case kKQuantInt8: case kKQuantInt8x2: case kKQuantFp32: return kquant_linear_into(x, w, kind - kKQuantInt8, out);
     default: TORCH_CHECK(false, "unknown product kind ", kind);
   }
+}
+
+// A product weight's output rows: a K-quant weight's from its header (one flat tensor), else its first dimension.
+int64_t product_rows(const at::Tensor& w, int64_t kind) {
+  if (kind >= kKQuantInt8) return kquant_rows(w);
+  return w.dim() == 2 ? w.size(0) : -1;
 }
 
 float sum_of_squares(const float* x, int64_t n) {
@@ -178,13 +187,18 @@ void check_norm(const at::Tensor& norm, int64_t hidden, const char* which) {
 // A layer's products' output sizes (a weight's first dimension in every kernel's format): QKV the fused heads'
 // width, O and down the hidden size, gate/up an even count shared by every layer. Their input sizes are
 // the kernels' own checks.
-void check_product_rows(at::TensorList weights, int64_t layer, int64_t hidden, int64_t qkv_width) {
+void check_product_rows(at::TensorList weights, at::IntArrayRef kinds, int64_t layer, int64_t hidden,
+                        int64_t qkv_width) {
   const at::Tensor* w = &weights[kWeightsPerLayer * layer];
-  const int64_t gate_up = weights[4].dim() == 2 ? weights[4].size(0) : -1;
+  const int64_t* kind = &kinds[kProductsPerLayer * layer];
+  const int64_t gate_up = product_rows(weights[4], kinds[2]);
   const std::pair<int64_t, int64_t> expected[] = {{1, qkv_width}, {2, hidden}, {4, gate_up}, {5, hidden}};
-  for (const auto& [index, rows] : expected)
-    TORCH_CHECK(w[index].dim() == 2 && w[index].size(0) == rows && rows > 0 && (index != 4 || rows % 2 == 0),
-                "layer ", layer, ": product weight ", index, " must have ", rows, " output rows, got ", w[index].sizes());
+  for (size_t i = 0; i < 4; ++i) {
+    const auto [index, rows] = expected[i];
+    TORCH_CHECK(product_rows(w[index], kind[i]) == rows && rows > 0 && (index != 4 || rows % 2 == 0),
+                "layer ", layer, ": product weight ", index, " must have ", rows, " output rows, got ",
+                w[index].sizes());
+  }
 }
 
 // A [rows] contiguous int64 tensor whose every value lies in [0, limit): positions in the rotary tables, slots in
@@ -215,7 +229,7 @@ void check_step(const at::Tensor& x, const at::Tensor& positions, const at::Tens
   TORCH_CHECK(pool.dim() == 4 && heads % pool.size(2) == 0 && pool.size(3) % 2 == 0,
               "pools must be [blocks, block_size, kv_heads, dim] with ", heads,
               " query heads a multiple of the KV heads and an even head dim, got ", pool.sizes());
-  for (int64_t kind : kinds) TORCH_CHECK(kind >= kQ4Int8 && kind <= kFp32, "unknown product kind ", kind);
+  for (int64_t kind : kinds) TORCH_CHECK(kind >= kQ4Int8 && kind <= kKQuantFp32, "unknown product kind ", kind);
   for (const at::Tensor* t : {&cos, &signed_sin})
     TORCH_CHECK(t->dim() == 2 && t->scalar_type() == at::kFloat && t->is_contiguous() && t->size(1) == pool.size(3) &&
                     t->sizes() == cos.sizes(),
@@ -228,7 +242,7 @@ void check_step(const at::Tensor& x, const at::Tensor& positions, const at::Tens
                 k_pools[l].is_contiguous() && v_pools[l].is_contiguous(),
                 "layer ", l, ": every K and V pool must be contiguous and of one shape and dtype");
     for (int64_t i : {0, 3}) check_norm(weights[kWeightsPerLayer * l + i], x.size(1), "a layer's");
-    check_product_rows(weights, l, x.size(1), (heads + 2 * pool.size(2)) * pool.size(3));
+    check_product_rows(weights, kinds, l, x.size(1), (heads + 2 * pool.size(2)) * pool.size(3));
   }
   if (final_norm) check_norm(*final_norm, x.size(1), "the final");
 }
@@ -291,7 +305,7 @@ at::Tensor run_layers(const at::Tensor& x, const at::Tensor& positions, const at
   const Shape s{x.size(0), heads, k_pools[0].size(2), k_pools[0].size(3)};
   const int64_t* slots = slot_mapping.data_ptr<int64_t>();
   const int64_t* position = positions.data_ptr<int64_t>();
-  Buffers b(x, s, weights[4].size(0) / 2);  // gate/up: 2I rows (check_step)
+  Buffers b(x, s, product_rows(weights[4], kinds[2]) / 2);  // gate/up: 2I rows (check_step)
   // every layer's pools have one shape (check_step): the tables and lengths are checked against them once
   check_decode_attention(b.queries, k_pools[0], v_pools[0], block_tables, context_lens);
   at::Tensor hidden = x.clone();  // the residual stream, updated in place

@@ -14,6 +14,14 @@ void q4_int8_linear_into(const at::Tensor& x, const at::Tensor& w, bool split, a
 // x [rows, K] fp32 @ a 4-bit weight^T with fp32 activations, the weights dequantized in registers (f32_matmul.cpp).
 void q4_fp32_linear_into(const at::Tensor& x, const at::Tensor& w, at::Tensor& out);
 
+// x [rows, K] fp32 @ a K-quant weight^T (kquant_matmul.cpp): `w` a uint8 header (the parts' GGUF types and rows)
+// and then each part's super-blocks; `acts` 0 int8, 1 int8x2, 2 fp32. `kquant_rows`: its output rows.
+void kquant_linear_into(const at::Tensor& x, const at::Tensor& w, int64_t acts, at::Tensor& out);
+int64_t kquant_rows(const at::Tensor& w);
+
+// Whether the integer-activation kernels run their AVX512-VNNI loops now (q8_matmul.cpp's `use_vnni`).
+bool vnni_kernels_on();
+
 // x [rows, K] fp32 @ an fp32 weight [N, K]^T, each row summed in one fixed order (f32_matmul.cpp).
 void fp32_linear_into(const at::Tensor& x, const at::Tensor& w, at::Tensor& out);
 

@@ -261,6 +261,8 @@ at::Tensor i8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
 
 }  // namespace
 
+bool minivllm_native::vnni_kernels_on() { return use_vnni_kernels; }
+
 void minivllm_native::q4_int8_linear_into(const at::Tensor& x, const at::Tensor& w, bool split, at::Tensor& out) {
   check_q4(x, w);
   check_output(out, x.size(0), w.size(0));

@@ -1,0 +1,417 @@
+// Products with GGUF's K-quant weights (Q4_K, Q5_K, Q6_K) read in their own super-blocks, as the file stores
+// them: no re-rounding, no other copy (a Q4_K_M file's tensors dequantized to fp32 held 7x the bytes and ran
+// at a fifth of llama.cpp's speed).
+//
+// Super-blocks of 256 weights, byte layouts as gguf-py's `quants` module reads them:
+//   Q4_K (144 B): fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins for 8 sub-blocks of 32, 128 bytes of
+//                 nibbles (bytes 32i..32i+31: sub-block 2i in the low nibbles, 2i+1 in the high ones);
+//                 w = d*sc*q - dmin*m.
+//   Q5_K (176 B): as Q4_K with 32 bytes of fifth bits after the scales (bit j of byte l: sub-block j, element l).
+//   Q6_K (210 B): 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scales (one per 16 weights), fp16 d;
+//                 w = d*sc*(q-32).
+//
+// Activations as the 4-bit kernels take them (q8_matmul.cpp): int8 or int8x2 per block of 32 (here in input
+// pair layout), or fp32 with the weights widened in registers (exact up to fp32 summation order).
+//
+// A weight is one uint8 tensor: a 64-byte header, int32 [magic, parts, type0, rows0, type1, rows1, ...], then each
+// part's rows of super-blocks back to back. Parts of different types stack by rows (a fused q|k|v whose v is
+// Q6_K under a Q4_K q and k): one call, one output, and one tensor the decode step passes like any weight.
+// Every output row is computed from its own activation row in one fixed order, so a row gets the same bits
+// alone and in any batch.
+
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "common.h"
+#include "kernels.h"
+
+namespace {
+
+using namespace minivllm_native;
+
+constexpr int64_t kSuper = 256;
+enum KType { kQ4K = 0, kQ5K = 1, kQ6K = 2 };
+constexpr int64_t kSuperBytes[3] = {144, 176, 210};
+constexpr int32_t kMagic = 0x4b515731;  // "1WQK": a K-quant weight's header
+constexpr int64_t kHeaderBytes = 64;
+constexpr int64_t kMaxParts = (kHeaderBytes / 4 - 2) / 2;
+constexpr int kRowTile = 4;  // activation rows sharing one unpacked super-block
+constexpr int64_t kChunkBytes = 16 * 1024;  // a chunk of activation rows stays in L1 over a task's features
+
+inline float half_to_float(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+// Q4_K / Q5_K: the eight 6-bit scales and mins of a super-block's 12 bytes (llama.cpp's unpacking), as floats.
+__attribute__((always_inline)) inline void scales_mins(const uint8_t* packed, __m256& sc, __m256& m) {
+  uint32_t u[3], out[4];
+  std::memcpy(u, packed, 12);
+  constexpr uint32_t k6 = 0x3f3f3f3f, k4 = 0x0f0f0f0f, k2 = 0x03030303;
+  out[0] = u[0] & k6;                                      // scales 0-3: low 6 bits of bytes 0-3
+  out[1] = (u[2] & k4) | (((u[0] >> 6) & k2) << 4);        // scales 4-7: low nibbles of 8-11, top bits of 0-3
+  out[2] = u[1] & k6;                                      // mins 0-3: low 6 bits of bytes 4-7
+  out[3] = ((u[2] >> 4) & k4) | (((u[1] >> 6) & k2) << 4);  // mins 4-7: high nibbles of 8-11, top bits of 4-7
+  auto floats8 = [](uint32_t first, uint32_t second) {
+    const __m128i bytes = _mm_set_epi32(0, 0, static_cast<int>(second), static_cast<int>(first));
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+  };
+  sc = floats8(out[0], out[1]);
+  m = floats8(out[2], out[3]);
+}
+
+// Q6_K: the sixteen int8 scales as floats (groups 0-7, 8-15).
+__attribute__((always_inline)) inline void q6k_scales(const uint8_t* p, __m256& lo, __m256& hi) {
+  const __m128i* sc = reinterpret_cast<const __m128i*>(p);
+  lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(sc)));
+  hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8))));
+}
+
+// The same, and as int16 lanes for the pair layout: vector 2i + h holds group 4i + h's scale in its low 128 bits
+// (block 2i's codes h*16..h*16+15) and group 4i + 2 + h's in its high ones (block 2i+1's): the order of
+// vpmaddubsw's outputs over a pair's halves.
+__attribute__((always_inline)) inline void q6k_pair_scales(const uint8_t* p, __m256& lo, __m256& hi,
+                                                           __m256i (&scale16)[8]) {
+  q6k_scales(p, lo, hi);
+  const int8_t* sc = reinterpret_cast<const int8_t*>(p);
+  _Pragma("GCC unroll 4") for (int i = 0; i < 4; ++i)
+    _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h)
+      scale16[2 * i + h] = _mm256_setr_m128i(_mm_set1_epi16(sc[4 * i + h]), _mm_set1_epi16(sc[4 * i + 2 + h]));
+}
+
+// A super-block's 256 codes as eight vectors of 32 unsigned bytes in input order (Q4_K 0..15, Q5_K 0..31,
+// Q6_K 0..63, before its -32).
+template <int TYPE>
+__attribute__((always_inline)) inline void unpack_codes(const uint8_t* sb, __m256i (&u)[8]) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  if constexpr (TYPE == kQ6K) {
+    const __m256i two = _mm256_set1_epi8(0x30);  // a high pair, in place above the nibble
+    _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h) {
+      const __m256i l0 = load32(sb + 64 * h), l1 = load32(sb + 64 * h + 32), q = load32(sb + 128 + 32 * h);
+      u[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_and_si256(_mm256_slli_epi16(q, 4), two));
+      u[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(l1, low4), _mm256_and_si256(_mm256_slli_epi16(q, 2), two));
+      u[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4), _mm256_and_si256(q, two));
+      u[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
+                                     _mm256_and_si256(_mm256_srli_epi16(q, 2), two));
+    }
+  } else {
+    const uint8_t* qs = sb + (TYPE == kQ5K ? 48 : 16);
+    _Pragma("GCC unroll 4") for (int i = 0; i < 4; ++i) {
+      const __m256i v = load32(qs + 32 * i);
+      u[2 * i] = _mm256_and_si256(v, low4);
+      u[2 * i + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+    }
+    if constexpr (TYPE == kQ5K) {
+      const __m256i high = load32(sb + 16), one = _mm256_set1_epi8(1);
+      _Pragma("GCC unroll 8") for (int b = 0; b < 8; ++b)
+        u[b] = _mm256_or_si256(u[b], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(high, b), one), 4));
+    }
+  }
+}
+
+// Integer activations per row: codes (and int8x2 remainders) in the pair layout of q8_matmul.cpp (per 64 inputs,
+// 32 bytes [block0 0..15, block1 0..15] then [block0 16..31, block1 16..31]), per block of 32 its scale and
+// scale x code sum, per group of 16 (input order) scale x code sum (Q6_K's -32). Codes combine as 128 * q + r
+// when split.
+struct KActs {
+  const int8_t* q = nullptr;
+  const int8_t* r = nullptr;   // split only, else q (never read)
+  const float* scale = nullptr;  // [rows, K/32]
+  const float* sum32 = nullptr;  // [rows, K/32]
+  const float* sum16 = nullptr;  // [rows, K/16]
+};
+
+inline int32_t hsum_i32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+  return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1))));
+}
+
+// 32 int32 lanes within int8 range (four vectors, in order) as 32 bytes in the same order.
+inline __m256i to_bytes(const __m256i (&v)[4]) {
+  const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+  return _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+// Bytes 0..15 of a block's codes at p, bytes 16..31 one half-pair (32 bytes) further: the pair layout.
+inline void store_halves(int8_t* p, __m256i codes) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(codes));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p + kBlock), _mm256_extracti128_si256(codes, 1));
+}
+
+// One block of 32 activations: x ~= amax / 127 * q (+ r / 128), the arithmetic of q8_matmul.cpp's quantize_block;
+// q and r point at the block's place in the pair layout.
+inline void quantize_block(const float* v, bool split, int8_t* q, int8_t* r, float* scale, float* sum32, float* sum16) {
+  __m256 x[4];
+  for (int j = 0; j < 4; ++j) x[j] = _mm256_loadu_ps(v + 8 * j);
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  const __m256 magnitude = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, x[0]), _mm256_andnot_ps(sign, x[1])),
+                                         _mm256_max_ps(_mm256_andnot_ps(sign, x[2]), _mm256_andnot_ps(sign, x[3])));
+  const float amax = hmax(magnitude);
+  const __m256 inv = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+  __m256i codes[4], rest[4], combined[4];
+  for (int j = 0; j < 4; ++j) {
+    const __m256 scaled = _mm256_mul_ps(x[j], inv);
+    codes[j] = combined[j] = _mm256_cvtps_epi32(scaled);
+    if (split) {
+      const __m256 left = _mm256_mul_ps(_mm256_sub_ps(scaled, _mm256_cvtepi32_ps(codes[j])), _mm256_set1_ps(128.f));
+      rest[j] = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(left), _mm256_set1_epi32(-127)),
+                                 _mm256_set1_epi32(127));
+      combined[j] = _mm256_add_epi32(_mm256_slli_epi32(codes[j], 7), rest[j]);
+    }
+  }
+  store_halves(q, to_bytes(codes));
+  if (split) store_halves(r, to_bytes(rest));
+  const float unit = amax / 127.f / (split ? 128.f : 1.f);
+  const int32_t first = hsum_i32(_mm256_add_epi32(combined[0], combined[1]));
+  const int32_t second = hsum_i32(_mm256_add_epi32(combined[2], combined[3]));
+  *scale = unit;
+  sum16[0] = unit * static_cast<float>(first), sum16[1] = unit * static_cast<float>(second);
+  *sum32 = unit * static_cast<float>(first + second);
+}
+
+// The rows quantized into a per-thread scratch buffer reused across calls (as q8_matmul.cpp's quantize_rows).
+KActs quantize_rows(const at::Tensor& x, bool split) {
+  const int64_t rows = x.size(0), k = x.size(1), blocks = k / kBlock;
+  const int64_t code_floats = rows * k / 4;  // K % 256 == 0: every row starts on a 64-byte line
+  static thread_local std::vector<float> scratch;
+  float* base = aligned_scratch(scratch, code_floats * (split ? 2 : 1) + rows * blocks * 4);
+  int8_t* q = reinterpret_cast<int8_t*>(base);
+  int8_t* r = split ? reinterpret_cast<int8_t*>(base + code_floats) : q;
+  float* scale = base + code_floats * (split ? 2 : 1);
+  float* sum32 = scale + rows * blocks;
+  float* sum16 = sum32 + rows * blocks;
+  const float* src = x.data_ptr<float>();
+  at::parallel_for(0, rows * blocks, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t at = (i / 2) * 2 * kBlock + (i % 2) * 16;  // K % 64 == 0: pairs never straddle rows
+      quantize_block(src + i * kBlock, split, q + at, r + at, scale + i, sum32 + i, sum16 + 2 * i);
+    }
+  });
+  return KActs{q, r, scale, sum32, sum16};
+}
+
+int64_t chunk_rows(int64_t k, bool split) {
+  const int64_t bytes_per_row = k * (split ? 2 : 1) + k / 2;  // codes (and remainders), then the three float arrays
+  return std::max<int64_t>(kRowTile, kChunkBytes / bytes_per_row / kRowTile * kRowTile);
+}
+
+namespace avx2 {
+#include "kquant_features.inc"
+}  // namespace avx2
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni")
+#define MINIVLLM_VNNI 1
+namespace vnni {
+#include "kquant_features.inc"
+}  // namespace vnni
+#undef MINIVLLM_VNNI
+#pragma GCC pop_options
+
+// ---- fp32 activations: the codes widened to floats in registers, exact up to fp32 summation order ----
+
+// x [rows, K] and, for Q4_K / Q5_K's mins, each block of 32's sum [rows, K/32].
+struct FActs {
+  const float* x;
+  const float* sum32;
+};
+
+FActs block_sums(const at::Tensor& x) {
+  const int64_t rows = x.size(0), k = x.size(1), blocks = k / kBlock;
+  static thread_local std::vector<float> scratch;
+  float* sums = aligned_scratch(scratch, rows * blocks);
+  const float* src = x.data_ptr<float>();
+  at::parallel_for(0, rows * blocks, 256, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float* v = src + i * kBlock;
+      sums[i] = hsum(_mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(v), _mm256_loadu_ps(v + 8)),
+                                   _mm256_add_ps(_mm256_loadu_ps(v + 16), _mm256_loadu_ps(v + 24))));
+    }
+  });
+  return FActs{src, sums};
+}
+
+// 32 codes (unsigned bytes, or signed for Q6_K after its -32) as four float vectors in order.
+template <bool SIGNED>
+__attribute__((always_inline)) inline void widen(__m256i u, __m256 (&f)[4]) {
+  const __m128i lo = _mm256_castsi256_si128(u), hi = _mm256_extracti128_si256(u, 1);
+  auto cvt = [](__m128i v) {
+    return _mm256_cvtepi32_ps(SIGNED ? _mm256_cvtepi8_epi32(v) : _mm256_cvtepu8_epi32(v));
+  };
+  f[0] = cvt(lo), f[1] = cvt(_mm_srli_si128(lo, 8)), f[2] = cvt(hi), f[3] = cvt(_mm_srli_si128(hi, 8));
+}
+
+// One K-quant weight row against TILE fp32 activation rows: per block (Q6_K: per group of 16) the codes'
+// product with x, times d*sc; Q4_K / Q5_K less dmin*m times the block's sum of x.
+template <int TYPE, int TILE>
+void kf_feature(const uint8_t* w, int64_t supers, const FActs& a, int64_t row, float* out, int64_t out_stride) {
+  const int64_t k = supers * kSuper;
+  const float* x[TILE];
+  const float* sum32[TILE];
+  _Pragma("GCC unroll 8") for (int t = 0; t < TILE; ++t) {
+    x[t] = a.x + (row + t) * k;
+    sum32[t] = a.sum32 + (row + t) * (k / kBlock);
+  }
+  __m256 acc[2][TILE];
+  _Pragma("GCC unroll 8") for (int t = 0; t < TILE; ++t) acc[0][t] = acc[1][t] = _mm256_setzero_ps();
+  alignas(32) float factor[16];  // d*sc per block (Q4_K, Q5_K) or per group of 16 (Q6_K)
+  for (int64_t s = 0; s < supers; ++s) {
+    const uint8_t* sb = w + s * kSuperBytes[TYPE];
+    __m256i u[8];
+    unpack_codes<TYPE>(sb, u);
+    if constexpr (TYPE == kQ6K) {
+      const __m256 d = _mm256_set1_ps(half_to_float(sb + 208));
+      __m256 lo, hi;
+      q6k_scales(sb + 192, lo, hi);
+      _mm256_store_ps(factor, _mm256_mul_ps(d, lo));
+      _mm256_store_ps(factor + 8, _mm256_mul_ps(d, hi));
+      _Pragma("GCC unroll 8") for (int b = 0; b < 8; ++b) u[b] = _mm256_sub_epi8(u[b], _mm256_set1_epi8(32));
+    } else {
+      __m256 sc, m;
+      scales_mins(sb + 4, sc, m);
+      _mm256_store_ps(factor, _mm256_mul_ps(_mm256_set1_ps(half_to_float(sb)), sc));
+      const __m256 dm = _mm256_mul_ps(_mm256_set1_ps(half_to_float(sb + 2)), m);
+      _Pragma("GCC unroll 8") for (int t = 0; t < TILE; ++t)
+        acc[1][t] = _mm256_fnmadd_ps(dm, _mm256_loadu_ps(sum32[t] + 8 * s), acc[1][t]);
+    }
+    _Pragma("GCC unroll 2") for (int b = 0; b < 8; ++b) {
+      __m256 f[4];
+      widen<TYPE == kQ6K>(u[b], f);
+      _Pragma("GCC unroll 8") for (int t = 0; t < TILE; ++t) {
+        const float* v = x[t] + s * kSuper + b * kBlock;
+        const __m256 first = _mm256_fmadd_ps(f[1], _mm256_loadu_ps(v + 8), _mm256_mul_ps(f[0], _mm256_loadu_ps(v)));
+        const __m256 second =
+            _mm256_fmadd_ps(f[3], _mm256_loadu_ps(v + 24), _mm256_mul_ps(f[2], _mm256_loadu_ps(v + 16)));
+        if constexpr (TYPE == kQ6K) {
+          acc[b & 1][t] = _mm256_fmadd_ps(first, _mm256_broadcast_ss(factor + 2 * b), acc[b & 1][t]);
+          acc[b & 1][t] = _mm256_fmadd_ps(second, _mm256_broadcast_ss(factor + 2 * b + 1), acc[b & 1][t]);
+        } else {
+          acc[b & 1][t] = _mm256_fmadd_ps(_mm256_add_ps(first, second), _mm256_broadcast_ss(factor + b), acc[b & 1][t]);
+        }
+      }
+    }
+  }
+  _Pragma("GCC unroll 8") for (int t = 0; t < TILE; ++t)
+    out[t * out_stride] = hsum(_mm256_add_ps(acc[0][t], acc[1][t]));
+}
+
+template <int TYPE>
+void kf_features(const uint8_t* weights, int64_t supers, const FActs& a, int64_t rows, float* out, int64_t n,
+                 int64_t begin, int64_t end) {
+  const int64_t row_bytes = supers * kSuperBytes[TYPE];
+  if (rows == 1) {
+    const uint8_t* stop = weights + end * row_bytes;
+    for (int64_t f = begin; f < end; ++f) {
+      prefetch_ahead(weights + f * row_bytes, row_bytes, kPrefetchAhead, stop);
+      kf_feature<TYPE, 1>(weights + f * row_bytes, supers, a, 0, out + f, n);
+    }
+    return;
+  }
+  const int64_t chunk = std::max<int64_t>(kRowTile, kChunkBytes / (supers * kSuper * 4) / kRowTile * kRowTile);
+  for (int64_t first = 0; first < rows; first += chunk)
+    for (int64_t f = begin; f < end; ++f) {
+      const uint8_t* w = weights + f * row_bytes;
+      over_row_tiles<kRowTile>(first, std::min(rows, first + chunk), [&](auto tile, int64_t row) {
+        kf_feature<TYPE, decltype(tile)::value>(w, supers, a, row, out + row * n + f, n);
+      });
+    }
+}
+
+void kf_part_features(int type, const uint8_t* weights, int64_t supers, const FActs& a, int64_t rows, float* out,
+                      int64_t n, int64_t begin, int64_t end) {
+  switch (type) {
+    case kQ4K: return kf_features<kQ4K>(weights, supers, a, rows, out, n, begin, end);
+    case kQ5K: return kf_features<kQ5K>(weights, supers, a, rows, out, n, begin, end);
+    default: return kf_features<kQ6K>(weights, supers, a, rows, out, n, begin, end);
+  }
+}
+
+struct KPart {
+  const uint8_t* w;
+  int64_t rows, first;  // its rows, and its first row in the whole weight (its output column)
+  int type;
+};
+
+// The weight's parts, read from its header and checked against its size for K inputs.
+std::vector<KPart> parts_of(const at::Tensor& w, int64_t k) {
+  TORCH_CHECK(w.scalar_type() == at::kByte && w.is_contiguous() && w.dim() == 1 && w.numel() >= kHeaderBytes,
+              "a K-quant weight must be a contiguous uint8 tensor: a header, then its parts' super-blocks; got ",
+              w.sizes(), " ", w.scalar_type());
+  const uint8_t* base = w.data_ptr<uint8_t>();
+  int32_t header[kHeaderBytes / 4];
+  std::memcpy(header, base, kHeaderBytes);
+  TORCH_CHECK(header[0] == kMagic && header[1] >= 1 && header[1] <= kMaxParts, "not a K-quant weight's header");
+  std::vector<KPart> parts;
+  int64_t offset = kHeaderBytes, first = 0;
+  for (int32_t i = 0; i < header[1]; ++i) {
+    const int32_t type = header[2 + 2 * i], rows = header[3 + 2 * i];
+    TORCH_CHECK(type >= kQ4K && type <= kQ6K && rows > 0, "unknown K-quant type ", type, " (or no rows) in part ", i);
+    parts.push_back(KPart{base + offset, rows, first, type});
+    offset += rows * (k / kSuper) * kSuperBytes[type], first += rows;
+  }
+  TORCH_CHECK(offset == w.numel(), "K-quant weight of ", w.numel(), " bytes; its header and K=", k, " say ", offset);
+  return parts;
+}
+
+void check_kquant(const at::Tensor& x, int64_t acts) {
+  check_activations(x, kSuper);
+  TORCH_CHECK(acts >= 0 && acts <= 2, "activation precision must be 0 (int8), 1 (int8x2) or 2 (fp32), got ", acts);
+}
+
+at::Tensor kquant_linear(const at::Tensor& x, const at::Tensor& w, int64_t n, int64_t acts) {
+  check_kquant(x, acts);
+  at::Tensor out = at::empty({x.size(0), n}, x.options());
+  kquant_linear_into(x, w, acts, out);
+  return out;
+}
+
+}  // namespace
+
+int64_t minivllm_native::kquant_rows(const at::Tensor& w) {
+  TORCH_CHECK(w.scalar_type() == at::kByte && w.dim() == 1 && w.numel() >= kHeaderBytes, "not a K-quant weight");
+  int32_t header[kHeaderBytes / 4];
+  std::memcpy(header, w.data_ptr<uint8_t>(), kHeaderBytes);
+  TORCH_CHECK(header[0] == kMagic && header[1] >= 1 && header[1] <= kMaxParts, "not a K-quant weight's header");
+  int64_t rows = 0;
+  for (int32_t i = 0; i < header[1]; ++i) rows += header[3 + 2 * i];
+  return rows;
+}
+
+void minivllm_native::kquant_linear_into(const at::Tensor& x, const at::Tensor& w, int64_t acts, at::Tensor& out) {
+  check_kquant(x, acts);
+  const int64_t rows = x.size(0), supers = x.size(1) / kSuper;
+  const std::vector<KPart> parts = parts_of(w, x.size(1));
+  const int64_t n = parts.back().first + parts.back().rows;
+  check_output(out, rows, n);
+  float* o = out.data_ptr<float>();
+  const bool vnni_on = vnni_kernels_on();
+  const FActs f = acts == 2 ? block_sums(x) : FActs{};
+  const KActs a = acts == 2 ? KActs{} : quantize_rows(x, acts == 1);
+  at::parallel_for(0, n, kFeatureGrain, [&](int64_t begin, int64_t end) {
+    for (const KPart& p : parts) {
+      const int64_t lo = std::max(begin, p.first), hi = std::min(end, p.first + p.rows);
+      if (lo >= hi) continue;
+      float* part_out = o + p.first;
+      if (acts == 2)
+        kf_part_features(p.type, p.w, supers, f, rows, part_out, n, lo - p.first, hi - p.first);
+      else if (acts == 1)
+        (vnni_on ? vnni::kq_part_features<true> : avx2::kq_part_features<true>)(p.type, p.w, supers, a, rows, part_out,
+                                                                               n, lo - p.first, hi - p.first);
+      else
+        (vnni_on ? vnni::kq_part_features<false> : avx2::kq_part_features<false>)(
+            p.type, p.w, supers, a, rows, part_out, n, lo - p.first, hi - p.first);
+    }
+  });
+}
+
+TORCH_LIBRARY_FRAGMENT(minivllm_native, m) {
+  m.def("kquant_linear(Tensor x, Tensor w, int n, int acts) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(minivllm_native, CPU, m) { m.impl("kquant_linear", &kquant_linear); }

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 import time
@@ -24,6 +25,7 @@ from minivllm.loader.hf_loader import ModelNotFoundError
 from minivllm.loader.huge_pages import thp_mode
 from minivllm.loader.weights import CorruptCheckpointError, build_model
 from minivllm.model.config import LlamaConfig, UnsupportedModelError
+from minivllm.model.families import FAMILIES
 from minivllm.model.llama import LlamaModel
 from minivllm.quant import choice_cache
 from minivllm.quant.gguf_tensors import read_gguf_tensors
@@ -156,7 +158,8 @@ def _load_gguf(path: Path, name: str, options: _Options) -> LoadedModel:
 
 def _read_gguf(path: Path, cfg: LlamaConfig):
     try:
-        return read_gguf_tensors(path, cfg.num_attention_heads, cfg.num_key_value_heads)
+        return read_gguf_tensors(path, cfg.num_attention_heads, cfg.num_key_value_heads,
+                                 rotary_interleaved=FAMILIES[cfg.family].rotary_interleaved_in_gguf)
     except Exception as exc:  # the reader raises many types for a damaged file
         raise CorruptCheckpointError(f"cannot read tensors of GGUF file {path}: {exc}") from exc
 
@@ -164,6 +167,8 @@ def _read_gguf(path: Path, cfg: LlamaConfig):
 def _load_hf_dir(directory: Path, name: str, options: _Options) -> LoadedModel:
     progress(f"reading {directory}")
     cfg = LlamaConfig.from_hf(hf_loader.load_hf_config(directory), name=name)
+    extra_eos = [i for i in hf_loader.generation_eos_ids(directory) if i not in cfg.eos_token_ids]
+    cfg = dataclasses.replace(cfg, eos_token_ids=(*cfg.eos_token_ids, *extra_eos))
     tensors = hf_loader.load_safetensors(directory, options.dtype)
     tokenizer = hf_loader.load_hf_tokenizer(directory)
     return _finish(cfg, tensors, tokenizer, name, str(directory), options)

@@ -87,8 +87,21 @@ def load_config(path: Path, name: str) -> LlamaConfig:
     from transformers import AutoConfig
 
     config = LlamaConfig.from_hf(AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name), name)
+    config = _with_what_the_tensors_say(config, path)
     _store(file, lambda target: target.write_text(json.dumps(config.to_json_dict())))
     return config
+
+
+def _with_what_the_tensors_say(config: LlamaConfig, path: Path) -> LlamaConfig:
+    """transformers' GGUF reader maps neither `attention.key_length` nor an attention-bias flag, so a head
+    size other than hidden/heads (Qwen3's) and the biases (Qwen3's `attention_bias`) come from the
+    tensors: the K product's rows per KV head, and whether the first layer's biases are there."""
+    records = {r.name: r for r in tensor_records(path)}
+    k_proj = records.get("blk.0.attn_k.weight")
+    if k_proj is None or len(k_proj.shape) != 2:
+        return config
+    return dataclasses.replace(config, head_dim=k_proj.shape[1] // config.num_key_value_heads,
+                               qkv_bias="blk.0.attn_q.bias" in records, o_bias="blk.0.attn_output.bias" in records)
 
 
 def load_tokenizer(path: Path):

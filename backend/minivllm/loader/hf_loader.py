@@ -48,6 +48,17 @@ def load_hf_config(directory: Path):
         raise CorruptCheckpointError(f"{config_file} is not a valid model config: {exc}") from exc
 
 
+def generation_eos_ids(directory: Path) -> tuple[int, ...]:
+    """The stop tokens generation_config.json lists (Qwen's chat models stop at <|im_end|> there, which
+    config.json may not name); none when it is absent or unreadable."""
+    try:
+        eos = json.loads((directory / "generation_config.json").read_text()).get("eos_token_id")
+    except (OSError, ValueError, AttributeError):
+        return ()
+    ids = eos if isinstance(eos, list) else [eos]
+    return tuple(i for i in ids if isinstance(i, int))
+
+
 def load_hf_tokenizer(directory: Path):
     from transformers import AutoTokenizer
 

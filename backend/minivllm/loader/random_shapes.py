@@ -23,6 +23,14 @@ SHAPES: dict[str, dict] = {
                        num_attention_heads=32, num_key_value_heads=8, head_dim=128,
                        max_position_embeddings=8192, rope_theta=500000.0, eos_token_ids=(128001,),
                        bos_token_id=128000),
+    "qwen2.5-1.5b": dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                         num_attention_heads=12, num_key_value_heads=2, head_dim=128, max_position_embeddings=32768,
+                         rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True, eos_token_ids=(151645,),
+                         bos_token_id=151643, family="qwen2", qkv_bias=True),
+    "qwen3-0.6b": dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                       num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+                       rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True, eos_token_ids=(151645,),
+                       bos_token_id=151643, family="qwen3", qk_norm=True),
 }
 
 
@@ -33,7 +41,7 @@ def random_config(shape: str) -> LlamaConfig:
 
 
 def random_tensors(cfg: LlamaConfig, seed: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """HF-named tensors, N(0, 0.02) like HF's initializer, norms at 1; seeded."""
+    """HF-named tensors, N(0, 0.02) like HF's initializer (biases too), norms at 1; seeded."""
     gen = torch.Generator().manual_seed(seed)
     shapes = _hf_shapes(cfg)
     out = {}
@@ -53,6 +61,10 @@ def _hf_shapes(cfg: LlamaConfig):
         "q_proj": (cfg.num_attention_heads * d, h), "k_proj": (cfg.num_key_value_heads * d, h),
         "v_proj": (cfg.num_key_value_heads * d, h), "o_proj": (h, cfg.num_attention_heads * d),
         "gate_proj": (i, h), "up_proj": (i, h), "down_proj": (h, i),
-        "input_layernorm": (h,), "post_attention_layernorm": (h,),
+        "input_layernorm": (h,), "post_attention_layernorm": (h,), "q_norm": (d,), "k_norm": (d,),
     }
-    return lambda name: table[name.split(".")[-2]]
+
+    def shape(name: str) -> tuple[int, ...]:
+        weight_shape = table[name.split(".")[-2]]
+        return weight_shape[:1] if name.endswith(".bias") else weight_shape  # a bias: one per output row
+    return shape

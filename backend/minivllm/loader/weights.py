@@ -14,7 +14,8 @@ from minivllm.model.packed_linear import pack_model
 from minivllm.quant.formats import QuantizedWeight
 from minivllm.quant.install import (QuantReport, choose_model_kernels, fp32_bytes, install_quantized,
                                    stored_bytes, weight_tensors)
-from minivllm.quant.policy import QuantConfig, apply_policy, compounded_rounding_note, describe_mode, fuse
+from minivllm.quant.policy import (QuantConfig, apply_policy, compounded_rounding_note, dequantize, describe_mode,
+                                   fuse)
 
 NO_HUGE_PAGES_ENV = "MINIVLLM_NO_HUGE_PAGES"  # 1: weights stay where loading put them (A/B benchmarks)
 
@@ -24,7 +25,7 @@ class CorruptCheckpointError(ValueError):
 
 
 def hf_tensor_names(cfg: LlamaConfig) -> list[str]:
-    """The parameter names a `transformers.LlamaForCausalLM` with this config has."""
+    """The parameter names the HF model of this config's family (LlamaForCausalLM, Qwen2ForCausalLM, ...) has."""
     names = ["model.embed_tokens.weight", "model.norm.weight"]
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."
@@ -32,9 +33,17 @@ def hf_tensor_names(cfg: LlamaConfig) -> list[str]:
             "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
             "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
             "mlp.down_proj.weight", "input_layernorm.weight", "post_attention_layernorm.weight")]
+        names += [p + n for n in _family_piece_names(cfg)]
     if not cfg.tie_word_embeddings:
         names.append("lm_head.weight")
     return names
+
+
+def _family_piece_names(cfg: LlamaConfig) -> list[str]:
+    """A layer's tensors beyond Llama's (model/families.py), relative to the layer."""
+    names = [f"self_attn.{p}_proj.bias" for p in "qkv"] if cfg.qkv_bias else []
+    names += ["self_attn.o_proj.bias"] if cfg.o_bias else []
+    return names + (["self_attn.q_norm.weight", "self_attn.k_norm.weight"] if cfg.qk_norm else [])
 
 
 def fused_state_dict(cfg: LlamaConfig, hf: MutableMapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -56,7 +65,21 @@ def fused_state_dict(cfg: LlamaConfig, hf: MutableMapping[str, torch.Tensor]) ->
         out[dst + "mlp.down_proj.weight"] = hf.pop(mlp + "down_proj.weight")
         for norm in ("input_layernorm.weight", "post_attention_layernorm.weight"):
             out[dst + norm] = hf.pop(src + norm)
+        out.update(_family_pieces(cfg, hf, attn, dst + "self_attn."))
     out["lm_head.weight"] = embedding if cfg.tie_word_embeddings else hf.pop("lm_head.weight")
+    return out
+
+
+def _family_pieces(cfg: LlamaConfig, hf: MutableMapping[str, torch.Tensor], src: str, dst: str) -> dict:
+    """One layer's attention biases and Q/K norms, HF names (under `src`) -> ours (under `dst`)."""
+    out = {}
+    if cfg.qkv_bias:
+        out[dst + "qkv_bias"] = torch.cat([dequantize(hf.pop(src + f"{p}_proj.bias")) for p in "qkv"])
+    if cfg.o_bias:
+        out[dst + "o_bias"] = dequantize(hf.pop(src + "o_proj.bias"))
+    if cfg.qk_norm:
+        for norm in ("q_norm.weight", "k_norm.weight"):
+            out[dst + norm] = hf.pop(src + norm)
     return out
 
 

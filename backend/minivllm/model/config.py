@@ -1,16 +1,13 @@
-"""Architecture hyper-parameters of a Llama-family decoder, read from a `transformers` config."""
+"""Architecture hyper-parameters of the shared decoder (Llama, Qwen2, Qwen3), read from a `transformers` config."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from minivllm.model.families import SUPPORTED_MODEL_TYPES, UnsupportedModelError, family_of
 
-class UnsupportedModelError(ValueError):
-    """The checkpoint is not a Llama-architecture decoder."""
-
-
-SUPPORTED_MODEL_TYPES = ("llama",)
+__all__ = ["LlamaConfig", "SUPPORTED_MODEL_TYPES", "UnsupportedModelError"]
 
 
 @dataclass(frozen=True)
@@ -30,13 +27,18 @@ class LlamaConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
     name: str = "llama"
+    family: str = "llama"  # the HF model_type (model/families.py)
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: bool = False  # per-head RMSNorm on Q and K before the rotary embedding
 
     @property
     def num_parameters(self) -> int:
         h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
         qkv = h * (self.num_attention_heads + 2 * self.num_key_value_heads) * self.head_dim
         o = self.num_attention_heads * self.head_dim * h
-        per_layer = qkv + o + 3 * h * i + 2 * h
+        biases = (qkv // h if self.qkv_bias else 0) + (h if self.o_bias else 0)
+        per_layer = qkv + o + 3 * h * i + 2 * h + biases + (2 * self.head_dim if self.qk_norm else 0)
         head = 0 if self.tie_word_embeddings else v * h
         return v * h + self.num_hidden_layers * per_layer + h + head
 
@@ -52,13 +54,7 @@ class LlamaConfig:
     @classmethod
     def from_hf(cls, hf: Any, name: str = "llama") -> "LlamaConfig":
         """Build from a `transformers.PretrainedConfig` (v4 `rope_scaling` or v5 `rope_parameters`)."""
-        model_type = getattr(hf, "model_type", None)
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            archs = getattr(hf, "architectures", None) or [model_type]
-            raise UnsupportedModelError(
-                f"model '{name}' has architecture {archs} (model_type={model_type!r}); "
-                f"mini-vllm supports Llama-architecture decoders only (model_type 'llama')"
-            )
+        family = family_of(hf, name)
         heads = hf.num_attention_heads
         rope_theta, rope_scaling = _rope_settings(hf)
         eos = hf.eos_token_id
@@ -79,6 +75,8 @@ class LlamaConfig:
             bos_token_id=hf.bos_token_id,
             eos_token_ids=eos_ids,
             name=name,
+            family=family.model_type,
+            **family.pieces(hf),
         )
 
 

@@ -1,8 +1,11 @@
-"""A Llama-architecture decoder in plain PyTorch, reading its KV cache through block tables.
+"""The shared decoder of the Llama, Qwen2 and Qwen3 families in plain PyTorch, reading its KV cache
+through block tables.
 
 Embedding -> N x (RMSNorm, GQA attention with rotary positions, residual, RMSNorm, SwiGLU MLP,
 residual) -> RMSNorm -> LM head (tied to the embedding or not). Q/K/V and gate/up projections are
-fused into one matrix each at load time: one GEMM instead of three (two) per layer.
+fused into one matrix each at load time: one GEMM instead of three (two) per layer. A family's own
+pieces (model/families.py) are optional parts of the attention: a Q|K|V bias (Qwen2), an output bias,
+and per-head Q/K RMSNorms before the rotary embedding (Qwen3).
 """
 
 from __future__ import annotations
@@ -38,17 +41,33 @@ class Attention(nn.Module):
         self.qkv_proj = PackedLinear(cfg.hidden_size, q_size + 2 * kv_size, bias=False)
         self.o_proj = PackedLinear(q_size, cfg.hidden_size, bias=False)
         self.scale = self.head_dim**-0.5
+        # biases beside the products, not in them: a quantized product (QuantLinear) replaces the module
+        self.qkv_bias = nn.Parameter(torch.empty(q_size + 2 * kv_size)) if cfg.qkv_bias else None
+        self.o_bias = nn.Parameter(torch.empty(cfg.hidden_size)) if cfg.o_bias else None
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+
+    @property
+    def has_family_pieces(self) -> bool:
+        """Whether this attention has a piece beyond Llama's (a bias, Q/K norms)."""
+        return any(p is not None for p in (self.qkv_bias, self.o_bias, self.q_norm))
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], k_pool: torch.Tensor,
                 v_pool: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         tokens = x.shape[0]
-        qkv = self.qkv_proj(x).view(tokens, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
+        qkv = self.qkv_proj(x)
+        if self.qkv_bias is not None:
+            qkv = qkv + self.qkv_bias
+        qkv = qkv.view(tokens, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
+        qk = qkv[:, : self.num_heads + self.num_kv_heads]
+        if self.q_norm is not None:
+            qk = torch.cat([self.q_norm(qk[:, : self.num_heads]), self.k_norm(qk[:, self.num_heads:])], dim=1)
         # Q and K heads are contiguous, so one rotary call covers both.
-        qk = RotaryEmbedding.rotate(qkv[:, : self.num_heads + self.num_kv_heads], *rope)
+        qk = RotaryEmbedding.rotate(qk, *rope)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads:]
         v = qkv[:, self.num_heads + self.num_kv_heads:]
-        out = paged_attention(q, k, v, k_pool, v_pool, meta, self.scale)
-        return self.o_proj(out)
+        out = self.o_proj(paged_attention(q, k, v, k_pool, v_pool, meta, self.scale))
+        return out if self.o_bias is None else out + self.o_bias
 
 
 class MLP(nn.Module):

@@ -1,0 +1,283 @@
+"""The Qwen2/2.5 and Qwen3 families against transformers' own `Qwen2ForCausalLM` / `Qwen3ForCausalLM` (the oracle).
+
+Each variant is a tiny random checkpoint built from transformers' config class, saved with the embedded
+tokenizer and loaded through our loader: fp32 logits at every position within 1e-4 of HF's, 32 greedy
+tokens through our engine equal to HF `generate`, the same in a batch as alone and through preemption,
+and the same through a GGUF file written with gguf-py from the same weights. Biases and norms are
+randomised (HF initialises them to 0 and 1), so a missing or misplaced piece shows.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from engine_utils import EventLog, assert_all_blocks_free, make_engine, run
+
+from minivllm.events import types as ev
+from minivllm.loader import UnsupportedModelError, load_model
+from minivllm.sampling.params import SamplingParams
+
+ATOL = 1e-4
+GREEDY_TOKENS = 32
+PROMPTS = [[1, 17, 42, 99, 7], [1, 3, 3, 3], [1, 88, 12, 64, 23, 101, 45, 9, 77, 5, 6, 120, 31]]
+
+# kwargs of the transformers config class; head_dim 32 in Qwen3 is not hidden/heads (16), as in real Qwen3s
+VARIANTS = {
+    "qwen2-untied": ("Qwen2", dict(tie_word_embeddings=False)),
+    "qwen2.5-tied": ("Qwen2", dict(tie_word_embeddings=True)),
+    "qwen3-tied-head-dim-32": ("Qwen3", dict(tie_word_embeddings=True, head_dim=32)),
+    "qwen3-attention-bias-untied": ("Qwen3", dict(tie_word_embeddings=False, attention_bias=True)),
+}
+
+
+def make_tiny(kind: str, directory, tokenizer, seed: int = 0, **overrides):
+    """A random `transformers` Qwen2/Qwen3 model with the embedded tokenizer's vocabulary, saved to
+    `directory` (config.json, safetensors, tokenizer) and returned."""
+    import transformers
+
+    torch.manual_seed(seed)
+    config = getattr(transformers, f"{kind}Config")(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6,
+        initializer_range=0.1,  # peakier logits than HF's 0.02: fewer near-ties in greedy decoding
+        bos_token_id=1, eos_token_id=2, **overrides)
+    model = getattr(transformers, f"{kind}ForCausalLM")(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+            elif name.endswith(".bias"):
+                p.normal_(0.0, 0.5)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return model
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def pair(request, tmp_path_factory, embedded_tokenizer):
+    kind, overrides = VARIANTS[request.param]
+    directory = tmp_path_factory.mktemp(request.param)
+    hf = make_tiny(kind, directory, embedded_tokenizer, seed=len(request.param), **overrides)
+    return request.param, hf, load_model(str(directory), dtype="float32", device="cpu"), directory
+
+
+def hf_greedy(hf, prompt: list[int], max_new: int = GREEDY_TOKENS) -> list[int]:
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                          max_new_tokens=max_new, min_new_tokens=max_new, do_sample=False, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def greedy_through_engine(loaded, prompts, **config) -> tuple[dict[str, list[int]], EventLog]:
+    engine = make_engine(loaded, **config)
+    log = EventLog(engine)
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"r{i}", prompt_token_ids=prompt,
+                           params=SamplingParams(temperature=0, max_tokens=GREEDY_TOKENS, ignore_eos=True))
+    done = run(engine)
+    assert_all_blocks_free(engine)
+    return {rid: out.outputs[0].token_ids for rid, out in done.items()}, log
+
+
+def assert_logits_match(loaded, hf, name: str) -> float:
+    from minivllm.engine.scoring import forward_prefills
+
+    gen = torch.Generator().manual_seed(0)
+    sequences = [torch.randint(0, loaded.config.vocab_size, (n,), generator=gen).tolist() for n in (150, 37)]
+    worst = 0.0
+    for ids, ours in zip(sequences, forward_prefills(loaded, sequences)):  # both in one flattened pass
+        with torch.no_grad():
+            ref = hf(torch.tensor([ids])).logits[0].float()
+        torch.testing.assert_close(ours, ref, atol=ATOL, rtol=0, msg=lambda m: f"{name} logits: {m}")
+        worst = max(worst, (ours - ref).abs().max().item())
+    return worst
+
+
+def test_config_read_from_checkpoint(pair):
+    name, hf, loaded, _ = pair
+    cfg, hcfg = loaded.config, hf.config
+    assert cfg.family == hcfg.model_type
+    head_dim = getattr(hcfg, "head_dim", None) or hcfg.hidden_size // hcfg.num_attention_heads  # Qwen2 has none
+    assert (cfg.head_dim, cfg.tie_word_embeddings) == (head_dim, hcfg.tie_word_embeddings)
+    assert cfg.qkv_bias == (cfg.family == "qwen2" or hcfg.attention_bias)
+    assert cfg.qk_norm == (cfg.family == "qwen3")
+    assert cfg.num_parameters == sum(p.numel() for p in hf.parameters())  # HF counts a tied table once
+    if cfg.tie_word_embeddings:
+        assert loaded.model.lm_head.weight.data_ptr() == loaded.model.embed_tokens.weight.data_ptr()
+
+
+def test_logits_match_hf_at_every_position(pair):
+    name, hf, loaded, _ = pair
+    assert_logits_match(loaded, hf, name)
+
+
+def test_greedy_matches_hf_alone_batched_and_preempted(pair):
+    name, hf, loaded, _ = pair
+    expected = {f"r{i}": hf_greedy(hf, p) for i, p in enumerate(PROMPTS)}
+    for i, prompt in enumerate(PROMPTS):
+        alone, _ = greedy_through_engine(loaded, [prompt])
+        assert alone["r0"] == expected[f"r{i}"], f"{name} prompt {i} alone differs from HF"
+    batched, _ = greedy_through_engine(loaded, PROMPTS)
+    assert batched == expected
+    # 3 x (<=13 + 32) tokens in 4-token blocks need ~34 blocks: 16 forces preemption and recompute
+    tight, log = greedy_through_engine(loaded, PROMPTS, num_blocks=16, block_size=4)
+    assert any(e.preempted for e in log.of(ev.StepScheduled)), "the pool was never tight"
+    assert tight == expected
+
+
+def test_int4_serves_the_family(pair):
+    """--quantization int4: the products in 4 bits, the biases and Q/K norms in floats beside them. The
+    logits match HF's model holding the same rounded weights (what is left is the kernels' activation
+    rounding), far closer than they are to the unrounded model's."""
+    from minivllm.engine.scoring import forward_prefills
+    from minivllm.quant.linear import QuantLinear
+
+    name, hf, _, directory = pair
+    int4 = load_model(str(directory), dtype="float32", device="cpu", quantization="int4")
+    attention = int4.model.layers[0].self_attn
+    assert isinstance(attention.qkv_proj, QuantLinear) and isinstance(attention.o_proj, QuantLinear)
+    ids = list(range(3, 60))
+    ours = forward_prefills(int4, [ids])[0]
+    with torch.no_grad():
+        unrounded = hf(torch.tensor([ids])).logits[0]
+        rounded = hf_with_rounded_weights(hf)(torch.tensor([ids])).logits[0]
+    to_rounded, to_unrounded = ((ours - ref).norm() / ref.norm() for ref in (rounded, unrounded))
+    assert to_rounded < 0.03 and to_rounded < to_unrounded / 4, f"{name}: {to_rounded:.3f}, {to_unrounded:.3f}"
+
+
+def hf_with_rounded_weights(hf):
+    """A copy of the HF model with each weight rounded as `--quantization int4` rounds it: products to int4
+    g32, the embedding and LM head to per-channel int8 (both per row: rounding q, k, v apart equals rounding
+    them fused)."""
+    import copy
+
+    from minivllm.quant.formats import quantize_int4, quantize_int8
+
+    rounded = copy.deepcopy(hf)
+    with torch.no_grad():
+        for name, p in rounded.named_parameters():
+            if name.endswith("_proj.weight"):
+                p.copy_(quantize_int4(name, p.detach(), 32).dequantize())
+            elif name in ("model.embed_tokens.weight", "lm_head.weight"):
+                p.copy_(quantize_int8(name, p.detach()).dequantize())
+    return rounded
+
+
+def test_native_step_falls_back_with_one_line(pair, capsys):
+    """The C++ decode step has no biases or Q/K norms: such a model takes the compiled step or runs
+    eagerly, and says so once."""
+    from minivllm.model.native_step import NativeDecodeStep
+
+    _, _, loaded, _ = pair
+    assert NativeDecodeStep.for_model(loaded.model) is None
+    lines = [line for line in capsys.readouterr().err.splitlines() if "native decode step off" in line]
+    assert len(lines) <= 1  # none where the native kernels are not built at all
+    assert all(loaded.config.family in line for line in lines)
+
+
+def test_compiled_step_serves_the_family(tmp_path, embedded_tokenizer):
+    """The compiled decode step compiles the layers as they are, biases and Q/K norms included: its
+    greedy tokens equal HF's (Qwen3 with attention biases: every piece at once)."""
+    from minivllm.model.compiled import CompiledLayers, graph_count, layers_per_graph
+
+    hf = make_tiny("Qwen3", tmp_path, embedded_tokenizer, seed=7, head_dim=32, attention_bias=True)
+    loaded = load_model(str(tmp_path), dtype="float32", device="cpu")
+    loaded.model.compiled = CompiledLayers(layers_per_graph(len(loaded.model.layers)))
+    before = graph_count()
+    tokens, _ = greedy_through_engine(loaded, PROMPTS, max_num_seqs=4)
+    assert loaded.model.compiled.active and loaded.model.compiled.steady, loaded.model.compiled.error
+    assert graph_count() > before  # the decode steps ran compiled graphs
+    assert tokens == {f"r{i}": hf_greedy(hf, p) for i, p in enumerate(PROMPTS)}
+
+
+# ---- the same weights through a GGUF file ---------------------------------------------------------------
+
+GGUF_LAYER_NAMES = {  # llama.cpp's tensor names (gguf-py's TENSOR_NAMES), written out here as the oracle
+    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+}
+
+
+def gguf_name(hf_name: str) -> str:
+    if hf_name == "lm_head.weight":
+        return "output.weight"
+    if hf_name in ("model.embed_tokens.weight", "model.norm.weight"):
+        return {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}[hf_name]
+    _, _, layer, *module, kind = hf_name.split(".")
+    return f"blk.{layer}.{GGUF_LAYER_NAMES['.'.join(module)]}.{kind}"
+
+
+def write_gguf(hf, path, tokenizer_source) -> None:
+    """The HF model's weights in F32 as llama.cpp's converter lays out a Qwen2/Qwen3 file (Q/K rows not
+    permuted: these families rotate the halves as HF does), with the embedded file's tokenizer fields."""
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+    cfg = hf.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    writer = GGUFWriter(str(path), cfg.model_type)
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_attention_heads)
+    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    for key, field in GGUFReader(str(tokenizer_source)).fields.items():
+        if key.startswith("tokenizer."):
+            writer.add_key_value(key, field.contents(), field.types[0],
+                                 sub_type=field.types[1] if field.types[0] == GGUFValueType.ARRAY else None)
+    for name, tensor in hf.state_dict().items():
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        writer.add_tensor(gguf_name(name), tensor.detach().float().numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_gguf_of_the_same_weights_matches_hf(pair, embedded_path, tmp_path):
+    name, hf, _, _ = pair
+    path = tmp_path / f"{name}.gguf"
+    write_gguf(hf, path, embedded_path)
+    loaded = load_model(str(path), dtype="float32", device="cpu")
+    assert (loaded.config.family, loaded.config.head_dim) == (hf.config.model_type, hf.config.head_dim
+                                                              if hf.config.model_type == "qwen3" else 16)
+    assert loaded.config.tie_word_embeddings == hf.config.tie_word_embeddings
+    assert loaded.tokenizer is not None and len(loaded.tokenizer) == hf.config.vocab_size
+    assert_logits_match(loaded, hf, f"{name} (GGUF)")
+    tokens, _ = greedy_through_engine(loaded, PROMPTS)
+    assert tokens == {f"r{i}": hf_greedy(hf, p) for i, p in enumerate(PROMPTS)}
+
+
+def test_unsupported_architecture_names_the_supported_ones(tmp_path):
+    from transformers import GPTNeoXConfig
+
+    GPTNeoXConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, vocab_size=100,
+                  intermediate_size=64).save_pretrained(tmp_path)
+    with pytest.raises(UnsupportedModelError) as info:
+        load_model(str(tmp_path), device="cpu")
+    message = str(info.value)
+    assert "gpt_neox" in message
+    for architecture in ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"):
+        assert architecture in message
+
+
+def test_stop_tokens_from_generation_config(tmp_path, embedded_tokenizer):
+    """Qwen's chat checkpoints name <|im_end|> as a stop token in generation_config.json only."""
+    import json
+
+    make_tiny("Qwen2", tmp_path, embedded_tokenizer)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 2]}))
+    assert load_model(str(tmp_path), device="cpu").config.eos_token_ids == (2, 7)
+
+
+def test_sliding_window_is_refused_clearly(tmp_path, embedded_tokenizer):
+    make_tiny("Qwen2", tmp_path, embedded_tokenizer, use_sliding_window=True, sliding_window=64, max_window_layers=0)
+    with pytest.raises(UnsupportedModelError, match="sliding-window"):
+        load_model(str(tmp_path), device="cpu")

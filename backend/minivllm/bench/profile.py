@@ -9,6 +9,7 @@ during the unprofiled steps, with the rate at which the products read the layers
 from __future__ import annotations
 
 import contextlib
+import math
 from collections import defaultdict
 
 from minivllm.bench.common import chat_prompt_ids, greedy, median, progress
@@ -89,11 +90,20 @@ def _print_native_parts(parts: dict[str, float], whole: float, calls: int, produ
     for name, seconds in parts.items():
         rate = ""
         if name == "products" and seconds > 0:
-            rate = f"   ({product_bytes / 2**20:.3g} MiB of layer weights at {product_bytes * calls / seconds / 1e9:.1f} GB/s)"
+            rate = (f"   ({product_bytes / 2**20:.3g} MiB of layer weights at "
+                    f"{significant(product_bytes * calls / seconds / 1e9)} GB/s)")
         print(f"  {name:<24} {seconds / calls * 1e3:7.2f} ms{rate}")
     rest = whole - sum(parts.values())
     print(f"  {'the rest of the call':<24} {rest / calls * 1e3:7.2f} ms   (checks, buffers, the final norm)")
     print(f"  {'whole call':<24} {whole / calls * 1e3:7.2f} ms")
+
+
+def significant(value: float, digits: int = 3) -> str:
+    """`value` in plain decimals with `digits` significant ones: a slow reading (a busy box, a tiny
+    model) prints as 0.00583, never as 0.0 or in exponent form."""
+    if value <= 0 or not math.isfinite(value):
+        return f"{value:.1f}"
+    return f"{value:.{max(0, digits - 1 - math.floor(math.log10(value)))}f}"
 
 
 FLOOR_ROUNDS = 4  # the timed steps come in this many rounds, each after a bandwidth reading of its own

@@ -13,6 +13,19 @@ from dataclasses import dataclass
 import torch
 
 LOGITS_PER_PASS = 1 << 23  # fp32 values: 32 MiB
+REDUCTION_PASSES = 8  # log-sum-exp, the target's gather and rank, top-N: passes over each row's logits
+
+
+def token_cost(config) -> int:
+    """How many plain prompt tokens one prompt token with its log-prob costs (rounded up): the decoder
+    layers' multiply-adds per token, plus the LM head's and the reduction's over the vocabulary. 2 for
+    SmolLM2-135M (a 49,152 x 576 head beside 106M layer weights); far more for a model whose layers
+    are small beside its vocabulary."""
+    q, kv = config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim
+    hidden = config.hidden_size
+    layers = config.num_hidden_layers * (hidden * (2 * q + 2 * kv) + 3 * hidden * config.intermediate_size)
+    head = config.vocab_size * (hidden + REDUCTION_PASSES)
+    return -(-(layers + head) // layers)
 
 
 @dataclass

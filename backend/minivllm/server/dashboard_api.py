@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 from litestar import Request, Response, Router, get, post, put
 from litestar.params import FromPath
 from litestar.response import File
@@ -29,7 +30,7 @@ async def get_config(request: Request) -> ev.EngineInfo:
 
 @put("/config", summary="Rebuild the engine with new settings (409 while requests run)")
 async def put_config(request: Request) -> ev.EngineInfo:
-    update = decode_body(await request.body(), ConfigUpdate)
+    update = _config_update(await request.body())
     changes = {k: v for k, v in ((f, getattr(update, f)) for f in ConfigUpdate.__struct_fields__) if v is not None}
     engine = server_of(request).engine()
     try:
@@ -38,6 +39,20 @@ async def put_config(request: Request) -> ev.EngineInfo:
         raise APIError(409, str(exc), code="engine_busy") from None
     except ValueError as exc:
         raise bad_request(str(exc), getattr(exc, "param", None)) from None
+
+
+def _config_update(body: bytes) -> ConfigUpdate:
+    """The update, with every field named: one it cannot change is a 400 naming it, never dropped."""
+    update = decode_body(body, ConfigUpdate)  # malformed JSON and wrong types first, as everywhere
+    settable = ConfigUpdate.__struct_fields__
+    given = msgspec.json.decode(body, type=dict[str, msgspec.Raw])  # the keys only: values stay undecoded
+    refused = [name for name in given if name not in settable]
+    if refused:
+        kinds = ["read-only (set when the server starts)" if name in ev.EngineInfo.__struct_fields__ else "unknown"
+                 for name in refused]
+        named = ", ".join(f"{name} ({kind})" for name, kind in zip(refused, kinds))
+        raise bad_request(f"PUT /api/config cannot change {named}; it takes {', '.join(settable)}", refused[0])
+    return update
 
 
 @post("/recordings/start", status_code=201, summary="Start recording the event stream")

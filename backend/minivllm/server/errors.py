@@ -88,6 +88,8 @@ def decode_body(body: bytes, kind: type):
         return _decoder(kind).decode(body)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise decode_error(exc, kind) from None
+    except RecursionError:  # msgspec decodes nested values recursively: a body thousands of levels deep
+        raise bad_request("the request body nests arrays and objects too deeply to decode") from None
 
 
 _PARAM = re.compile(r"\{[^}]+\}")
@@ -117,6 +119,8 @@ def handle_exception(request: Request, exc: Exception) -> Response:
         return Response(error_body(exc.status_code, detail), status_code=exc.status_code,
                         headers=exc.headers or None)
     if isinstance(exc, RequestFailedError):  # the engine's own account of what failed in the request
+        if exc.param is not None:  # the request's own input could not be followed
+            return error_response(400, str(exc), exc.param)
         return error_response(500, str(exc), code="request_failed")
     log.exception("internal error while handling %s %s", request.method, request.url.path)
     # the exception text can hold paths and internals: it goes to the log, not to the client

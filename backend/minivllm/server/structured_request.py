@@ -8,7 +8,7 @@ from typing import Any
 
 from minivllm.server import openai_protocol as p
 from minivllm.server.errors import bad_request
-from minivllm.engine.api import StructuredOutputsParams
+from minivllm.engine.api import StructuredOutputsParams, check_schema_depth
 
 BACKENDS = ("auto", "guidance", "llguidance")  # the one backend this server has, by vLLM's names for it
 
@@ -44,9 +44,17 @@ def _from_response_format(req: p.SamplingFields):
     if rf.json_schema is None:
         raise bad_request("response_format of type json_schema needs a json_schema object", "response_format")
     schema = rf.json_schema.schema if rf.json_schema.schema is not None else {}  # no schema: any JSON value
+    _check_depth(schema, "response_format")
     if rf.json_schema.strict:
         schema = closed_objects(schema)
     return lambda: StructuredOutputsParams(json=schema, source="response_format")
+
+
+def _check_depth(schema: Any, field: str) -> None:
+    try:
+        check_schema_depth(schema, field)
+    except ValueError as exc:
+        raise bad_request(str(exc), field) from None
 
 
 def closed_objects(schema: Any) -> Any:

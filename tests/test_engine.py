@@ -669,3 +669,23 @@ def test_a_rebuild_frees_the_old_pool_before_allocating_the_new_one(monkeypatch)
     monkeypatch.setattr(llm_engine, "KVCache", allocating)
     engine.reconfigure(num_blocks=24)
     assert alive == [False] and engine.kv_cache.num_blocks == 24
+
+
+def test_cache_salt_isolates_the_prefix_cache_between_tenants():
+    """vLLM's cache_salt: the same prompt hits the prefix cache under the same salt only (a salt
+    seeds the first block's chained hash); unsalted requests share with each other, not with salted ones."""
+    from test_server_support import tiny_engine
+
+    engine = tiny_engine()
+    prompt = "A prompt long enough to fill at least two blocks of sixteen tokens, shared by two tenants here."
+
+    def cached(request_id: str, salt: str | None) -> int:
+        request = engine.add_request(request_id, prompt, SamplingParams(max_tokens=1), cache_salt=salt)
+        while engine.has_unfinished_requests():
+            engine.step()
+        return request.num_cached_prompt_tokens
+
+    assert cached("a1", "tenant-a") == 0
+    assert cached("a2", "tenant-a") >= 16
+    assert cached("b1", "tenant-b") == 0
+    assert cached("plain1", None) == 0 and cached("plain2", None) >= 16

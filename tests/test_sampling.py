@@ -536,3 +536,39 @@ def test_sparse_penalties_equal_the_dense_formula():
             expected[r, t] = v - freq[r] * count - pres[r] * (count > 0)
     assert torch.allclose(out, expected, atol=1e-6)
     assert torch.equal(logits, original)  # out of place
+
+
+def test_allowed_token_ids_leave_only_those_tokens_per_row():
+    torch.manual_seed(0)
+    logits = torch.randn(3, 50)
+    allowed = SamplingParams(temperature=0.0, allowed_token_ids=[7, 9])
+    rows = [SamplingRow(allowed, [1], []), SamplingRow(SamplingParams(temperature=0.0), [1], []),
+            SamplingRow(SamplingParams(temperature=1.0, allowed_token_ids=[3], seed=1), [1], [])]
+    processed = Sampler().processed(logits, rows)
+    assert torch.isfinite(processed[0]).nonzero().flatten().tolist() == [7, 9]
+    assert torch.equal(processed[1], logits[1])  # a row that asks for nothing is untouched
+    assert processed[0, 7] == logits[0, 7] and processed[0, 9] == logits[0, 9]
+    out = Sampler()(logits, rows)
+    assert out.token_ids[0] == (7 if logits[0, 7] > logits[0, 9] else 9) and out.token_ids[2] == 3
+
+
+def test_bad_words_ban_a_words_last_token_only_after_the_rest_of_it():
+    params = SamplingParams(temperature=0.0, bad_words=["x"])
+    params.bad_words_token_ids = [[5], [8, 9, 4]]  # a one-token word, and a three-token one
+    logits = torch.zeros(3, 12)
+    rows = [SamplingRow(params, [1], []), SamplingRow(params, [1], [2, 8, 9]), SamplingRow(params, [1], [8, 2, 9])]
+    processed = Sampler().processed(logits, rows)
+    banned = [torch.isinf(row).nonzero().flatten().tolist() for row in processed]
+    assert banned == [[5], [4, 5], [5]]  # 4 only where the output ends with 8, 9
+    assert params.reads_output_tokens  # the engine hands the sampler each row's output for this
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(allowed_token_ids=[]), "allowed_token_ids must be a non-empty list"),
+    (dict(allowed_token_ids=[-1]), "allowed_token_ids must be a non-empty list"),
+    (dict(bad_words=[" "]), "bad_words must hold non-blank strings"),
+    (dict(bad_words=["w"] * 1025), "bad_words must be a list of at most 1024"),
+])
+def test_token_list_fields_are_validated(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**kwargs)

@@ -7,6 +7,8 @@ from __future__ import annotations
 def run_bench(args) -> int:
     from minivllm.engine_args import build_engine
 
+    if args.max_tokens is None:
+        args.max_tokens = 64 if args.kind == "serve" else 128
     if args.kind == "quality":  # loads the model once per precision itself
         from minivllm.bench.quality import bench_quality
 
@@ -45,6 +47,10 @@ def run_bench(args) -> int:
         from minivllm.bench.structured import bench_structured
 
         return bench_structured(engine, args)
+    if args.kind == "serve":
+        from minivllm.bench.serve import bench_serve
+
+        return bench_serve(engine, args)
     from minivllm.bench.throughput import bench_throughput
 
     return bench_throughput(engine, args)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from minivllm.core.block_manager import hash_block_tokens
+from minivllm.core.pooling import PromptPooling
 from minivllm.core.prompt_logprobs import PromptLogprobs
 from minivllm.text.detokenizer import IncrementalDetokenizer
 from minivllm.sampling.beam_search import BeamSearchState
@@ -86,7 +87,7 @@ class Sequence:
         hashes = self._block_hashes
         for i in range(len(hashes), self.num_tokens // block_size):
             tokens = tuple(self.token_ids[i * block_size:(i + 1) * block_size])
-            hashes.append(hash_block_tokens(hashes[-1] if hashes else None, tokens))
+            hashes.append(hash_block_tokens(hashes[-1] if hashes else self.request.salt_hash, tokens))
         return hashes
 
     def clear_drafts(self) -> None:
@@ -123,8 +124,11 @@ class Request:
     # its first sequence; the others are forked from it at this many tokens (None: nothing pending).
     refork_at: int | None = None
     error: str | None = None  # why the request failed inside the engine (it then finished as "abort")
+    error_param: str | None = None  # the request field at fault when the failure is the client's (a 400)
     prompt_logprobs: PromptLogprobs | None = None  # gathered when params.prompt_logprobs asks for them
     grammar: CompiledGrammar | None = None  # structured outputs: each sequence gets a matcher of it
+    cache_salt: str | None = None  # vLLM's: requests share cached prefix blocks only under the same salt
+    pooling: PromptPooling | None = None  # a pooling request (embeddings): samples nothing, see core/pooling.py
 
     def __post_init__(self) -> None:
         if self.params.prompt_logprobs is not None and self.prompt_logprobs is None:
@@ -133,6 +137,11 @@ class Request:
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
+
+    @property
+    def salt_hash(self) -> int | None:
+        """The parent of the first block's chained hash: a salt changes every block's hash after it."""
+        return None if self.cache_salt is None else hash(("cache_salt", self.cache_salt))
 
     @property
     def is_finished(self) -> bool:

@@ -25,6 +25,11 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 512
     max_num_seqs: int = 64
     max_model_len: int = 2048
+    # A prompt token whose log-prob is asked for (vLLM's `prompt_logprobs`) runs the LM head and a
+    # reduction over the vocabulary besides the decoder layers: it counts this many tokens against the
+    # step's budget (engine/prompt_logprobs.py `token_cost`), so such a prefill never makes a step
+    # slower than a plain one and the other streams' gaps stay as they were
+    prompt_logprobs_token_cost: int = 2
 
 
 @dataclass(frozen=True)
@@ -43,9 +48,15 @@ class ScheduledSeq:
         return self.start + self.num_tokens - self.num_draft == self.seq.num_tokens
 
     @property
+    def samples(self) -> bool:
+        """This chunk's last logits are sampled: it completes a sequence of a generating request (a
+        pooling request's prompt yields hidden states instead, core/pooling.py)."""
+        return self.completes and self.seq.request.pooling is None
+
+    @property
     def num_logits(self) -> int:
         """Logits rows this chunk yields: one per position a token is chosen at."""
-        return 1 + self.num_draft if self.completes else 0
+        return 1 + self.num_draft if self.samples else 0
 
     @property
     def drafts(self) -> list[int]:
@@ -88,7 +99,7 @@ class SchedulerOutput:
         chunk's rows follow on from there."""
         out, row = [], 0
         for s in self.in_logits_order():
-            if s.completes:
+            if s.samples:
                 out.append((s, row))
                 row += s.num_logits
         return out
@@ -196,7 +207,7 @@ class Scheduler:
             if victim is request:
                 return 0
         self._commit(request, chunks, out, num_draft)
-        return sum(chunks)
+        return sum(chunks) * self._token_cost(request)
 
     def _num_draft(self, request: Request, chunks: list[int], budget: int, progress: Progress) -> int:
         """Drafts ride along a sequence's next token under the same budget: only for a request
@@ -220,7 +231,7 @@ class Scheduler:
             if reason is not None:
                 out.queue_head, out.queue_head_reason = request, reason
                 return budget
-            budget -= sum(s.num_tokens for s in out.scheduled if s.seq.request is request)
+            budget -= sum(s.num_tokens for s in out.scheduled if s.seq.request is request) * self._token_cost(request)
         if self.waiting:
             out.queue_head, out.queue_head_reason = self.waiting[0], "token budget used up"
         return budget
@@ -234,9 +245,10 @@ class Scheduler:
         the prefix all of them share once, then forking, keeps the footprint admission validated;
         recomputing a copy per sequence might never fit the pool again."""
         leader = request.seqs[0]
-        # prompt log-probs still missing need the model run on every prompt token: no cache hit
-        # (its blocks still enter the prefix cache as they fill)
-        skip_cache = request.prompt_logprobs is not None and request.prompt_logprobs.pending
+        # prompt log-probs (or mean pooling's states) still missing need the model run on every prompt
+        # token: no cache hit (its blocks still enter the prefix cache as they fill)
+        skip_cache = ((request.prompt_logprobs is not None and request.prompt_logprobs.pending)
+                      or (request.pooling is not None and request.pooling.pending))
         cached = (self.bm.find_cached_prefix(leader.token_ids, leader.block_hashes(self.bm.block_size))
                   if self.bm.enable_prefix_caching and not skip_cache else [])
         progress = self._admission_progress(request, len(cached) * self.bm.block_size)
@@ -298,6 +310,7 @@ class Scheduler:
     def _chunks(self, request: Request, budget: int, progress: Progress) -> list[int]:
         """Tokens to run per live sequence. Sequences of a multi-sequence request (forks, beams) are
         sampled together, so unless all of them can finish this step none may reach its end."""
+        budget = max(1, budget // self._token_cost(request))
         if progress.refork_at is not None:  # only the leader runs until the followers fork
             lead = min(progress.refork_at - progress.computed[0], budget)
             return [lead] + [0] * (len(request.seqs) - 1)
@@ -310,6 +323,11 @@ class Scheduler:
             chunks.append(max(take, 0))
             budget -= chunks[-1]
         return chunks
+
+    def _token_cost(self, request: Request) -> int:
+        """What each of the request's tokens counts against this step's budget."""
+        pending = request.prompt_logprobs is not None and request.prompt_logprobs.pending
+        return self.config.prompt_logprobs_token_cost if pending else 1
 
     def _new_blocks(self, seq: Sequence, computed: int, chunk: int) -> int:
         if not self.bm.has_seq(seq.seq_id):

@@ -9,10 +9,12 @@ from minivllm.engine.async_engine import AsyncEngine
 from minivllm.engine.config import EngineConfig, parse_memory
 from minivllm.engine.errors import EngineBusyError, EngineDeadError, RequestFailedError, RequestRejectedError
 from minivllm.engine.llm_engine import LLMEngine
-from minivllm.engine.outputs import CompletionOutput, OutputAccumulator, RequestOutput
+from minivllm.core.pooling import POOLING_TYPES, PoolingParams
+from minivllm.engine.outputs import CompletionOutput, OutputAccumulator, PoolingRequestOutput, RequestOutput
 from minivllm.engine.telemetry import EngineStats
-from minivllm.structured.params import StructuredOutputsParams
+from minivllm.structured.params import StructuredOutputsParams, check_schema_depth
 
 __all__ = ["AsyncEngine", "CompletionOutput", "EngineBusyError", "EngineConfig", "EngineDeadError", "EngineStats",
-           "LLMEngine", "OutputAccumulator", "RequestFailedError", "RequestOutput", "RequestRejectedError",
-           "StructuredOutputsParams", "parse_memory"]
+           "LLMEngine", "OutputAccumulator", "POOLING_TYPES", "PoolingParams", "PoolingRequestOutput",
+           "RequestFailedError", "RequestOutput", "RequestRejectedError", "StructuredOutputsParams", "check_schema_depth",
+           "parse_memory"]

@@ -21,7 +21,8 @@ from typing import Any, TypeVar
 from minivllm.events import types as ev
 from minivllm.engine.errors import EngineDeadError, RequestFailedError
 from minivllm.engine.llm_engine import LLMEngine, Subscription
-from minivllm.engine.outputs import RequestOutput
+from minivllm.core.pooling import PoolingParams
+from minivllm.engine.outputs import PoolingRequestOutput, RequestOutput
 from minivllm.engine.telemetry import EngineStats
 from minivllm.sampling.params import SamplingParams
 
@@ -43,6 +44,9 @@ class AsyncEngine:
         # Tokenizing and chat templates take seconds on a multi-MB prompt: never on the engine thread,
         # where they would freeze every running stream. One worker: encodes run one at a time.
         self._tokenizer_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="minivllm-tokenize")
+        # Grammars compile on a worker of their own: a large constraint (seconds) never queues the
+        # tokenization of other requests. llguidance releases the GIL while it compiles.
+        self._grammar_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="minivllm-grammar")
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
@@ -56,6 +60,7 @@ class AsyncEngine:
         if self._thread.is_alive():
             self._thread.join(timeout)
         self._tokenizer_pool.shutdown(wait=False, cancel_futures=True)
+        self._grammar_pool.shutdown(wait=False, cancel_futures=True)
 
     @property
     def is_alive(self) -> bool:
@@ -88,6 +93,11 @@ class AsyncEngine:
     @property
     def tokenizer(self):
         return self.engine.tokenizer
+
+    @property
+    def hidden_size(self) -> int:
+        """The width of the model's hidden states: the size of a pooled vector."""
+        return self.engine.loaded.config.hidden_size
 
     @property
     def config(self):
@@ -144,10 +154,10 @@ class AsyncEngine:
         return await loop.run_in_executor(self._tokenizer_pool, fn, self.engine.tokenizer)
 
     async def compile_grammar(self, structured) -> None:
-        """Compile (and cache) a structured-output grammar on the tokenizer pool; a bad one raises
+        """Compile (and cache) a structured-output grammar on the grammar worker; a bad one raises
         RequestRejectedError naming the field, before the request reaches the engine."""
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._tokenizer_pool, self.engine.grammars.compile, structured)
+        await loop.run_in_executor(self._grammar_pool, self.engine.grammars.compile, structured)
 
     def abort(self, request_id: str) -> None:
         if self.is_alive:
@@ -156,7 +166,7 @@ class AsyncEngine:
 
     async def generate(self, prompt: str | None, params: SamplingParams | None = None,
                        request_id: str | None = None, prompt_token_ids: list[int] | None = None,
-                       priority: int = 0) -> AsyncIterator[RequestOutput]:
+                       priority: int = 0, cache_salt: str | None = None) -> AsyncIterator[RequestOutput]:
         """Streams RequestOutputs until the request finishes, each with what is new (text, tokens,
         logprobs; `OutputAccumulator` folds them). Validation errors are raised before the first."""
         request_id = request_id or f"req-{next(_ids)}"
@@ -170,7 +180,8 @@ class AsyncEngine:
             try:
                 if prompt_token_ids is None:
                     prompt_token_ids = await self.tokenize(lambda _: self.engine.encode(prompt or ""))
-                await self.call(lambda e: e.add_request(request_id, prompt, params, prompt_token_ids, priority))
+                await self.call(lambda e: e.add_request(request_id, prompt, params, prompt_token_ids, priority,
+                                                        cache_salt))
             except Exception:
                 rejected = True  # never added: there is nothing of ours to abort under this id
                 raise
@@ -185,6 +196,40 @@ class AsyncEngine:
                 del self._streams[request_id]
             if not finished and not rejected:
                 self.abort(request_id)
+
+    async def embed(self, prompts: list[list[int]], pooling: PoolingParams, request_id: str | None = None,
+                    priority: int = 0) -> list[PoolingRequestOutput]:
+        """Each prompt (token ids) pooled into one vector, one engine request each (`<id>-<i>` for
+        several), all queued in one engine call so they share steps. All or none: a rejected prompt
+        queues none; a failure or a cancellation aborts the ones still running."""
+        request_id = request_id or f"embd-{next(_ids)}"
+        ids = [request_id] if len(prompts) == 1 else [f"{request_id}-{i}" for i in range(len(prompts))]
+        taken = next((rid for rid in ids if rid in self._streams), None)
+        if taken is not None:
+            raise ValueError(f"request id {taken!r} is already in use")
+        loop = asyncio.get_running_loop()
+        streams = {rid: (loop, asyncio.Queue()) for rid in ids}
+        self._streams.update(streams)
+        results: list[PoolingRequestOutput] = []
+        added = False
+        try:
+            await self.call(lambda e: e.add_pooling_requests(ids, prompts, pooling, priority))
+            added = True
+            for rid in ids:
+                out = await streams[rid][1].get()
+                if isinstance(out, BaseException):
+                    raise out
+                if not isinstance(out, PoolingRequestOutput):  # aborted by someone else (the dashboard)
+                    raise RequestFailedError(f"request {rid} was aborted before its prompt was pooled")
+                results.append(out)
+            return results
+        finally:
+            for rid, stream in streams.items():
+                if self._streams.get(rid) is stream:
+                    del self._streams[rid]
+            if added:
+                for rid in ids[len(results):]:
+                    self.abort(rid)  # one that finished already is left alone by the engine
 
     # ---- the loop -------------------------------------------------------------------------------
 
@@ -233,8 +278,8 @@ class AsyncEngine:
             log.exception("engine step failed; aborting the requests it was running")
             self._abort_running(exc)
             return
-        for out in outputs:
-            self._deliver(out.request_id, out if out.error is None else RequestFailedError(out.error))
+        self._deliver_all([(o.request_id, o if o.error is None else RequestFailedError(o.error, o.error_param))
+                           for o in outputs])
 
     def _abort_running(self, exc: Exception) -> None:
         for request_id in self.engine.abort_running():
@@ -249,6 +294,21 @@ class AsyncEngine:
             except RuntimeError:  # the consumer's loop is closed
                 self._streams.pop(request_id, None)
 
+    def _deliver_all(self, items: list[tuple[str, RequestOutput | BaseException]]) -> None:
+        """A step's outputs: one wake-up of each consumer loop per step, not one per output (at 32
+        streams, one cross-thread hand-off instead of 32)."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[str, asyncio.Queue, Any]]] = {}
+        for request_id, item in items:
+            stream = self._streams.get(request_id)
+            if stream is not None:
+                by_loop.setdefault(stream[0], []).append((request_id, stream[1], item))
+        for loop, batch in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, batch)
+            except RuntimeError:  # the consumers' loop is closed
+                for request_id, _, _ in batch:
+                    self._streams.pop(request_id, None)
+
     def _fail_all(self, exc: BaseException) -> None:
         for request_id in list(self._streams):
             self._deliver(request_id, exc)
@@ -259,3 +319,8 @@ class AsyncEngine:
                 return
             if future is not None and future.set_running_or_notify_cancel():
                 future.set_exception(exc)
+
+
+def _put_all(batch: list[tuple[str, asyncio.Queue, Any]]) -> None:
+    for _, outputs, item in batch:
+        outputs.put_nowait(item)

@@ -8,7 +8,13 @@ class EngineBusyError(RuntimeError):
 
 
 class RequestFailedError(RuntimeError):
-    """One request failed inside the engine (its sampling or post-processing); the others went on."""
+    """One request failed inside the engine (its sampling or post-processing); the others went on.
+    `param` names the request field at fault when the request's own input could not be followed
+    (a constraint reaching a parser limit while generating): the client's error, not the server's."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
 
 
 class EngineDeadError(RuntimeError):

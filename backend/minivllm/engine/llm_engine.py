@@ -23,17 +23,18 @@ from minivllm.events import types as ev
 from minivllm.core.block_manager import BlockManager
 from minivllm.core.request import Request
 from minivllm.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
-from minivllm.engine import wire
 from minivllm.engine.config import EngineConfig
 from minivllm.engine.errors import EngineBusyError
 from minivllm.engine.malloc_tuning import keep_freed_memory_for_reuse, release_free_heap
 from minivllm.engine.memory_budget import check_pool_fits
 from minivllm.engine.model_runner import ModelRunner
+from minivllm.engine.prompt_logprobs import token_cost as prompt_logprobs_token_cost
 from minivllm.engine.step_inputs import runner_inputs
 from minivllm.engine.output_processor import OutputProcessor
-from minivllm.engine.outputs import RequestOutput
+from minivllm.engine.outputs import PoolingRequestOutput, RequestOutput
+from minivllm.engine.pooling import PoolingParams, finish_pooled, pooling_requests
 from minivllm.engine.request_tracker import RequestTracker
-from minivllm.engine.request_validation import RequestLimits, validate_request
+from minivllm.engine.request_validation import RequestLimits, tokenize_bad_words, validate_request
 from minivllm.engine.step_sampling import StepSampler
 from minivllm.engine.telemetry import EngineStats, StepTimer, Telemetry
 from minivllm.events.bus import EventBus
@@ -77,7 +78,8 @@ class LLMEngine:
         self.kv_cache = KVCache(cfg.num_hidden_layers, num_blocks, config.block_size, cfg.num_key_value_heads,
                                 cfg.head_dim, kv_dtype, self.loaded.device, scratch_block=self.loaded.model.may_capture)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
-        sched_cfg = SchedulerConfig(config.max_num_batched_tokens, config.max_num_seqs, self.max_model_len)
+        sched_cfg = SchedulerConfig(config.max_num_batched_tokens, config.max_num_seqs, self.max_model_len,
+                                    prompt_logprobs_token_cost=prompt_logprobs_token_cost(cfg))
         self.scheduler = Scheduler(sched_cfg, self.block_manager, self.telemetry.set_status)
         self.runner = ModelRunner(self.loaded.model, self.kv_cache).warmed_up(
             config.max_num_seqs, self.max_model_len, graph_rows=config.max_single_token_rows(self.speculative))
@@ -138,21 +140,24 @@ class LLMEngine:
         return self.tokenizer.encode(prompt)
 
     def add_request(self, request_id: str, prompt: str | None = None, params: SamplingParams | None = None,
-                    prompt_token_ids: list[int] | None = None, priority: int = 0) -> Request:
+                    prompt_token_ids: list[int] | None = None, priority: int = 0,
+                    cache_salt: str | None = None) -> Request:
+        """`cache_salt` (vLLM's): the request shares prefix-cache blocks only with those of the same salt."""
         params = params or SamplingParams()
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         ids = list(prompt_token_ids) if prompt_token_ids is not None else self.encode(prompt or "")
         max_tokens = validate_request(ids, params, self.limits)
-        request = Request(request_id, prompt, ids, params, self.bus.now(), max_tokens=max_tokens,
-                          priority=priority, preview=(prompt or "")[:120], grammar=self.grammars.for_params(params))
-        request.seqs.append(self.tracker.new_seq(request, list(ids), 0))
-        arrived = self.telemetry.emit(ev.RequestArrived(
-            request_id=request_id, prompt_tokens=len(ids), max_tokens=max_tokens, n=params.n, priority=priority,
-            sampling=wire.sampling_summary(request), prompt_preview=request.preview))
-        request.arrival_time = arrived.ts  # one clock for the engine and the event log
-        self.tracker.add(request)
-        return request
+        tokenize_bad_words(params, self.tokenizer)
+        return self.tracker.add(Request(request_id, prompt, ids, params, self.bus.now(), max_tokens=max_tokens,
+                                        priority=priority, preview=(prompt or "")[:120],
+                                        grammar=self.grammars.for_params(params), cache_salt=cache_salt))
+
+    def add_pooling_requests(self, request_ids: list[str], prompts: list[list[int]], pooling: PoolingParams,
+                             priority: int = 0) -> None:
+        """Embeddings: each prompt (token ids) pooled into one vector (engine/pooling.py); all or none."""
+        for request in pooling_requests(request_ids, prompts, pooling, priority, self.requests, self.limits):
+            self.tracker.add(request)
 
     def abort_request(self, request_id: str) -> bool:
         request = self.requests.get(request_id)
@@ -178,7 +183,7 @@ class LLMEngine:
 
     # ---- one step -----------------------------------------------------------------------------
 
-    def step(self) -> list[RequestOutput]:
+    def step(self) -> list[RequestOutput | PoolingRequestOutput]:
         outputs = self.tracker.take_failed()
         timer = StepTimer(start=time.perf_counter())
         sched = self.scheduler.schedule()
@@ -194,7 +199,8 @@ class LLMEngine:
         timer.mark("sampled")
         accepted = {s.tokens[0].seq.seq_id: s.verified.num_accepted for s in samples if s.verified}
         self.scheduler.update_from_output(sched, accepted)
-        outputs += self.output_processor.apply(samples) + self.tracker.take_failed()
+        outputs += self.output_processor.apply(samples) + finish_pooled(sched, self.tracker)
+        outputs += self.tracker.take_failed()
         if self.speculator is not None:  # learn what drafts cost and earn; draft the next step's tokens
             self.speculator.observe(sched, accepted, timer.executed - timer.scheduled)
             self.speculator.propose(self.scheduler.running)
@@ -225,22 +231,12 @@ class LLMEngine:
         None) a snapshot; resuming after `since`, the events to replay, or, when that is no longer
         possible, a snapshot and the reason. Atomic on the engine thread: no gap, no overlap."""
         self.telemetry.flush_block_events()
-        replay, resync = self._replay_after(since)
+        replay, resync = self.bus.replay_after(since)
         snapshot = self.snapshot() if replay is None else None  # a resume that can replay needs none
         if on_snapshot is not None and snapshot is not None:
             on_snapshot(snapshot)
         self.bus.subscribe(feed)
         return snapshot, replay, resync
-
-    def _replay_after(self, since: int | None) -> tuple[list[ev.AnyEvent] | None, str | None]:
-        """(events after `since`, None), or (None, why not) when a resume is impossible."""
-        if since is None:
-            return None, None
-        last = self.bus.last_seq
-        if since > last:
-            return None, f"seq {since} is ahead of this server (last seq {last})"
-        replay = self.bus.since(since)
-        return (replay, None) if replay is not None else (None, f"events after seq {since} are no longer buffered")
 
     def unsubscribe(self, feed: Callable[[ev.AnyEvent], None]) -> ev.Snapshot:
         """Stop feeding `feed`; returns the state it saw last."""

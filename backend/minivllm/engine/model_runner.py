@@ -1,4 +1,5 @@
-"""Turns one step's scheduled work into tensors, runs the model, returns logits.
+"""Turns one step's scheduled work into tensors, runs the model, returns logits (and hands pooling
+requests the final hidden states of their rows).
 
 The runner knows nothing about requests or scheduling: it sees sequences as (new tokens, how many
 tokens are already cached, block table) and lays single-token rows first (they take the paged
@@ -9,6 +10,7 @@ split is by token count, not by a request's phase: a prefill may end with a one-
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +38,8 @@ class SeqWork:
     num_logits: int = 1
     # vLLM's prompt_logprobs: rows whose log-probs of the next prompt token are wanted (None: none)
     prompt_logprobs: PromptLogprobsRows | None = None
+    # a pooling request's chunk: receives (num_computed, the final hidden states of its rows)
+    pooled: Callable[[int, torch.Tensor], None] | None = None
 
     def blocks_in_use(self, block_size: int) -> list[int]:
         """The block table up to the block of this step's last token."""
@@ -121,7 +125,7 @@ class ModelRunner:
 
     def _forward(self, single: list[SeqWork], chunks: list[SeqWork], hidden_states_out: list[torch.Tensor] | None,
                  num_layers: int | None) -> torch.Tensor:
-        ids, pos, slots, rows, wanted = self._host_inputs(single + chunks)
+        ids, pos, slots, rows, wanted, pooled = self._host_inputs(single + chunks)
         hidden = None
         if self.graphs is not None and not chunks and hidden_states_out is None and num_layers is None:
             hidden = self.graphs.run(ids, pos, slots, [w.num_computed + 1 for w in single],
@@ -131,9 +135,14 @@ class ModelRunner:
             hidden = self.model(torch.tensor(ids, dtype=torch.long, device=dev),
                                 torch.tensor(pos, dtype=torch.long, device=dev), self.kv_cache,
                                 self._metadata(single, chunks, slots), hidden_states_out, num_layers)
+        for start, work in pooled:  # pooling requests: hidden states, no logits
+            work.pooled(work.num_computed, hidden[start:start + len(work.token_ids)])  # type: ignore[misc]
         every_row = len(rows) == hidden.shape[0]  # rows ascend: all of them is hidden itself (a decode step)
-        logits = self.model.compute_logits(hidden if every_row else hidden[torch.tensor(rows, dtype=torch.long,
-                                                                                        device=self.device)])
+        if not rows:  # only pooling chunks ran: no LM head call on zero rows
+            logits = hidden.new_empty((0, self.model.config.vocab_size), dtype=torch.float32)
+        else:
+            logits = self.model.compute_logits(hidden if every_row else hidden[torch.tensor(rows, dtype=torch.long,
+                                                                                            device=self.device)])
         for start, asked in wanted:  # only requests that asked: nothing to do for the others
             first = start + asked.first_row
             asked.sink(*target_logprobs(self.model.compute_logits, hidden[first:first + len(asked.targets)],
@@ -141,23 +150,27 @@ class ModelRunner:
         return logits
 
     def _host_inputs(self, works: list[SeqWork]):
-        """Token ids, positions, KV slots, logits rows and prompt log-prob rows of a step, as lists."""
+        """Token ids, positions, KV slots, logits rows, prompt log-prob rows and pooling chunks (with
+        their first row) of a step, as lists."""
         ids: list[int] = []
         pos: list[int] = []
         slots: list[int] = []
         rows: list[int] = []
         wanted: list[tuple[int, PromptLogprobsRows]] = []
+        pooled: list[tuple[int, SeqWork]] = []
         for work in works:
             n = len(work.token_ids)
             start = len(ids)
             if work.prompt_logprobs is not None:
                 wanted.append((start, work.prompt_logprobs))
+            if work.pooled is not None:
+                pooled.append((start, work))
             ids.extend(work.token_ids)
             positions = range(work.num_computed, work.num_computed + n)
             pos.extend(positions)
             slots.extend(self._slot(work.block_table, p) for p in positions)
             rows.extend(range(start + n - work.num_logits, start + n))
-        return ids, pos, slots, rows, wanted
+        return ids, pos, slots, rows, wanted, pooled
 
     def _metadata(self, single: list[SeqWork], chunks: list[SeqWork], slots: list[int]) -> AttentionMetadata:
         dev = self.device

@@ -55,6 +55,7 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics
     error: str | None = None  # set when the request failed inside the engine
+    error_param: str | None = None  # the request field at fault, when the failure is the client's
     # vLLM's prompt_logprobs, in the request's first output only: per prompt token {token_id: logprob}
     # (the prompt token first, then the top-N; None for the first token), and the prompt token's rank
     prompt_logprobs: list[dict[int, float] | None] | None = None
@@ -64,6 +65,18 @@ class RequestOutput:
     def num_generated_tokens(self) -> int:
         """Output tokens of the whole request so far (every sample's)."""
         return sum(o.num_tokens for o in self.outputs)
+
+
+@dataclass
+class PoolingRequestOutput:
+    """A pooling request's one output (vLLM's name): its prompt pooled into one vector."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    embedding: list[float]
+    metrics: RequestMetrics
+    finished: bool = True
+    error: str | None = None
 
 
 class OutputAccumulator:
@@ -108,5 +121,6 @@ def _merge(whole: RequestOutput, delta: RequestOutput) -> None:
         old.cumulative_logprob, old.finish_reason, old.stop_reason, old.num_tokens = (
             new.cumulative_logprob, new.finish_reason, new.stop_reason, new.num_tokens)
     whole.finished, whole.metrics, whole.error = delta.finished, delta.metrics, delta.error
+    whole.error_param = delta.error_param
     if delta.prompt_logprobs is not None:
         whole.prompt_logprobs, whole.prompt_logprob_ranks = delta.prompt_logprobs, delta.prompt_logprob_ranks

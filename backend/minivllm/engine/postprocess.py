@@ -110,6 +110,7 @@ def request_output(request: Request) -> RequestOutput:
             num_preemptions=request.num_preemptions,
         ),
         error=request.error,
+        error_param=request.error_param,
         prompt_logprobs=prompt[0] if prompt else None,
         prompt_logprob_ranks=prompt[1] if prompt else None,
     )

@@ -9,8 +9,11 @@ from collections import deque
 import torch
 
 from minivllm.core.request import Request, RequestStatus, Sequence
+from minivllm.engine import wire
+from minivllm.events import types as ev
 from minivllm.core.scheduler import Scheduler
 from minivllm.text.detokenizer import IncrementalDetokenizer
+from minivllm.engine.errors import RequestRejectedError
 from minivllm.engine.outputs import RequestOutput
 from minivllm.engine.postprocess import request_output
 from minivllm.engine.telemetry import Telemetry
@@ -65,11 +68,20 @@ class RequestTracker:
 
     # ---- requests -----------------------------------------------------------------------------
 
-    def add(self, request: Request) -> None:
+    def add(self, request: Request) -> Request:
+        """A new request: its first sequence, its arrival (the event's time becomes its arrival time:
+        one clock for the engine and the event log), then the waiting queue."""
+        request.seqs.append(self.new_seq(request, list(request.prompt_token_ids), 0))
+        arrived = self.telemetry.emit(ev.RequestArrived(
+            request_id=request.request_id, prompt_tokens=request.num_prompt_tokens, max_tokens=request.max_tokens,
+            n=request.params.n, priority=request.priority, sampling=wire.sampling_summary(request),
+            prompt_preview=request.preview))
+        request.arrival_time = arrived.ts
         self.requests[request.request_id] = request
         self.telemetry.seq_added(request, request.seqs[0])
         self.telemetry.set_status(request, RequestStatus.WAITING, "arrived")
         self.scheduler.add(request)
+        return request
 
     def finish(self, request: Request, finish_reason: str, words: str) -> None:
         self.scheduler.remove(request)
@@ -89,8 +101,12 @@ class RequestTracker:
     def fail(self, request: Request, phase: str, exc: Exception) -> None:
         """Finish a request whose own processing raised: its blocks are freed, its client gets the
         error (RequestOutput.error), and nothing shared (the pool, the batch) is affected."""
-        log.error("request %s failed while %s", request.request_id, phase, exc_info=exc)
-        request.error = f"internal error while {phase} the request: {type(exc).__name__}: {exc}"
+        if isinstance(exc, RequestRejectedError):  # the request's own input (a constraint) could not be followed
+            log.info("request %s failed while %s: %s", request.request_id, phase, exc)
+            request.error, request.error_param = str(exc), exc.param
+        else:
+            log.error("request %s failed while %s", request.request_id, phase, exc_info=exc)
+            request.error = f"internal error while {phase} the request: {type(exc).__name__}: {exc}"
         if request.is_finished:
             self.failed.append(request_output(request))
         else:

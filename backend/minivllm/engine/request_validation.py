@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from minivllm.arith import ceil_div
 from minivllm.engine.errors import RequestRejectedError
 from minivllm.sampling.params import SamplingParams
+from minivllm.text.bad_words import bad_words_token_ids
 
 
 @dataclass(frozen=True)
@@ -31,10 +32,12 @@ def validate_request(ids: list[int], params: SamplingParams, limits: RequestLimi
     if params.top_k > vocab:
         raise RequestRejectedError(f"top_k must be -1 or 0 (disabled) or at most the vocabulary size {vocab}, "
                                    f"got {params.top_k}", "top_k")
-    bad_bias = [t for t in params.logit_bias or {} if t >= vocab]
-    if bad_bias:
-        raise RequestRejectedError(f"logit_bias token id {bad_bias[0]} is out of range for vocabulary size {vocab}",
-                                   "logit_bias")
+    for field_name, token_ids in (("logit_bias", params.logit_bias or {}),
+                                  ("allowed_token_ids", params.allowed_token_ids or ())):
+        bad_ids = [t for t in token_ids if t >= vocab]
+        if bad_ids:
+            raise RequestRejectedError(f"{field_name} token id {bad_ids[0]} is out of range for vocabulary size "
+                                       f"{vocab}", field_name)
     if not ids:
         raise RequestRejectedError("the prompt is empty", "prompt")
     bad = [t for t in ids if not 0 <= t < vocab]
@@ -52,6 +55,14 @@ def validate_request(ids: list[int], params: SamplingParams, limits: RequestLimi
             "max_tokens")
     _check_fits_pool(len(ids), max_tokens, params, limits)
     return max_tokens
+
+
+def tokenize_bad_words(params: SamplingParams, tokenizer) -> None:
+    """vLLM's bad_words as token sequences, once per request (the sampler checks them every step)."""
+    if params.bad_words and params.bad_words_token_ids is None:
+        if tokenizer is None:
+            raise RequestRejectedError("bad_words need a tokenizer; this model has none", "bad_words")
+        params.bad_words_token_ids = bad_words_token_ids(tokenizer, params.bad_words)
 
 
 def _check_stop_list(params: SamplingParams, config: RequestLimits) -> None:
@@ -80,3 +91,20 @@ def _check_fits_pool(prompt_len: int, max_tokens: int, params: SamplingParams, c
             f"the request needs up to {needed} KV blocks ({prompt_len} prompt tokens + {max_tokens} new tokens "
             f"x {width} sequence(s), block size {cfg.block_size}) but the whole KV pool has {cfg.num_blocks} blocks",
             "max_tokens")
+
+
+def validate_pooling_prompt(ids: list[int], limits: RequestLimits) -> None:
+    """A pooling request's prompt (it generates nothing, so it may fill the whole context)."""
+    limit, vocab = limits.max_model_len, limits.vocab_size
+    if not ids:
+        raise RequestRejectedError("the prompt is empty", "prompt")
+    bad = next((t for t in ids if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise RequestRejectedError(f"prompt token id {bad} is out of range for vocabulary size {vocab}", "prompt")
+    if len(ids) > limit:
+        raise RequestRejectedError(f"the prompt is {len(ids)} tokens long, more than this model's maximum context "
+                                   f"length (max_model_len) of {limit} tokens", "prompt")
+    needed = ceil_div(len(ids), limits.block_size)
+    if needed > limits.num_blocks:
+        raise RequestRejectedError(f"the prompt needs {needed} KV blocks (block size {limits.block_size}) but the "
+                                   f"whole KV pool has {limits.num_blocks} blocks", "prompt")

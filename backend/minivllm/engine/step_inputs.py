@@ -2,10 +2,15 @@
 
 A decode token is one decode row; so is each token of a verify chunk (the sequence's last token
 and its drafts), each attending to the cache up to its own position; other chunks run as
-multi-token chunks. The rows come out in `SchedulerOutput.in_logits_order()`.
+multi-token chunks. The rows come out in `SchedulerOutput.in_logits_order()`. A pooling request's
+chunks want no logits: their rows' final hidden states go to its pooling state instead.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
 
 from minivllm.core.block_manager import BlockManager
 from minivllm.core.scheduler import ScheduledSeq, SchedulerOutput
@@ -18,7 +23,7 @@ def runner_inputs(sched: SchedulerOutput, blocks: BlockManager) -> tuple[list[Se
     chunks = sched.in_logits_order()
     return ([w for s in chunks if s.is_single_token for w in _decode_rows(s, blocks)],
             [SeqWork(s.seq.token_ids[s.start:s.start + s.num_tokens], s.start, blocks.block_table(s.seq.seq_id),
-                     num_logits=int(s.completes), prompt_logprobs=_prompt_logprobs(s))
+                     num_logits=int(s.samples), prompt_logprobs=_prompt_logprobs(s), pooled=_pooled(s))
              for s in chunks if not s.is_single_token])
 
 
@@ -27,8 +32,15 @@ def _decode_rows(s: ScheduledSeq, blocks: BlockManager) -> list[SeqWork]:
     table = blocks.block_table(s.seq.seq_id)
     tokens = s.seq.token_ids[s.start:s.start + s.num_tokens - s.num_draft] + s.drafts
     if not s.num_draft:  # a decode token, or a one-token prefill chunk (which may want a prompt logprob)
-        return [SeqWork(tokens, s.start, table, num_logits=int(s.completes), prompt_logprobs=_prompt_logprobs(s))]
-    return [SeqWork([t], s.start + i, table, num_logits=int(s.completes)) for i, t in enumerate(tokens)]
+        return [SeqWork(tokens, s.start, table, num_logits=int(s.samples), prompt_logprobs=_prompt_logprobs(s),
+                        pooled=_pooled(s))]
+    return [SeqWork([t], s.start + i, table, num_logits=int(s.samples)) for i, t in enumerate(tokens)]
+
+
+def _pooled(s: ScheduledSeq) -> Callable[[int, torch.Tensor], None] | None:
+    """Where a pooling request's chunk hands its final hidden states (core/pooling.py); None otherwise."""
+    pooling = s.seq.request.pooling
+    return pooling.add if pooling is not None else None
 
 
 def _prompt_logprobs(s: ScheduledSeq) -> PromptLogprobsRows | None:

@@ -34,7 +34,9 @@ _DEFAULT_PARAMS = SamplingParams()  # built and validated once, not per arrival 
 
 
 def sampling_summary(request: Request) -> dict[str, object]:
-    """The request's non-default decoding settings, for display."""
+    """The request's non-default decoding settings, for display; a pooling request's pooling."""
+    if request.pooling is not None:
+        return {"pooling": request.pooling.params.describe()}
     defaults = _DEFAULT_PARAMS
     keys = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
             "frequency_penalty", "seed", "n", "use_beam_search", "beam_width", "length_penalty",
@@ -48,6 +50,12 @@ def sampling_summary(request: Request) -> dict[str, object]:
         summary["structured_outputs"] = request.params.structured_outputs.kind
     if request.params.logit_bias:
         summary["logit_bias"] = len(request.params.logit_bias)  # how many tokens it biases
+    if request.params.allowed_token_ids:
+        summary["allowed_token_ids"] = len(request.params.allowed_token_ids)
+    if request.params.bad_words:
+        summary["bad_words"] = len(request.params.bad_words)
+    if request.cache_salt is not None:
+        summary["cache_salt"] = True  # the salt itself is a tenant's secret: only that it is set
     return summary
 
 

@@ -66,3 +66,14 @@ class EventBus:
             if not self.history or self.history[0].seq > seq + 1:
                 return None
             return [e for e in self.history if e.seq > seq]
+
+    def replay_after(self, since: int | None) -> tuple[list[AnyEvent] | None, str | None]:
+        """(events after `since`, None) for a subscriber resuming there, or (None, why not) when a
+        resume is impossible; (None, None) for one starting from scratch."""
+        if since is None:
+            return None, None
+        last = self.last_seq
+        if since > last:
+            return None, f"seq {since} is ahead of this server (last seq {last})"
+        replay = self.since(since)
+        return (replay, None) if replay is not None else (None, f"events after seq {since} are no longer buffered")

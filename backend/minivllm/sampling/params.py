@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import math
+import re
 
 from minivllm.structured.params import StructuredOutputsParams
 
@@ -13,6 +14,8 @@ MAX_LOGPROBS = 20
 MAX_SEED = 2**63 - 1  # a torch generator seed is an int64; sample i of a request uses seed + i
 MAX_LENGTH_PENALTY = 10.0  # generated_len ** length_penalty must stay a finite float
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range: -100 bans a token, +100 all but forces it
+MAX_BAD_WORDS = 1024  # each is tokenized on arrival and checked at every step: bounded
+MAX_BAD_WORD_CHARS = 256
 
 
 def _is_int(x: object) -> bool:
@@ -57,6 +60,9 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit (OpenAI semantics)
     prompt_logprobs: int | None = None  # top-N alternatives at each prompt position (0: the prompt token only)
     structured_outputs: StructuredOutputsParams | None = None
+    allowed_token_ids: list[int] | None = None  # only these may be sampled (vLLM's)
+    bad_words: list[str] | None = None  # never generated (vLLM's): each word's last token is banned after its others
+    bad_words_token_ids: list[list[int]] | None = None  # their tokenizations; filled by the engine from bad_words
 
     def __post_init__(self) -> None:
         # Normalise.
@@ -67,6 +73,9 @@ class SamplingParams:
         else:
             self.stop = list(self.stop)
         self.stop_token_ids = [] if self.stop_token_ids is None else list(self.stop_token_ids)
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = list(self.allowed_token_ids)
+        self.bad_words = list(self.bad_words) if self.bad_words else None
         if self.logit_bias is not None:
             self.logit_bias = {_token_key(k): v for k, v in self.logit_bias.items()} or None
         if self.use_beam_search and self.beam_width is None:
@@ -129,7 +138,19 @@ class SamplingParams:
                     f"n must be <= beam_width={self.beam_width} for beam search, got {self.n!r}"
                 )
 
+    def _validate_token_lists(self) -> None:
+        if self.allowed_token_ids is not None and (
+                not self.allowed_token_ids or not all(_is_int(t) and t >= 0 for t in self.allowed_token_ids)):
+            raise ValueError(f"allowed_token_ids must be a non-empty list of token ids (integers >= 0), "
+                             f"got {self.allowed_token_ids!r}")
+        if self.bad_words is not None:
+            if len(self.bad_words) > MAX_BAD_WORDS or not all(isinstance(w, str) for w in self.bad_words):
+                raise ValueError(f"bad_words must be a list of at most {MAX_BAD_WORDS} strings")
+            if any(not w.strip() or len(w) > MAX_BAD_WORD_CHARS for w in self.bad_words):
+                raise ValueError(f"bad_words must hold non-blank strings of at most {MAX_BAD_WORD_CHARS} characters")
+
     def _validate_extras(self) -> None:
+        self._validate_token_lists()
         for token, bias in (self.logit_bias or {}).items():
             if not _is_int(token) or token < 0:
                 raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {token!r}")
@@ -159,8 +180,8 @@ class SamplingParams:
 
     @property
     def reads_output_tokens(self) -> bool:
-        """Only penalties and min_tokens read a sequence's output so far: skip copying it otherwise."""
-        return self.needs_penalties or self.min_tokens > 0
+        """Only penalties, min_tokens and bad words read a sequence's output so far: skip copying it otherwise."""
+        return self.needs_penalties or self.min_tokens > 0 or bool(self.bad_words_token_ids)
 
     @property
     def effective_top_k(self) -> int:
@@ -168,8 +189,12 @@ class SamplingParams:
         return self.top_k if self.top_k > 0 else 0
 
 
+_INTEGER = re.compile(r"-?[0-9]+")
+
+
 def _token_key(key: object) -> object:
-    """JSON object keys are strings: OpenAI's logit_bias sends {"50256": -100}."""
-    if isinstance(key, str) and key.strip().lstrip("-").isdigit():
+    """JSON object keys are strings: OpenAI's logit_bias sends {"50256": -100}. ASCII digits only:
+    `str.isdigit` also takes "²", which `int` then refuses (the key stays, and validation names it)."""
+    if isinstance(key, str) and _INTEGER.fullmatch(key.strip()):
         return int(key)
     return key

@@ -155,7 +155,8 @@ class Sampler:
     def processed(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         """Stages 1-3 (min_tokens, penalties, logit_bias, grammar): what greedy rows take the argmax of."""
         logits = self._apply_penalties(self._apply_min_tokens(logits, rows), rows)
-        return self._apply_grammars(self._apply_logit_bias(logits, rows), rows)
+        logits = self._apply_token_bans(self._apply_logit_bias(logits, rows), rows)
+        return self._apply_grammars(logits, rows)
 
     @classmethod
     def probabilities(cls, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
@@ -236,6 +237,25 @@ class Sampler:
                                 torch.tensor(biases, dtype=logits.dtype, device=device), accumulate=True)
 
     @staticmethod
+    def _apply_token_bans(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        """vLLM's allowed_token_ids (every other token masked) and bad_words (a word's last token
+        masked once the output ends with the rest of it; a one-token word always)."""
+        allowed = [(i, r.params.allowed_token_ids) for i, r in enumerate(rows) if r.params.allowed_token_ids]
+        banned = [(i, t) for i, r in enumerate(rows) for t in banned_next_tokens(r)]
+        if not allowed and not banned:
+            return logits
+        logits = logits.clone()
+        for i, ids in allowed:
+            keep = torch.tensor(ids, dtype=torch.long, device=logits.device)
+            values = logits[i, keep]
+            logits[i] = _NEG_INF
+            logits[i, keep] = values
+        if banned:
+            row_idx, tok_idx = zip(*banned)
+            logits[torch.tensor(row_idx), torch.tensor(tok_idx)] = _NEG_INF
+        return logits
+
+    @staticmethod
     def _apply_grammars(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         idx = [i for i, r in enumerate(rows) if r.grammar is not None]
         if not idx:
@@ -256,6 +276,15 @@ class Sampler:
     def _sample(cls, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         """Temperature, top-k, top-p, min-p, softmax, an inverse-CDF draw for non-greedy rows."""
         return inverse_cdf_draw(cls.probabilities(logits, rows), [r.generator for r in rows])
+
+
+def banned_next_tokens(row: SamplingRow) -> list[int]:
+    """The tokens that would complete one of the row's bad words now."""
+    words = row.params.bad_words_token_ids
+    if not words:
+        return []
+    out = row.output_token_ids
+    return [w[-1] for w in words if len(w) <= len(out) + 1 and (len(w) == 1 or list(out[-(len(w) - 1):]) == w[:-1])]
 
 
 def allowed_fractions(processed: torch.Tensor, rows: list[SamplingRow]) -> list[float | None] | None:

@@ -19,6 +19,7 @@ from litestar.openapi.plugins import SwaggerRenderPlugin
 from minivllm.engine.api import LLMEngine
 from minivllm.server.config import ServerConfig
 from minivllm.server.dashboard_api import dashboard_router
+from minivllm.server.embeddings_api import embeddings_router
 from minivllm.server.errors import handle_exception
 from minivllm.server.events_ws import events_router
 from minivllm.server.exposure import exposure_guard
@@ -26,6 +27,8 @@ from minivllm.server.middleware import request_id_middleware
 from minivllm.server.openai_api import openai_router
 from minivllm.server.openapi_doc import DocumentedJsonRenderPlugin
 from minivllm.server.ops import health, metrics
+from minivllm.server.response_store import ResponseStore
+from minivllm.server.responses_api import responses_router
 from minivllm.server.state import ServerState
 from minivllm.server.static import frontend, frontend_index
 from minivllm.server.tokenize_api import tokenize_router, version
@@ -48,10 +51,11 @@ def create_app(config: ServerConfig | LLMEngine) -> Litestar:
                             description="OpenAI-compatible API, dashboard API and live engine events.",
                             render_plugins=[SwaggerRenderPlugin(path="/"), DocumentedJsonRenderPlugin(path="/openapi.json")])
     return Litestar(
-        route_handlers=[openai_router(), tokenize_router(), dashboard_router(), events_router(), health, metrics,
-                        version, frontend_index, frontend],
+        route_handlers=[openai_router(), responses_router(), embeddings_router(), tokenize_router(), dashboard_router(),
+                        events_router(), health, metrics, version, frontend_index, frontend],
         lifespan=[_lifespan],
-        state=State({"server": ServerState(config)}),
+        state=State({"server": ServerState(config),
+                     "responses": ResponseStore(config.responses_max_stored, config.responses_ttl_s)}),
         middleware=[request_id_middleware, exposure_guard(config.allowed_hosts, config.cors_origins)],
         exception_handlers={Exception: handle_exception},
         cors_config=CORSConfig(allow_origins=config.cors_origins, expose_headers=["X-Request-Id"])

@@ -29,9 +29,11 @@ def check_template_options(add_generation_prompt: bool, continue_final_message: 
 
 def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, str]], tools: ToolPlan | None, *,
                     add_generation_prompt: bool = True, continue_final_message: bool = False,
-                    template_kwargs: dict[str, Any] | None = None, add_special_tokens: bool = False) -> list[int]:
-    """Runs on the tokenizer pool. `add_special_tokens`: also the tokenizer's own BOS (/tokenize's
-    option; chat templates write their own)."""
+                    template_kwargs: dict[str, Any] | None = None, add_special_tokens: bool = False,
+                    chat_template: str | None = None, documents: list[dict[str, str]] | None = None) -> list[int]:
+    """Runs on the tokenizer pool. `add_special_tokens`: also the tokenizer's own BOS (chat templates
+    write their own); `chat_template`: the request's own Jinja template instead of the model's;
+    `documents`: the template's RAG variable (a template without one ignores them)."""
     from jinja2 import TemplateError
 
     if tokenizer is None:
@@ -40,12 +42,16 @@ def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, str]], tools: ToolP
     options = dict(template_kwargs or {})
     if continue_final_message:
         options["continue_final_message"] = True
+    if documents is not None:
+        options["documents"] = documents
     try:
-        if not add_special_tokens:
+        if not add_special_tokens and chat_template is None:
             return load_chat_template_prompt(tokenizer, messages, add_generation_prompt, tools=template_tools,
                                              **options)
+        if chat_template is not None:
+            options["chat_template"] = chat_template
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
                                              tools=template_tools, tokenize=False, **options)
     except (TemplateError, TypeError) as exc:  # what the request put in the template broke it
         raise ValueError(f"the chat template could not render this request: {exc}") from None
-    return list(tokenizer(text, add_special_tokens=True)["input_ids"])
+    return list(tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])

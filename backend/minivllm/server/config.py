@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from minivllm.engine.api import LLMEngine
+from minivllm.engine.api import POOLING_TYPES, LLMEngine
 from minivllm.server.recordings import RecordingLimits
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -31,6 +31,18 @@ class ServerConfig:
     ws_flush_interval_s: float = 0.05  # flush events that arrive outside engine steps this often
     max_ws_clients: int = 32  # each takes a snapshot on the engine thread and a feed of events
     max_body_size: int = 4 * MiB  # larger request bodies get a 413
+    # /v1/responses: finished responses kept for previous_response_id (least recently used dropped first)
+    responses_max_stored: int = 1000
+    responses_ttl_s: float = 3600.0
+    # A request's own `chat_template` runs Jinja on the tokenizer pool; as in vLLM, only when trusted
+    trust_request_chat_template: bool = False
+    # /v1/embeddings: the last token's final hidden state or the mean over all tokens (vLLM's poolers)
+    embedding_pooling: str = "last"
+
+    def __post_init__(self) -> None:
+        if self.embedding_pooling not in POOLING_TYPES:
+            raise ValueError(f"embedding_pooling must be one of {', '.join(POOLING_TYPES)}, "
+                             f"got {self.embedding_pooling!r}")
 
     @property
     def dist_dir(self) -> Path:

@@ -30,6 +30,8 @@ def serve(args: argparse.Namespace, build_engine: Callable[[], LLMEngine]) -> in
         recording_limits=RecordingLimits(max_total_bytes=parse_memory(args.recordings_quota)),
         frontend_dist=Path(args.frontend_dist) if args.frontend_dist else None,
         ws_queue_limit=args.ws_queue_limit,
+        trust_request_chat_template=args.trust_request_chat_template,
+        embedding_pooling=args.embedding_pooling,
     )
     print(f"[minivllm] serving on http://{args.host}:{args.port} (dashboard at /, API docs at /docs); "
           "the model loads in the background: GET /health answers 200 when it is ready", flush=True)

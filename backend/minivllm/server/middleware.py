@@ -16,6 +16,13 @@ def request_id_of(scope: Scope) -> str:
     return scope[SCOPE_KEY]  # type: ignore[literal-required]
 
 
+def adopt_request_id(scope: Scope, rid: str) -> None:
+    """vLLM's `request_id` body field: the request runs (and answers) under the client's id."""
+    if not _VALID.fullmatch(rid):
+        raise ValueError("request_id must be 1-128 characters of letters, digits and . _ : -")
+    scope[SCOPE_KEY] = rid  # type: ignore[literal-required]
+
+
 def unique_request_id(scope: Scope, in_use: Callable[[str], bool]) -> str:
     """The request's id, made unique when a running request already has it (a client retrying with
     the same X-Request-Id): a suffix is added, and the response header carries the id it ran under."""

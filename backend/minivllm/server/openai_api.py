@@ -26,10 +26,12 @@ from minivllm.server.errors import APIError, bad_request, decode_body
 from minivllm.server.middleware import request_id_of, unique_request_id
 from minivllm.server.state import ServerState, server_of
 from minivllm.server.streams import all_or_none
+from minivllm.server.prompt_size import largest, template_chars
 from minivllm.server.structured_request import structured_outputs
 from minivllm.server.chat_prompt import chat_prompt_ids, check_template_options
 from minivllm.server.tools import ToolPlan, tool_plan
 from minivllm.server.unsupported import refuse_unsupported_chat, refuse_unsupported_completion
+from minivllm.server.vllm_fields import adopt_body_request_id, cache_salt, truncated
 
 T = TypeVar("T")
 
@@ -40,18 +42,19 @@ class ClientDisconnected(Exception):
 
 async def _open(request: Request, body_type: type[T]) -> tuple[ServerState, T, AsyncEngine, str]:
     """The steps every generation route starts with: decode the body, the engine (503 while it
-    loads), the model name (404 for another)."""
+    loads), the request's id (the body's `request_id` wins), the model name (404 for another)."""
     server = server_of(request)
     req = decode_body(await request.body(), body_type)
     ae = server.engine()
+    adopt_body_request_id(request.scope, req)  # type: ignore[arg-type]
     unique_request_id(request.scope, ae.has_stream)
-    return server, req, ae, _check_model(server, req.model)
+    return server, req, ae, check_model(server, req.model)
 
 
 MAX_CHARS_PER_TOKEN = 64  # more than any tokenizer's longest token: a cheap bound before tokenizing
 
 
-def _check_prompt_size(server: ServerState, chars: int, param: str) -> None:
+def check_prompt_size(server: ServerState, chars: int, param: str) -> None:
     """Refuse a prompt that cannot fit the context whatever its tokens, before the seconds a
     multi-MB text takes to tokenize."""
     limit = (server.max_model_len or 0) * MAX_CHARS_PER_TOKEN
@@ -60,7 +63,7 @@ def _check_prompt_size(server: ServerState, chars: int, param: str) -> None:
                           f"tokens cannot hold more than about {limit} characters", param)
 
 
-def _check_model(server: ServerState, model: str | None) -> str:
+def check_model(server: ServerState, model: str | None) -> str:
     if model and model != server.model_name:
         raise APIError(404, f"the model `{model}` does not exist; this server serves `{server.model_name}`",
                        param="model", code="model_not_found")
@@ -68,7 +71,7 @@ def _check_model(server: ServerState, model: str | None) -> str:
 
 
 @contextmanager
-def _engine_errors():
+def engine_errors():
     """Errors raised by the engine for one request, as API errors."""
     try:
         yield
@@ -85,7 +88,7 @@ async def _wait_disconnect(request: Request) -> None:
         pass
 
 
-async def _until_disconnect(request: Request, awaitable: Awaitable[T]) -> T:
+async def until_disconnect(request: Request, awaitable: Awaitable[T]) -> T:
     """Await `awaitable` unless the client disconnects first (then cancel it)."""
     task = asyncio.ensure_future(awaitable)
     watcher = asyncio.ensure_future(_wait_disconnect(request))
@@ -110,18 +113,13 @@ async def _whole(outputs: AsyncIterator[RequestOutput]) -> RequestOutput:
     return final
 
 
-async def _respond(request: Request, server: ServerState, ae: AsyncEngine, job: s.Job, stream: bool,
-                   prompt: str | None, prompt_ids: list[int] | None, priority: int) -> Response:
-    return await _respond_all(request, server, ae, job, stream, [(prompt, prompt_ids)], priority)
-
-
 async def _respond_all(request: Request, server: ServerState, ae: AsyncEngine, job: s.Job, stream: bool,
-                       prompts: list[Prompt], priority: int) -> Response:
+                       prompts: list[Prompt], priority: int, salt: str | None) -> Response:
     """One engine request per prompt (ids `<request id>-<i>` for a list of prompts), run concurrently:
     every one is checked before the response starts, and a failure of any aborts the others."""
     rid = request_id_of(request.scope)
     ids = [rid] if len(prompts) == 1 else [f"{rid}-{i}" for i in range(len(prompts))]
-    streams = [ae.generate(text, job.params, request_id, token_ids, priority)
+    streams = [ae.generate(text, job.params, request_id, token_ids, priority, salt)
                for request_id, (text, token_ids) in zip(ids, prompts)]
     model = job.model
 
@@ -130,13 +128,13 @@ async def _respond_all(request: Request, server: ServerState, ae: AsyncEngine, j
 
     handed_over = False
     try:
-        with _engine_errors():
+        with engine_errors():
             if not stream:
-                finals = await _until_disconnect(request, all_or_none(_whole(o) for o in streams))
+                finals = await until_disconnect(request, all_or_none(_whole(o) for o in streams))
                 for final in finals:
                     on_finished(final)
                 return Response(s.full_response(job, finals))
-            firsts = await _until_disconnect(request, all_or_none(anext(o) for o in streams))
+            firsts = await until_disconnect(request, all_or_none(anext(o) for o in streams))
             handed_over = True
     except ClientDisconnected:
         return Response(b"", status_code=400)  # nobody is listening any more
@@ -166,17 +164,42 @@ async def completions(request: Request) -> Response:
     if len(prompts) > 1:  # they run as `<id>-<i>`: those must be free too
         unique_request_id(request.scope, lambda rid: any(ae.has_stream(f"{rid}-{i}") for i in range(len(prompts))))
     for prompt, _ in prompts:
-        _check_prompt_size(server, len(prompt or ""), "prompt")
+        check_prompt_size(server, len(prompt or ""), "prompt")
     echo_only = req.echo and req.max_tokens == 0  # OpenAI's way to score a prompt: one token is drawn, not shown
     params = s.sampling_params(req, 1 if echo_only else req.max_tokens, req.logprobs,
                                structured=structured_outputs(req), prompt_logprobs=engine_prompt_logprobs(req))
-    with _engine_errors():
-        await _compile_grammars(ae, params, None)
-    job = s.Job(s.COMPLETION, f"cmpl-{request_id_of(request.scope)}", model, params, server.token_text,
-                include_usage=bool(req.stream_options and req.stream_options.include_usage),
-                continuous_usage=bool(req.stream_options and req.stream_options.continuous_usage_stats), echo=req.echo,
-                echo_only=echo_only, prompt_logprobs=None if req.stream else req.prompt_logprobs)
-    return await _respond_all(request, server, ae, job, req.stream, prompts, req.priority)
+    salt = cache_salt(req)
+    with engine_errors():
+        await compile_grammars(ae, params, None)
+        prompts = await _tokenized(ae, prompts, req, server.max_model_len or 0)
+    job = s.Job(s.COMPLETION, f"cmpl-{request_id_of(request.scope)}", model, params,
+                s.token_text_for(req, server.token_text), echo=req.echo, echo_only=echo_only,
+                prompt_logprobs=None if req.stream else req.prompt_logprobs, **_job_options(req))
+    return await _respond_all(request, server, ae, job, req.stream, prompts, req.priority, salt)
+
+
+async def _tokenized(ae: AsyncEngine, prompts: list[Prompt], req: p.CompletionRequest, max_model_len: int
+                     ) -> list[Prompt]:
+    """Text prompts stay text (the engine tokenizes them) unless the request changes how: without
+    the tokenizer's special tokens, or truncated (then the text no longer matches: echo decodes the ids)."""
+    if req.add_special_tokens and req.truncate_prompt_tokens is None:
+        return prompts
+    out = []
+    for text, ids in prompts:
+        if ids is None:
+            ids = await ae.tokenize(lambda tok, text=text: list(tok.encode(text,
+                                                                           add_special_tokens=req.add_special_tokens)))
+        kept = truncated(ids, req.truncate_prompt_tokens, max_model_len)
+        out.append((text if len(kept) == len(ids) else None, kept))
+    return out
+
+
+def _job_options(req: p.SamplingFields) -> dict:
+    """The response options both routes read off the request the same way."""
+    opts = req.stream_options
+    return dict(include_usage=bool(opts and opts.include_usage),
+                continuous_usage=bool(opts and opts.continuous_usage_stats), shown_n=req.n,
+                return_token_ids=bool(req.return_token_ids))
 
 
 @post("/chat/completions", status_code=200, summary="Chat completion (OpenAI-compatible)")
@@ -185,23 +208,35 @@ async def chat_completions(request: Request) -> Response:
     refuse_unsupported_chat(req)
     check_template_options(req.add_generation_prompt, req.continue_final_message, req.chat_template_kwargs)
     tools = tool_plan(req)
-    params = _chat_params(req, tools)
+    params = chat_params(req, tools)
     messages = s.chat_messages(req)
-    _check_prompt_size(server, sum(len(m["content"]) for m in messages), "messages")
-    with _engine_errors():
-        await _compile_grammars(ae, params, tools)
+    sizes = template_chars(messages, tools, req.chat_template, req.chat_template_kwargs)
+    check_prompt_size(server, sum(sizes.values()), largest(sizes))
+    check_chat_template(server, req.chat_template)
+    salt = cache_salt(req)
+    with engine_errors():
+        await compile_grammars(ae, params, tools)
         prompt_ids = await ae.tokenize(lambda tok: chat_prompt_ids(
             tok, messages, tools, add_generation_prompt=req.add_generation_prompt,
-            continue_final_message=req.continue_final_message, template_kwargs=req.chat_template_kwargs))
-    job = s.Job(s.CHAT, f"chatcmpl-{request_id_of(request.scope)}", model, params, server.token_text,
-                top_logprobs=req.top_logprobs or 0,
-                include_usage=bool(req.stream_options and req.stream_options.include_usage),
-                continuous_usage=bool(req.stream_options and req.stream_options.continuous_usage_stats), tools=tools,
-                prompt_logprobs=None if req.stream else req.prompt_logprobs)
-    return await _respond(request, server, ae, job, req.stream, None, prompt_ids, req.priority)
+            continue_final_message=req.continue_final_message, template_kwargs=req.chat_template_kwargs,
+            add_special_tokens=req.add_special_tokens, chat_template=req.chat_template, documents=req.documents))
+    prompt_ids = truncated(prompt_ids, req.truncate_prompt_tokens, server.max_model_len or 0)
+    echoed = messages[-1]["content"] if req.echo and messages[-1]["role"] == "assistant" else ""
+    job = s.Job(s.CHAT, f"chatcmpl-{request_id_of(request.scope)}", model, params,
+                s.token_text_for(req, server.token_text), top_logprobs=req.top_logprobs or 0, tools=tools,
+                prompt_logprobs=None if req.stream else req.prompt_logprobs, chat_echo=echoed, **_job_options(req))
+    return await _respond_all(request, server, ae, job, req.stream, [(None, prompt_ids)], req.priority, salt)
 
 
-async def _compile_grammars(ae: AsyncEngine, params: SamplingParams, tools: ToolPlan | None) -> None:
+def check_chat_template(server: ServerState, template: str | None) -> None:
+    """A request's own Jinja template runs on the tokenizer pool; as in vLLM, only a trusted
+    deployment accepts one."""
+    if template is not None and not server.config.trust_request_chat_template:
+        raise bad_request("this server does not accept a chat_template in requests; start it with "
+                          "--trust-request-chat-template to allow it", "chat_template")
+
+
+async def compile_grammars(ae: AsyncEngine, params: SamplingParams, tools: ToolPlan | None) -> None:
     """Off the engine thread, so a new schema never stalls the running batch. Offered tools are
     compiled even when not forced: that is what checks their parameter schemas."""
     if params.structured_outputs is not None:
@@ -210,7 +245,7 @@ async def _compile_grammars(ae: AsyncEngine, params: SamplingParams, tools: Tool
         await ae.compile_grammar(tools.grammar())
 
 
-def _chat_params(req: p.ChatCompletionRequest, tools: ToolPlan | None) -> SamplingParams:
+def chat_params(req: p.ChatCompletionRequest, tools: ToolPlan | None) -> SamplingParams:
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
     use_completion = req.max_completion_tokens is not None

@@ -92,6 +92,21 @@ class SamplingFields(msgspec.Struct, **Strict):
     guided_grammar: str | None = None
     guided_decoding_backend: str | None = None
     guided_whitespace_pattern: str | None = None
+    # vLLM's other sampling and request fields (docs/API.md: what each does here)
+    best_of: int | None = None  # samples drawn; the n with the highest cumulative log-prob are returned
+    spaces_between_special_tokens: bool = True  # what fast tokenizers do either way
+    truncate_prompt_tokens: int | None = None  # keep the prompt's last N tokens (-1: as many as fit)
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    request_id: str | None = None
+    return_tokens_as_token_ids: bool | None = None
+    return_token_ids: bool | None = None
+    cache_salt: str | None = None
+    # vLLM's fields for plug-ins and other deployments: refused with a 400 saying why when set
+    logits_processors: Any = None
+    kv_transfer_params: Any = None
+    vllm_xargs: Any = None
+    repetition_detection: Any = None
 
 
 class CompletionRequest(SamplingFields, **Strict):
@@ -99,7 +114,8 @@ class CompletionRequest(SamplingFields, **Strict):
     logprobs: int | None = None  # top-N alternatives per token (0: the chosen token only)
     echo: bool = False  # return the prompt before the completion
     suffix: str | None = None  # refused: no fill-in-the-middle
-    best_of: int | None = None  # refused unless it equals n
+    add_special_tokens: bool = True  # the tokenizer's BOS before a text prompt
+    prompt_embeds: Any = None  # refused: prompts are text or token ids here
 
 
 class ChatContentPart(msgspec.Struct, **Strict):
@@ -181,6 +197,14 @@ class ChatCompletionRequest(SamplingFields, **Strict):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    chat_template: str | None = None  # a Jinja template for this request instead of the model's
+    documents: list[dict[str, str]] | None = None  # the template's `documents` (RAG templates read them)
+    add_special_tokens: bool = False  # the tokenizer's BOS on top of what the template writes
+    echo: bool = False  # the reply starts with the last message when that is the assistant's
+    include_reasoning: bool = True  # no-op: no reasoning parser runs for these models
+    structural_tag: Any = None  # refused
+    mm_processor_kwargs: Any = None  # refused when set: text-only model
+    media_io_kwargs: Any = None  # refused when set: text-only model
 
 
 # ---- responses -------------------------------------------------------------------------------
@@ -237,6 +261,8 @@ class CompletionChoice(msgspec.Struct, kw_only=True):
     stop_reason: str | int | None = None
     # vLLM's: per prompt token, null for the first, else {token_id: {"logprob", "rank", "decoded_token"}}
     prompt_logprobs: list[dict[str, dict[str, Any]] | None] | None = None
+    prompt_token_ids: list[int] | None = None  # vLLM's return_token_ids (streaming: the first chunk)
+    token_ids: list[int] | None = None  # vLLM's return_token_ids (streaming: this chunk's)
 
 
 class CompletionResponse(ResponseEnvelope, kw_only=True):
@@ -287,12 +313,14 @@ class ChatChoice(msgspec.Struct, kw_only=True):
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    token_ids: list[int] | None = None  # vLLM's return_token_ids
 
 
 class ChatCompletionResponse(ResponseEnvelope, kw_only=True):
     object: Literal["chat.completion"] = "chat.completion"
     choices: list[ChatChoice]
     prompt_logprobs: list[dict[str, dict[str, Any]] | None] | None = None  # vLLM's, for the whole prompt
+    prompt_token_ids: list[int] | None = None  # vLLM's return_token_ids
 
 
 class DeltaMessage(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -306,11 +334,13 @@ class ChatChunkChoice(msgspec.Struct, kw_only=True):
     delta: DeltaMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
+    token_ids: list[int] | None = None  # vLLM's return_token_ids: this chunk's
 
 
 class ChatCompletionChunk(ResponseEnvelope, kw_only=True):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     choices: list[ChatChunkChoice]
+    prompt_token_ids: list[int] | None = None  # vLLM's return_token_ids: the first chunk
 
 
 CompletionChunk = CompletionResponse  # streamed /v1/completions chunks have the full response's shape

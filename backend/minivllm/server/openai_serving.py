@@ -20,6 +20,7 @@ from minivllm.server.completion_prompts import (EchoPart, echo_part, vllm_prompt
 from minivllm.server.errors import bad_request, error_body
 from minivllm.server.streams import merged
 from minivllm.server.tools import ToolCallStream, ToolPlan, parse_tool_calls, render_tool_calls
+from minivllm.server.vllm_fields import best_samples, samples_to_draw
 from minivllm.engine.api import StructuredOutputsParams
 
 log = logging.getLogger("minivllm.server")
@@ -36,7 +37,8 @@ def sampling_params(req: p.SamplingFields, max_tokens: int | None, logprobs: int
     """The request's SamplingParams; out-of-range values become a 400 naming the field."""
     kwargs: dict[str, Any] = dict(
         logit_bias=req.logit_bias, structured_outputs=structured, prompt_logprobs=prompt_logprobs,
-        n=req.n, stop=req.stop, seed=req.seed, presence_penalty=req.presence_penalty,
+        allowed_token_ids=req.allowed_token_ids, bad_words=req.bad_words, n=samples_to_draw(req),
+        stop=req.stop, seed=req.seed, presence_penalty=req.presence_penalty,
         frequency_penalty=req.frequency_penalty, max_tokens=max_tokens, min_tokens=req.min_tokens,
         ignore_eos=req.ignore_eos, stop_token_ids=req.stop_token_ids, logprobs=logprobs,
         use_beam_search=req.use_beam_search, length_penalty=req.length_penalty,
@@ -125,6 +127,18 @@ class TokenText:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
 
+class TokenIdText(TokenText):
+    """vLLM's return_tokens_as_token_ids: logprobs name each token `token_id:<id>`, which any client
+    can map back, whatever bytes the token holds."""
+
+    def _decode(self, token_id: int) -> str:
+        return f"token_id:{token_id}"
+
+
+def token_text_for(req: p.SamplingFields, tokens: TokenText) -> TokenText:
+    return TokenIdText(tokens.tokenizer) if req.return_tokens_as_token_ids else tokens
+
+
 def chat_logprobs(entries: list[dict[int, float]], top_n: int, tokens: TokenText) -> p.ChatLogprobs:
     content = []
     for d in entries:
@@ -168,7 +182,7 @@ class _Format:
 
     def whole(self, job: "Job", outs: list[RequestOutput]):
         """The response to a request of one prompt (chat has no other kind)."""
-        return self.response(job, outs[0], [o for o in outs[0].outputs if o.index < job.params.n])  # type: ignore[attr-defined]
+        return self.response(job, outs[0], [o for o in outs[0].outputs if o.index < job.n])  # type: ignore[attr-defined]
 
 
 class ChatFormat(_Format):
@@ -181,13 +195,17 @@ class ChatFormat(_Format):
         prompt_logprobs = (vllm_prompt_logprobs(out, job.params.prompt_logprobs or 0, job.prompt_logprobs,
                                                 job.tokens.text) if job.prompt_logprobs is not None else None)
         return p.ChatCompletionResponse(id=job.response_id, created=job.created, model=job.model, choices=choices,
-                                        usage=usage(out), timings=timings(out), prompt_logprobs=prompt_logprobs)
+                                        usage=usage(out), timings=timings(out), prompt_logprobs=prompt_logprobs,
+                                        prompt_token_ids=out.prompt_token_ids if job.return_token_ids else None)
 
     def _choice(self, job: "Job", o: CompletionOutput) -> p.ChatChoice:
         content, calls = (parse_tool_calls(o.text) if job.tools is not None else (o.text, []))
+        if job.chat_echo:
+            content = job.chat_echo + (content or "")
         return p.ChatChoice(index=o.index, message=p.ChatResponseMessage(content=content, tool_calls=calls),
                             logprobs=self._logprobs(job, o.logprobs),
-                            finish_reason=_finish_reason(o.finish_reason, bool(calls)), stop_reason=o.stop_reason)
+                            finish_reason=_finish_reason(o.finish_reason, bool(calls)), stop_reason=o.stop_reason,
+                            token_ids=o.token_ids if job.return_token_ids else None)
 
     def chunk(self, job: "Job", o: CompletionOutput, text_offset: int) -> p.ChatCompletionChunk:
         delta = p.DeltaMessage(content=o.text)
@@ -204,15 +222,19 @@ class ChatFormat(_Format):
                                    tool_calls=[_delta_call(first + i, c) for i, c in enumerate(calls)] or None)
             finish_reason = _finish_reason(o.finish_reason, bool(stream.calls))
         choice = p.ChatChunkChoice(index=o.index, delta=delta, logprobs=self._logprobs(job, o.logprobs),
-                                   finish_reason=finish_reason)
+                                   finish_reason=finish_reason, token_ids=o.token_ids if job.return_token_ids else None)
         return self._chunk(job, [choice])
 
-    def opening_chunks(self, job: "Job", prompt_tokens: int) -> list[p.ChatCompletionChunk]:
-        """The role comes first, once per choice."""
+    def opening_chunks(self, job: "Job", prompt_ids: list[int]) -> list[p.ChatCompletionChunk]:
+        """The role comes first, once per choice (with chat's echo, the message the reply continues);
+        the first chunk carries the prompt's token ids when asked."""
+        prompt_tokens = len(prompt_ids)
         opening = p.Usage(prompt_tokens=prompt_tokens, completion_tokens=0, total_tokens=prompt_tokens)
-        return [self._chunk(job, [p.ChatChunkChoice(index=i, delta=p.DeltaMessage(role="assistant", content=""))],
-                            usage=opening if job.continuous_usage else None)
-                for i in range(job.params.n)]
+        return [self._chunk(job, [p.ChatChunkChoice(index=i, delta=p.DeltaMessage(role="assistant",
+                                                                                 content=job.chat_echo))],
+                            usage=opening if job.continuous_usage else None,
+                            prompt_token_ids=prompt_ids if job.return_token_ids and i == 0 else None)
+                for i in range(job.n)]
 
     @staticmethod
     def _logprobs(job: "Job", entries: list[dict[int, float]] | None) -> p.ChatLogprobs | None:
@@ -237,23 +259,25 @@ class CompletionFormat(_Format):
     def whole(self, job: "Job", outs: list[RequestOutput]) -> p.CompletionResponse:
         """Every prompt's choices, numbered prompt-major (prompt i, sample j: index i * n + j);
         usage and timings over all of them."""
-        n, choices = job.params.n, []
+        n, choices = job.n, []
         outs = [shown(job, out) for out in outs]
         for i, out in enumerate(outs):
             echo = self.echo(job, out, out.prompt_logprobs) if job.echo else None
             prompt_logprobs = (vllm_prompt_logprobs(out, job.params.prompt_logprobs or 0, job.prompt_logprobs,
                                                     job.tokens.text) if job.prompt_logprobs is not None else None)
-            choices += [self._choice(job, replace(o, index=i * n + o.index), 0, echo, prompt_logprobs)
+            choices += [self._choice(job, replace(o, index=i * n + o.index), 0, echo, prompt_logprobs,
+                                     out.prompt_token_ids)
                         for o in out.outputs if o.index < n]
         return p.CompletionResponse(id=job.response_id, created=job.created, model=job.model, choices=choices,
                                     usage=usage(outs), timings=timings(outs))
 
-    def chunk(self, job: "Job", o: CompletionOutput, text_offset: int, echo: EchoPart | None = None
-              ) -> p.CompletionChunk:
-        """`echo`: the prompt, which a choice's first chunk carries before its text."""
-        return self._chunk(job, [self._choice(job, o, text_offset, echo)])
+    def chunk(self, job: "Job", o: CompletionOutput, text_offset: int, echo: EchoPart | None = None,
+              prompt_ids: list[int] | None = None) -> p.CompletionChunk:
+        """`echo`: the prompt, which a choice's first chunk carries before its text (as it carries
+        `prompt_ids`, the prompt's token ids, when asked)."""
+        return self._chunk(job, [self._choice(job, o, text_offset, echo, prompt_ids=prompt_ids)])
 
-    def opening_chunks(self, job: "Job", prompt_tokens: int) -> list[p.CompletionChunk]:
+    def opening_chunks(self, job: "Job", prompt_ids: list[int]) -> list[p.CompletionChunk]:
         return []
 
     @staticmethod
@@ -265,13 +289,15 @@ class CompletionFormat(_Format):
 
     @staticmethod
     def _choice(job: "Job", o: CompletionOutput, text_offset: int, echo: EchoPart | None = None,
-                prompt_logprobs: list | None = None) -> p.CompletionChoice:
+                prompt_logprobs: list | None = None, prompt_ids: list[int] | None = None) -> p.CompletionChoice:
         text, start = (o.text, text_offset) if echo is None else (echo.text + o.text, text_offset + len(echo.text))
         logprobs = completion_logprobs(o.logprobs, job.tokens, start) if o.logprobs is not None else None
         if echo is not None:
             logprobs = with_echo(echo, logprobs)
+        ids = job.return_token_ids
         return p.CompletionChoice(index=o.index, text=text, logprobs=logprobs, finish_reason=o.finish_reason,
-                                  stop_reason=o.stop_reason, prompt_logprobs=prompt_logprobs)
+                                  stop_reason=o.stop_reason, prompt_logprobs=prompt_logprobs,
+                                  prompt_token_ids=prompt_ids if ids else None, token_ids=o.token_ids if ids else None)
 
 
 CHAT, COMPLETION = ChatFormat(), CompletionFormat()
@@ -295,16 +321,26 @@ class Job:
     echo: bool = False  # completions: each choice's text starts with its prompt
     echo_only: bool = False  # echo with max_tokens 0: the prompt alone (the one token drawn is not shown)
     prompt_logprobs: int | None = None  # completions: vLLM's prompt_logprobs (top-N per prompt token) per choice
+    shown_n: int | None = None  # choices per prompt when the engine draws more (best_of); None: params.n
+    return_token_ids: bool = False  # vLLM's: prompt and sampled token ids beside the text
+    chat_echo: str = ""  # chat's echo: the last (assistant) message the reply continues, shown before it
 
     def __post_init__(self) -> None:
         if self.tools is not None:
-            self.tool_streams = [ToolCallStream() for _ in range(self.params.n)]
+            self.tool_streams = [ToolCallStream() for _ in range(self.n)]
+
+    @property
+    def n(self) -> int:
+        return self.shown_n or self.params.n
 
 
 def full_response(job: Job, out: RequestOutput | list[RequestOutput]
                   ) -> p.ChatCompletionResponse | p.CompletionResponse:
     """`out`: the whole output (the engine's deltas accumulated); a list: each prompt's, in order."""
-    return job.format.whole(job, out if isinstance(out, list) else [out])
+    outs = out if isinstance(out, list) else [out]
+    if job.n < job.params.n:  # best_of: the best n of the samples drawn
+        outs = [best_samples(o, job.n) for o in outs]
+    return job.format.whole(job, outs)
 
 
 def shown(job: Job, out: RequestOutput) -> RequestOutput:
@@ -331,7 +367,7 @@ def chunks_for(job: Job, out: RequestOutput, state: StreamState, prompt: int = 0
     if out.prompt_logprobs is not None:
         state.prompt_logprobs[prompt] = out.prompt_logprobs
     out = shown(job, out)
-    n, result = job.params.n, []
+    n, result = job.n, []
     so_far = usage(out) if job.continuous_usage else None  # num_tokens counts every token so far
     for o in out.outputs:
         if o.index >= n:
@@ -339,8 +375,10 @@ def chunks_for(job: Job, out: RequestOutput, state: StreamState, prompt: int = 0
         i = prompt * n + o.index
         if state.done[i]:
             continue
-        echo = job.echo and not state.started[i]
-        if not echo and not o.text and o.finish_reason is None and not o.logprobs:
+        first = not state.started[i]
+        echo = job.echo and first
+        news = o.text or o.finish_reason is not None or o.logprobs or (job.return_token_ids and o.token_ids)
+        if not echo and not news:
             continue
         if i != o.index:
             o = replace(o, index=i)
@@ -350,6 +388,8 @@ def chunks_for(job: Job, out: RequestOutput, state: StreamState, prompt: int = 0
             state.text_offset[i] += len(part.text)
         else:
             chunk = job.format.chunk(job, o, state.text_offset[i])
+        if first and job.return_token_ids and job.format is COMPLETION:  # chat's opening chunk carries them
+            chunk.choices[0].prompt_token_ids = out.prompt_token_ids
         chunk.usage = so_far
         result.append(sse(chunk))
         state.text_offset[i] += len(o.text)
@@ -363,11 +403,11 @@ async def sse_stream(job: Job, firsts: list[RequestOutput], rests: list[AsyncIte
     """The whole SSE body of one request per prompt (`firsts`: each one's first output, `rests`:
     the rest of its stream), their chunks interleaved as they come. Closing this generator closes
     the streams, which aborts their requests; so does a failure of any of them."""
-    state = StreamState(job.params.n * len(firsts))
+    state = StreamState(job.n * len(firsts))
     finals = list(firsts)
     live = merged({i: rests[i] for i, out in enumerate(firsts) if not out.finished})
     try:
-        for opening in job.format.opening_chunks(job, len(firsts[0].prompt_token_ids)):
+        for opening in job.format.opening_chunks(job, firsts[0].prompt_token_ids):
             yield sse(opening)
         for i, out in enumerate(firsts):
             for chunk in chunks_for(job, out, state, i):
@@ -382,7 +422,8 @@ async def sse_stream(job: Job, firsts: list[RequestOutput], rests: list[AsyncIte
         if job.include_usage:
             yield sse(job.format.usage_chunk(job, [shown(job, out) for out in finals]))
     except RequestFailedError as exc:  # the engine's own account: this request failed, the others go on
-        yield sse(error_body(500, str(exc), code="request_failed"))
+        yield sse(error_body(400, str(exc), exc.param) if exc.param is not None
+                  else error_body(500, str(exc), code="request_failed"))
     except Exception as exc:  # noqa: BLE001 - the status line is gone: report in the stream
         log.exception("internal error while streaming %s", job.response_id)
         yield sse(error_body(500, f"internal error while generating ({type(exc).__name__}); the server log has "

@@ -16,6 +16,8 @@ from minivllm.sampling.params import MAX_LENGTH_PENALTY, MAX_LOGPROBS, MAX_SEED
 from minivllm.server import openai_protocol as p
 from minivllm.server.api_types import ConfigUpdate
 from minivllm.server.openai_serving import CHAT_ROLES
+from minivllm.server.embeddings_protocol import EmbeddingChatRequest, EmbeddingCompletionRequest
+from minivllm.server.responses_protocol import ResponsesRequest
 from minivllm.server.tokenize_api import DetokenizeRequest, TokenizeChatRequest, TokenizeCompletionRequest
 
 REQUEST_BODIES: dict[tuple[str, str], type | tuple[type, ...]] = {  # a tuple: one of these shapes
@@ -24,6 +26,8 @@ REQUEST_BODIES: dict[tuple[str, str], type | tuple[type, ...]] = {  # a tuple: o
     ("/api/config", "put"): ConfigUpdate,
     ("/tokenize", "post"): (TokenizeCompletionRequest, TokenizeChatRequest),
     ("/detokenize", "post"): DetokenizeRequest,
+    ("/v1/embeddings", "post"): (EmbeddingCompletionRequest, EmbeddingChatRequest),
+    ("/v1/responses", "post"): ResponsesRequest,
 }
 
 # What `SamplingParams.validate` and `validate_request` enforce, as JSON Schema keywords on the
@@ -41,6 +45,7 @@ FIELD_LIMITS: dict[str, dict[str, Any]] = {
     "n": {"minimum": 1},
     "max_tokens": {"minimum": 1},
     "max_completion_tokens": {"minimum": 1},
+    "max_output_tokens": {"minimum": 1},
     "min_tokens": {"minimum": 0},
     "logprobs": {"minimum": 0, "maximum": MAX_LOGPROBS},
     "top_logprobs": {"minimum": 0, "maximum": MAX_LOGPROBS},

@@ -22,7 +22,9 @@ from minivllm.server import openai_protocol as p
 from minivllm.server import openai_serving as s
 from minivllm.server.auth import require_api_key
 from minivllm.server.errors import bad_request, decode_body, decode_error
-from minivllm.server.openai_api import _check_model, _check_prompt_size, _engine_errors
+from minivllm.server.prompt_size import largest, template_chars
+from minivllm.server.openai_api import check_model, check_prompt_size, engine_errors, check_chat_template
+from minivllm.server.unsupported import refuse_unsupported_chat
 from minivllm.server.state import server_of
 from minivllm.server.chat_prompt import chat_prompt_ids, check_template_options
 from minivllm.server.tools import tool_plan
@@ -46,6 +48,8 @@ class TokenizeChatRequest(msgspec.Struct, **Strict):
     return_token_strs: bool = False
     chat_template_kwargs: dict[str, Any] | None = None  # extra variables for the template
     tools: list[p.ChatTool] | None = None  # offered as /v1/chat/completions offers them
+    chat_template: str | None = None  # as /v1/chat/completions: only with --trust-request-chat-template
+    mm_processor_kwargs: Any = None  # refused when set: text-only model
 
 
 class TokenizeResponse(msgspec.Struct, kw_only=True):
@@ -93,29 +97,33 @@ async def tokenize(request: Request) -> TokenizeResponse:
     server = server_of(request)
     req = _decode_tokenize(await request.body())
     ae = server.engine()
-    model = _check_model(server, req.model)
+    model = check_model(server, req.model)
     if isinstance(req, TokenizeCompletionRequest):
-        _check_prompt_size(server, len(req.prompt), "prompt")
+        check_prompt_size(server, len(req.prompt), "prompt")
 
         def encode(tok: Any) -> list[int]:
             return list(_tokenizer_of(tok, model).encode(req.prompt, add_special_tokens=req.add_special_tokens))
     else:
         check_template_options(req.add_generation_prompt, req.continue_final_message, req.chat_template_kwargs)
-        chat = p.ChatCompletionRequest(messages=req.messages, tools=req.tools)
+        chat = p.ChatCompletionRequest(messages=req.messages, tools=req.tools, mm_processor_kwargs=req.mm_processor_kwargs)
+        refuse_unsupported_chat(chat)
+        check_chat_template(server, req.chat_template)
         messages, tools = s.chat_messages(chat), tool_plan(chat)
-        _check_prompt_size(server, sum(len(m.get("content") or "") for m in messages), "messages")
+        sizes = template_chars(messages, tools, req.chat_template, req.chat_template_kwargs)
+        check_prompt_size(server, sum(sizes.values()), largest(sizes))
 
         def encode(tok: Any) -> list[int]:
             return chat_prompt_ids(tok, messages, tools,
                                    add_generation_prompt=req.add_generation_prompt,
                                    continue_final_message=req.continue_final_message,
-                                   template_kwargs=req.chat_template_kwargs, add_special_tokens=req.add_special_tokens)
+                                   template_kwargs=req.chat_template_kwargs, add_special_tokens=req.add_special_tokens,
+                                   chat_template=req.chat_template)
 
     def run(tok: Any) -> tuple[list[int], list[str] | None]:
         ids = encode(tok)
         return ids, (list(tok.convert_ids_to_tokens(ids)) if req.return_token_strs else None)
 
-    with _engine_errors():
+    with engine_errors():
         ids, strs = await ae.tokenize(run)
     return TokenizeResponse(count=len(ids), max_model_len=server.max_model_len or 0, tokens=ids, token_strs=strs)
 
@@ -125,7 +133,7 @@ async def detokenize(request: Request) -> DetokenizeResponse:
     server = server_of(request)
     req = decode_body(await request.body(), DetokenizeRequest)
     ae = server.engine()
-    model = _check_model(server, req.model)
+    model = check_model(server, req.model)
 
     def decode(tok: Any) -> str:
         tok = _tokenizer_of(tok, model)
@@ -135,7 +143,7 @@ async def detokenize(request: Request) -> DetokenizeResponse:
             raise RequestRejectedError(f"token id {bad} is out of range for the vocabulary of size {vocab}", "tokens")
         return tok.decode(req.tokens)
 
-    with _engine_errors():
+    with engine_errors():
         return DetokenizeResponse(prompt=await ae.tokenize(decode))
 
 

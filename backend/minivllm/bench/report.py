@@ -87,7 +87,8 @@ def plot_paired_bars(levels: list[int], series: tuple[tuple[str, list[float]], .
         decorate(ax, xs, offsets[-1])
     ax.set_xticks(xs, [f"{level} concurrent" for level in levels])
     ax.set_ylabel(ylabel)
-    ax.legend()
+    ax.set_ylim(top=ax.get_ylim()[1] * 1.3)  # headroom: the legend and the bars' labels never overlap
+    ax.legend(loc="upper left", fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     fig.suptitle(wrapped(title), fontsize=9)
     fig.tight_layout()

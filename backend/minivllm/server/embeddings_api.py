@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import msgspec
 from litestar import Request, Response, Router, post
 
 from minivllm.engine.api import AsyncEngine, PoolingParams, PoolingRequestOutput
@@ -26,7 +25,7 @@ from minivllm.server import openai_protocol as p
 from minivllm.server import openai_serving as s
 from minivllm.server.auth import require_api_key
 from minivllm.server.chat_prompt import chat_prompt_ids, check_template_options
-from minivllm.server.errors import APIError, bad_request, decode_body, decode_error
+from minivllm.server.errors import APIError, bad_request, decode_either
 from minivllm.server.middleware import request_id_of, unique_request_id
 from minivllm.server.openai_api import (ClientDisconnected, check_model, check_prompt_size, engine_errors,
                                         until_disconnect)
@@ -38,18 +37,7 @@ EmbeddingRequest = e.EmbeddingCompletionRequest | e.EmbeddingChatRequest
 
 
 def decode_embedding_request(body: bytes) -> EmbeddingRequest:
-    """One of vLLM's two shapes, chosen by which of `input` and `messages` the body has."""
-    raw = decode_body(body, dict[str, Any])
-    has_input, has_messages = "input" in raw, "messages" in raw
-    if has_input and has_messages:
-        raise bad_request("send either `input` or `messages` (a chat), not both", "messages")
-    if not (has_input or has_messages):
-        raise bad_request("the body needs `input` (text or token ids) or `messages` (a chat)", "input")
-    kind = e.EmbeddingCompletionRequest if has_input else e.EmbeddingChatRequest
-    try:
-        return msgspec.convert(raw, kind)
-    except msgspec.ValidationError as exc:
-        raise decode_error(exc, kind) from None
+    return decode_either(body, ("input", "text or token ids", e.EmbeddingCompletionRequest), e.EmbeddingChatRequest)
 
 
 def embedding_inputs(value: str | list) -> list[str | list[int]]:

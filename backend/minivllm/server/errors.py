@@ -92,6 +92,23 @@ def decode_body(body: bytes, kind: type):
         raise bad_request("the request body nests arrays and objects too deeply to decode") from None
 
 
+def decode_either(body: bytes, plain: tuple[str, str, type], chat: type):
+    """vLLM's two request shapes on one route: `plain` (its field, what the field holds, its type) or a
+    chat (`messages`, type `chat`), chosen by which field the body has; both or neither is a 400."""
+    field, holds, plain_kind = plain
+    raw = decode_body(body, dict[str, typing.Any])
+    has_plain, has_messages = field in raw, "messages" in raw
+    if has_plain and has_messages:
+        raise bad_request(f"send either `{field}` ({holds}) or `messages` (a chat), not both", "messages")
+    if not (has_plain or has_messages):
+        raise bad_request(f"the body needs `{field}` ({holds}) or `messages` (a chat)", field)
+    kind = plain_kind if has_plain else chat
+    try:
+        return msgspec.convert(raw, kind)
+    except msgspec.ValidationError as exc:
+        raise decode_error(exc, kind) from None
+
+
 _PARAM = re.compile(r"\{[^}]+\}")
 _CATCH_ALL = "/{file_path:path}"
 

@@ -21,7 +21,7 @@ from minivllm.engine.api import RequestRejectedError
 from minivllm.server import openai_protocol as p
 from minivllm.server import openai_serving as s
 from minivllm.server.auth import require_api_key
-from minivllm.server.errors import bad_request, decode_body, decode_error
+from minivllm.server.errors import decode_body, decode_either
 from minivllm.server.prompt_size import largest, template_chars
 from minivllm.server.openai_api import check_model, check_prompt_size, engine_errors, check_chat_template
 from minivllm.server.unsupported import refuse_unsupported_chat
@@ -79,17 +79,7 @@ def _tokenizer_of(tok: Any, model: str) -> Any:
 
 
 def _decode_tokenize(body: bytes) -> TokenizeCompletionRequest | TokenizeChatRequest:
-    """One of vLLM's two shapes, chosen by which of `prompt` and `messages` the body has."""
-    raw = decode_body(body, dict[str, Any])
-    has_prompt, has_messages = "prompt" in raw, "messages" in raw
-    if has_prompt and has_messages:
-        raise bad_request("send either `prompt` (text) or `messages` (a chat), not both", "messages")
-    if not (has_prompt or has_messages):
-        raise bad_request("the body needs `prompt` (text) or `messages` (a chat)", "prompt")
-    try:
-        return msgspec.convert(raw, TokenizeCompletionRequest if has_prompt else TokenizeChatRequest)
-    except msgspec.ValidationError as exc:
-        raise decode_error(exc) from None
+    return decode_either(body, ("prompt", "text", TokenizeCompletionRequest), TokenizeChatRequest)
 
 
 @post("/tokenize", status_code=200, summary="Text or a chat to token ids (vLLM-compatible)")

@@ -77,6 +77,26 @@ inline void prefetch_ahead(const void* p, int64_t bytes, int64_t ahead, const vo
   for (uintptr_t line = from; line < end; line += 64) _mm_prefetch(reinterpret_cast<const char*>(line), _MM_HINT_T0);
 }
 
+inline int32_t hsum_epi32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+  return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1))));
+}
+
+// 32 int32 lanes already within int8 range (four vectors, in order) as 32 bytes in the same order.
+inline __m256i pack_bytes(const __m256i (&v)[4]) {
+  // the packs work per 128-bit half: dwords come out as [v0 lo, v1 lo, v2 lo, v3 lo, v0 hi, ...]
+  const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+  return _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+// Bytes 0..15 of a block's codes at p, bytes 16..31 one half-pair (32 bytes) further: the pair layout of the
+// integer activations (q8_matmul.cpp, kquant_matmul.cpp).
+inline void store_halves(int8_t* p, __m256i codes) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(codes));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p + kBlock), _mm256_extracti128_si256(codes, 1));
+}
+
 // Runs f(row) for every row, in parallel only when the rows hold enough elements to pay for it.
 template <typename F>
 void over_rows(int64_t rows, int64_t row_elements, F&& f) {

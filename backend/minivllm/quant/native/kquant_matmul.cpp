@@ -126,24 +126,6 @@ struct KActs {
   const float* sum16 = nullptr;  // [rows, K/16]
 };
 
-inline int32_t hsum_i32(__m256i v) {
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
-  return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1))));
-}
-
-// 32 int32 lanes within int8 range (four vectors, in order) as 32 bytes in the same order.
-inline __m256i to_bytes(const __m256i (&v)[4]) {
-  const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
-  return _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-}
-
-// Bytes 0..15 of a block's codes at p, bytes 16..31 one half-pair (32 bytes) further: the pair layout.
-inline void store_halves(int8_t* p, __m256i codes) {
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(codes));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p + kBlock), _mm256_extracti128_si256(codes, 1));
-}
-
 // One block of 32 activations: x ~= amax / 127 * q (+ r / 128), the arithmetic of q8_matmul.cpp's quantize_block;
 // q and r point at the block's place in the pair layout.
 inline void quantize_block(const float* v, bool split, int8_t* q, int8_t* r, float* scale, float* sum32, float* sum16) {
@@ -165,11 +147,11 @@ inline void quantize_block(const float* v, bool split, int8_t* q, int8_t* r, flo
       combined[j] = _mm256_add_epi32(_mm256_slli_epi32(codes[j], 7), rest[j]);
     }
   }
-  store_halves(q, to_bytes(codes));
-  if (split) store_halves(r, to_bytes(rest));
+  store_halves(q, pack_bytes(codes));
+  if (split) store_halves(r, pack_bytes(rest));
   const float unit = amax / 127.f / (split ? 128.f : 1.f);
-  const int32_t first = hsum_i32(_mm256_add_epi32(combined[0], combined[1]));
-  const int32_t second = hsum_i32(_mm256_add_epi32(combined[2], combined[3]));
+  const int32_t first = hsum_epi32(_mm256_add_epi32(combined[0], combined[1]));
+  const int32_t second = hsum_epi32(_mm256_add_epi32(combined[2], combined[3]));
   *scale = unit;
   sum16[0] = unit * static_cast<float>(first), sum16[1] = unit * static_cast<float>(second);
   *sum32 = unit * static_cast<float>(first + second);

@@ -103,7 +103,13 @@ docker:
 clean:
 	rm -rf $(VENV) $(GUIDELLM_VENV) frontend/node_modules frontend/dist
 
-# llama.cpp's llama-batched-bench next to mini-vllm (builds llama.cpp once into .cache/llamacpp/, ~10+ min on 2 cores)
+# llama.cpp's llama-batched-bench next to mini-vllm (builds llama.cpp once into .cache/llamacpp/, ~10+ min on 2 cores).
+# MODEL: the embedded model (empty), a GGUF file, or a shape (tinyllama-1.1b, llama-3.2-1b, llama-3.2-3b) written
+# with random weights and quantized to QUANT by llama.cpp's llama-quantize, once, into .cache/models/.
+MODEL ?=
+QUANT ?= Q4_K_M
+BENCH_ARGS ?=
 bench-llamacpp: setup-python
 	bash scripts/build_llamacpp.sh
-	$(VENV)/bin/minivllm bench llamacpp
+	model="$(if $(MODEL),$$($(PY) scripts/make_random_gguf.py $(MODEL) --quant $(QUANT)))" && \
+		$(VENV)/bin/minivllm bench llamacpp $(BENCH_ARGS) $${model:+--model "$$model"}

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Build llama.cpp's `llama-batched-bench` and `llama-server` (CPU only) from the llama.cpp source vendored in
+# Build llama.cpp's `llama-batched-bench`, `llama-server` and `llama-quantize` (CPU only) from the llama.cpp source vendored in
 # the llama-cpp-python sdist on PyPI, once, into .cache/llamacpp/ (git-ignored). Used by `make bench-llamacpp`.
 #
-#   bash scripts/build_llamacpp.sh            # idempotent: does nothing when both binaries exist
+#   bash scripts/build_llamacpp.sh            # idempotent: does nothing when the binaries exist
 #   LLAMACPP_JOBS=4 bash scripts/build_llamacpp.sh
 #
 # Environment: LLAMACPP_PYTHON_VERSION (the sdist pin), LLAMACPP_JOBS (parallel compile jobs, default 2),
@@ -16,12 +16,13 @@ CACHE="${MINIVLLM_LLAMACPP_DIR:-$ROOT/.cache/llamacpp}"
 SRC="$CACHE/llama_cpp_python-$VERSION"
 BUILD="$CACHE/build-$VERSION"
 BIN="$BUILD/bin"
-TARGETS=(llama-batched-bench llama-server)
+TARGETS=(llama-batched-bench llama-server llama-quantize)
 
 log() { echo "[build_llamacpp] $*" >&2; }
 
-if [[ -x "$BIN/llama-batched-bench" && -x "$BIN/llama-server" ]]; then
-    log "already built: $BIN/llama-batched-bench, $BIN/llama-server (delete $BUILD to rebuild)"
+built() { for t in "${TARGETS[@]}"; do [[ -x "$BIN/$t" ]] || return 1; done; }
+if built; then
+    log "already built: ${TARGETS[*]} in $BIN (delete $BUILD to rebuild)"
     exit 0
 fi
 
@@ -71,4 +72,4 @@ cmake --build "$BUILD" --config Release -j"$JOBS" --target "${TARGETS[@]}" 2>&1 
 for t in "${TARGETS[@]}"; do
     [[ -x "$BIN/$t" ]] || { tail -40 "$CACHE/build.log" >&2; log "build failed: no $BIN/$t"; exit 1; }
 done
-log "built in $(( $(date +%s) - start ))s: $BIN/llama-batched-bench, $BIN/llama-server"
+log "built in $(( $(date +%s) - start ))s: ${TARGETS[*]} in $BIN"

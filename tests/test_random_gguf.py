@@ -1,0 +1,59 @@
+"""scripts/make_random_gguf.py's files: a named shape's Llama GGUF with random F16 weights and the embedded
+tokenizer, which the loader reads as that shape, and whose quantization needs llama.cpp's own tool."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from minivllm.bench import random_gguf
+from minivllm.bench.llamacpp import ENV_DIR
+from minivllm.loader import load_model
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tiny_file(tmp_path_factory):
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_random_gguf.py"), "tiny", "--quant", "F16",
+                          "--cache", str(tmp_path_factory.mktemp("models"))],
+                         capture_output=True, text=True, check=True)
+    path = Path(out.stdout.strip())  # stdout holds only the path: the Makefile passes it to --model
+    assert path.is_file() and path.name == "random-tiny-F16.gguf"
+    return path
+
+
+def test_the_file_loads_as_its_named_shape_with_the_embedded_tokenizer(tiny_file, embedded_path):
+    from gguf import GGUFReader
+
+    shape = random_gguf.SHAPES["tiny"]
+    loaded = load_model(str(tiny_file))
+    cfg = loaded.config
+    assert (cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers) == (shape.hidden, shape.intermediate,
+                                                                              shape.layers)
+    assert (cfg.num_attention_heads, cfg.num_key_value_heads) == (shape.heads, shape.kv_heads)
+    assert cfg.tie_word_embeddings == shape.tied_embeddings
+    embedded = load_model(str(embedded_path), quantization="int4")
+    text = "The quick brown fox, in a chat."
+    assert loaded.tokenizer.encode(text) == embedded.tokenizer.encode(text)
+    assert loaded.tokenizer.chat_template == embedded.tokenizer.chat_template
+    tensors = {t.name: t for t in GGUFReader(str(tiny_file)).tensors}
+    q = np.asarray(tensors["blk.0.attn_q.weight"].data, dtype=np.float32)
+    assert tensors["blk.0.attn_q.weight"].tensor_type.name == "F16"
+    assert abs(q.std() - random_gguf.WEIGHT_STD) < 0.002 and abs(q.mean()) < 0.002
+    assert np.all(np.asarray(tensors["blk.1.ffn_norm.weight"].data) == 1.0)
+
+
+def test_a_shape_that_does_not_exist_is_a_usage_error_naming_the_shapes(tmp_path):
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_random_gguf.py"), "llama-9b",
+                          "--cache", str(tmp_path)], capture_output=True, text=True)
+    assert out.returncode == 2 and "tinyllama-1.1b" in out.stderr and not list(tmp_path.iterdir())
+
+
+def test_quantizing_without_llama_cpp_says_how_to_build_it(tmp_path, monkeypatch):
+    monkeypatch.setenv(ENV_DIR, str(tmp_path / "no-build"))
+    (tmp_path / "random-tiny-F16.gguf").write_bytes(b"")  # the F16 file exists: only the tool is missing
+    with pytest.raises(FileNotFoundError, match="build_llamacpp.sh"):
+        random_gguf.quantized("tiny", "Q4_K_M", tmp_path)

@@ -144,22 +144,34 @@ def _load_gguf(path: Path, name: str, options: _Options) -> LoadedModel:
     progress(f"reading {path.name}")
     cfg = gguf_loader.load_gguf_config(path, name)
     progress("reading tensors in their stored precision")
-    gguf = _read_gguf(path, cfg)
+    gguf = _read_gguf(path, cfg, nearest_native=options.quant.mode == "auto")
     progress("loading tokenizer and chat template")
     tokenizer = gguf_loader.load_gguf_tokenizer(path)
     loaded = _finish(cfg, gguf.tensors, tokenizer, name, str(path), options)
-    if gguf.dequantized:
-        kinds = sorted({gguf.types[n] for n in gguf.dequantized})
-        loaded.quant.dequantized_note = (
-            f"{len(gguf.dequantized)} tensor(s) of GGUF type {', '.join(kinds)} have no native kernel here: "
-            f"dequantized at load (use --quantization int8/int4 to requantize them)")
+    loaded.quant.dequantized_note = _dequantized_note(gguf)
     return loaded
 
 
-def _read_gguf(path: Path, cfg: LlamaConfig):
+def _dequantized_note(gguf) -> str | None:
+    """What became of the tensors whose GGUF type no kernel reads: re-rounded (auto) or floats."""
+    if not gguf.dequantized:
+        return None
+    kinds = ", ".join(sorted({gguf.types[n] for n in gguf.dequantized}))
+    if gguf.rerounded:
+        targets = ", ".join(f"{kind} -> {target}" for kind, target in
+                            sorted({(gguf.types[n], t) for n, t in gguf.rerounded.items()}))
+        return (f"warning: {len(gguf.rerounded)} tensor(s) of GGUF type {kinds} have no native kernel: re-rounded "
+                f"to the nearest native format ({targets}), a second rounding on top of the file's; "
+                f"--quantization none runs their exact values in floats")
+    return (f"{len(gguf.dequantized)} tensor(s) of GGUF type {kinds} have no native kernel here: "
+            f"dequantized at load")
+
+
+def _read_gguf(path: Path, cfg: LlamaConfig, nearest_native: bool):
     try:
         return read_gguf_tensors(path, cfg.num_attention_heads, cfg.num_key_value_heads,
-                                 rotary_interleaved=FAMILIES[cfg.family].rotary_interleaved_in_gguf)
+                                 rotary_interleaved=FAMILIES[cfg.family].rotary_interleaved_in_gguf,
+                                 nearest_native=nearest_native)
     except Exception as exc:  # the reader raises many types for a damaged file
         raise CorruptCheckpointError(f"cannot read tensors of GGUF file {path}: {exc}") from exc
 

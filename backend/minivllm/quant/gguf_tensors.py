@@ -1,9 +1,13 @@
 """Read a Llama GGUF's tensors in the precision they are stored in.
 
 Q4_1 and Q8_0 blocks become Int4Weight / Int8Weight without a detour through floats, Q4_K / Q5_K / Q6_K
-super-blocks a KQuantWeight holding the file's bytes as they are; F32/F16/BF16
-tensors become torch tensors; any other GGML type is dequantized by the `gguf` package (the caller
-says so to the user). Names are mapped to Hugging Face's, and Q/K rows are un-permuted: llama.cpp
+super-blocks a KQuantWeight holding the file's bytes as they are; F32/F16/BF16 tensors become torch
+tensors. Two more types hold exactly what a native format holds, and are moved into it: Q4_0 (d*(q-8))
+is Int4Weight with m = -8d, Q5_0 (d*(q-16)) is Int8Weight in blocks of 32. Any other GGML type is
+dequantized by the `gguf` package and, with `nearest_native`, re-rounded to the nearest native format:
+Q5_1 to int8 g32; Q2_K, Q3_K, the IQ and TQ types to Q4_K, beside the K-quants such files mix them with
+(int4 g32 where a row is not whole super-blocks); the embedding and LM head never below int8 g32. A
+second rounding: the caller warns about it. Names are mapped to Hugging Face's, and Q/K rows are un-permuted: llama.cpp
 stores them interleaved for its rotary layout, and a row permutation commutes with row-wise
 quantization, so the blocks can be moved as they are.
 """
@@ -16,12 +20,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from minivllm.quant.formats import KQUANT_BYTES, Int4Weight, Int8Weight, KQuantWeight, QuantizedWeight
+from minivllm.quant.formats import (KQUANT_BYTES, SUPER_BLOCK, Int4Weight, Int8Weight, KQuantWeight, QuantizedWeight,
+                                    quantize_int4, quantize_int8)
+from minivllm.quant.kquant_pack import quantize_q4_k
 
 GROUP = 32  # elements per Q4_1 / Q8_0 block
 Q4_1_BYTES = 20  # f16 d, f16 m, 16 bytes of nibbles
 Q8_0_BYTES = 34  # f16 d, 32 int8
-NATIVE_TYPES = ("Q4_1", "Q8_0", *KQUANT_BYTES, "F32", "F16", "BF16")  # read with no dequantization
+Q4_0_BYTES = 18  # f16 d, 16 bytes of nibbles
+Q5_0_BYTES = 22  # f16 d, 32 high bits, 16 bytes of nibbles
+NATIVE_TYPES = ("Q4_1", "Q8_0", "Q4_0", "Q5_0", *KQUANT_BYTES, "F32", "F16", "BF16")  # no dequantization
+EIGHT_BIT_NEAREST = ("Q5_1",)  # re-rounded to int8 g32 (4 bits would lose more than the file's own rounding)
+TABLE_NAMES = ("model.embed_tokens.weight", "lm_head.weight")
 
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
@@ -37,6 +47,7 @@ class GGUFTensors:
     tensors: dict[str, torch.Tensor | QuantizedWeight]  # HF names
     types: dict[str, str] = field(default_factory=dict)  # HF name -> GGML type name
     dequantized: list[str] = field(default_factory=list)  # names whose GGML type has no native path
+    rerounded: dict[str, str] = field(default_factory=dict)  # of those, name -> the native format it now holds
 
 
 def hf_name(gguf_name: str) -> str | None:
@@ -54,8 +65,10 @@ def rotary_unpermute_index(rows: int, heads: int) -> torch.Tensor:
     return torch.arange(rows).reshape(heads, half, 2).transpose(1, 2).reshape(rows)
 
 
-def read_gguf_tensors(path: Path, num_heads: int, num_kv_heads: int, rotary_interleaved: bool = True) -> GGUFTensors:
-    """`rotary_interleaved`: whether llama.cpp permuted this family's Q/K rows (Llama; not Qwen2/Qwen3)."""
+def read_gguf_tensors(path: Path, num_heads: int, num_kv_heads: int, rotary_interleaved: bool = True,
+                      nearest_native: bool = False) -> GGUFTensors:
+    """`rotary_interleaved`: whether llama.cpp permuted this family's Q/K rows (Llama; not Qwen2/Qwen3).
+    `nearest_native`: re-round the types no kernel reads into the nearest one that does (else: floats)."""
     from minivllm.loader.gguf_cache import tensor_records
 
     out = GGUFTensors({})
@@ -67,6 +80,9 @@ def read_gguf_tensors(path: Path, num_heads: int, num_kv_heads: int, rotary_inte
         value = _convert(record)
         if record.kind not in NATIVE_TYPES:
             out.dequantized.append(name)
+            if nearest_native and value.dim() == 2:
+                value = _nearest_native(name, record.kind, value)
+                out.rerounded[name] = _format(value)
         heads = num_heads if name.endswith("q_proj.weight") else num_kv_heads if name.endswith("k_proj.weight") else 0
         if heads and rotary_interleaved:
             index = rotary_unpermute_index(value.shape[0], heads)
@@ -83,6 +99,10 @@ def _convert(record) -> torch.Tensor | QuantizedWeight:
         return q4_1_blocks(values, rows, cols)
     if record.kind == "Q8_0":
         return q8_0_blocks(values, rows, cols)
+    if record.kind == "Q4_0":
+        return q4_0_blocks(values, rows, cols)
+    if record.kind == "Q5_0":
+        return q5_0_blocks(values, rows, cols)
     if record.kind in KQUANT_BYTES:
         # one copy of the mapped bytes, as they are: the kernels read these super-blocks
         return KQuantWeight([(record.kind, torch.from_numpy(np.array(values, dtype=np.uint8).reshape(rows, -1)))])
@@ -108,3 +128,42 @@ def q8_0_blocks(raw: np.ndarray, rows: int, cols: int) -> Int8Weight:
     d = torch.from_numpy(blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32))
     q = torch.from_numpy(blocks[..., 2:].copy().view(np.int8)).reshape(rows, cols)
     return Int8Weight(q, d, GROUP)
+
+
+def q4_0_blocks(raw: np.ndarray, rows: int, cols: int) -> Int4Weight:
+    """Q4_0 is d*(q - 8): Q4_1's d*q + m with m = -8d, exact in fp16 (a power-of-two multiple of an fp16 d),
+    with the same nibble order."""
+    blocks = raw.reshape(rows, cols // GROUP, Q4_0_BYTES)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0]
+    m = (d.astype(np.float32) * -8).astype(np.float16)
+    if not np.isfinite(m).all():
+        raise ValueError("a Q4_0 scale is too large for its minimum (-8d) to be an fp16 value")
+    packed = np.concatenate([blocks[..., 0:2].reshape(rows, -1), m.view(np.uint8).reshape(rows, -1),
+                             blocks[..., 2:].reshape(rows, -1)], axis=1)
+    return Int4Weight(torch.from_numpy(packed), GROUP)
+
+
+def q5_0_blocks(raw: np.ndarray, rows: int, cols: int) -> Int8Weight:
+    """Q5_0 is d*(q - 16), q of 5 bits: int8 codes -16..15 with d per block of 32, exactly (Q8_0's form).
+    Element j of a block: byte j's low nibble (j < 16) or byte j-16's high one, and bit j of the high bits."""
+    blocks = raw.reshape(rows, cols // GROUP, Q5_0_BYTES)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    high = blocks[..., 2:6].copy().view("<u4")  # [rows, blocks, 1]
+    nibbles = blocks[..., 6:]
+    low = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1)  # [rows, blocks, 32]
+    fifth = ((high >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)
+    codes = (low | (fifth << 4)).astype(np.int8) - np.int8(16)
+    return Int8Weight(torch.from_numpy(codes.reshape(rows, cols)), torch.from_numpy(d), GROUP)
+
+
+def _nearest_native(name: str, kind: str, value: torch.Tensor) -> QuantizedWeight:
+    """A dequantized tensor re-rounded into the native format nearest its type (module docstring)."""
+    if name in TABLE_NAMES or kind in EIGHT_BIT_NEAREST:
+        return quantize_int8(name, value, GROUP)
+    if value.shape[1] % SUPER_BLOCK == 0:
+        return quantize_q4_k(value)
+    return quantize_int4(name, value, GROUP)
+
+
+def _format(value: QuantizedWeight) -> str:
+    return "/".join(value.kinds) if isinstance(value, KQuantWeight) else f"int{value.bits} g{value.group_size}"

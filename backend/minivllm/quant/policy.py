@@ -2,7 +2,8 @@
 
   auto   what the checkpoint holds: GGUF Q4_1 -> int4, Q8_0 -> int8, Q4_K/Q5_K/Q6_K in their own
          super-blocks (a K-quant LM head too: Q6_K in a Q4_K_M file), F32/F16/BF16 and safetensors
-         in the model dtype; other GGUF types were dequantized at read time (the loader says so)
+         in the model dtype; Q4_0 / Q5_0 moved exactly into int4 / int8 g32, other GGUF types
+         re-rounded at read time to the nearest native format (gguf_tensors.py; the loader warns)
   none   everything dequantized to the model dtype (the HF-parity reference)
   int4   linear layers in 4 bits, asymmetric, groups of 32/64/128 along the input
   int8   linear layers in 8 bits, symmetric, one scale per output channel

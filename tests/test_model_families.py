@@ -212,7 +212,9 @@ def gguf_name(hf_name: str) -> str:
 def write_gguf(hf, path, tokenizer_source) -> None:
     """The HF model's weights in F32 as llama.cpp's converter lays out a Qwen2/Qwen3 file (Q/K rows not
     permuted: these families rotate the halves as HF does), with the embedded file's tokenizer fields."""
-    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+    from gguf import GGUFWriter
+
+    from minivllm.bench.random_gguf import add_tokenizer_fields
 
     cfg = hf.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -227,10 +229,7 @@ def write_gguf(hf, path, tokenizer_source) -> None:
     writer.add_value_length(head_dim)
     writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    for key, field in GGUFReader(str(tokenizer_source)).fields.items():
-        if key.startswith("tokenizer."):
-            writer.add_key_value(key, field.contents(), field.types[0],
-                                 sub_type=field.types[1] if field.types[0] == GGUFValueType.ARRAY else None)
+    add_tokenizer_fields(writer, tokenizer_source)
     for name, tensor in hf.state_dict().items():
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue

@@ -61,8 +61,6 @@ def _tensor_shapes(shape: LlamaShape, vocab: int) -> list[tuple[str, tuple[int, 
 
 
 def _add_metadata(writer, shape: LlamaShape, name: str, tokenizer_gguf: Path) -> None:
-    from gguf import GGUFReader, GGUFValueType
-
     writer.add_name(f"random-{name}")
     writer.add_block_count(shape.layers)
     writer.add_context_length(shape.context)
@@ -74,7 +72,14 @@ def _add_metadata(writer, shape: LlamaShape, name: str, tokenizer_gguf: Path) ->
     writer.add_rope_freq_base(shape.rope_theta)
     writer.add_layer_norm_rms_eps(shape.rms_eps)
     writer.add_file_type(1)  # MOSTLY_F16
-    for key, field in GGUFReader(str(tokenizer_gguf)).fields.items():
+    add_tokenizer_fields(writer, tokenizer_gguf)
+
+
+def add_tokenizer_fields(writer, source: Path) -> None:
+    """Every `tokenizer.*` field of another GGUF (vocabulary, merges, special ids, chat template)."""
+    from gguf import GGUFReader, GGUFValueType
+
+    for key, field in GGUFReader(str(source)).fields.items():
         if key.startswith("tokenizer."):
             writer.add_key_value(key, field.contents(), field.types[0],
                                  sub_type=field.types[1] if field.types[0] == GGUFValueType.ARRAY else None)

@@ -60,7 +60,8 @@ def _tensor_shapes(shape: LlamaShape, vocab: int) -> list[tuple[str, tuple[int, 
     return tensors
 
 
-def _add_metadata(writer, shape: LlamaShape, name: str, tokenizer_gguf: Path) -> None:
+def _add_metadata(writer, shape: LlamaShape, name: str, tokenizer_gguf: Path) -> int:
+    """The shape's hyperparameters and the tokenizer's fields; returns the vocabulary's size."""
     writer.add_name(f"random-{name}")
     writer.add_block_count(shape.layers)
     writer.add_context_length(shape.context)
@@ -72,23 +73,20 @@ def _add_metadata(writer, shape: LlamaShape, name: str, tokenizer_gguf: Path) ->
     writer.add_rope_freq_base(shape.rope_theta)
     writer.add_layer_norm_rms_eps(shape.rms_eps)
     writer.add_file_type(1)  # MOSTLY_F16
-    add_tokenizer_fields(writer, tokenizer_gguf)
+    return add_tokenizer_fields(writer, tokenizer_gguf)
 
 
-def add_tokenizer_fields(writer, source: Path) -> None:
-    """Every `tokenizer.*` field of another GGUF (vocabulary, merges, special ids, chat template)."""
+def add_tokenizer_fields(writer, source: Path) -> int:
+    """Every `tokenizer.*` field of another GGUF (vocabulary, merges, special ids, chat template); returns
+    the vocabulary's size."""
     from gguf import GGUFReader, GGUFValueType
 
-    for key, field in GGUFReader(str(source)).fields.items():
+    fields = GGUFReader(str(source)).fields
+    for key, field in fields.items():
         if key.startswith("tokenizer."):
             writer.add_key_value(key, field.contents(), field.types[0],
                                  sub_type=field.types[1] if field.types[0] == GGUFValueType.ARRAY else None)
-
-
-def _vocab_size(tokenizer_gguf: Path) -> int:
-    from gguf import GGUFReader
-
-    return len(GGUFReader(str(tokenizer_gguf)).fields["tokenizer.ggml.tokens"].data)
+    return len(fields["tokenizer.ggml.tokens"].data)
 
 
 def write_random_gguf(name: str, path: Path, seed: int = 0, tokenizer_gguf: Path | None = None) -> Path:
@@ -100,11 +98,10 @@ def write_random_gguf(name: str, path: Path, seed: int = 0, tokenizer_gguf: Path
 
     shape = SHAPES[name]
     tokenizer_gguf = tokenizer_gguf or embedded_model_path()
-    tensors = _tensor_shapes(shape, _vocab_size(tokenizer_gguf))
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".partial")
     writer = GGUFWriter(str(partial), "llama")
-    _add_metadata(writer, shape, name, tokenizer_gguf)
+    tensors = _tensor_shapes(shape, _add_metadata(writer, shape, name, tokenizer_gguf))
     for tensor_name, dims in tensors:
         dtype = np.float32 if len(dims) == 1 else np.float16  # norms in F32, as llama.cpp's converter writes
         writer.add_tensor_info(tensor_name, dims, np.dtype(dtype), int(np.prod(dims)) * np.dtype(dtype).itemsize)

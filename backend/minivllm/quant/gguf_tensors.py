@@ -125,17 +125,20 @@ def q4_1_blocks(raw: np.ndarray, rows: int, cols: int) -> Int4Weight:
 
 def q8_0_blocks(raw: np.ndarray, rows: int, cols: int) -> Int8Weight:
     blocks = raw.reshape(rows, cols // GROUP, Q8_0_BYTES)
-    d = torch.from_numpy(blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32))
     q = torch.from_numpy(blocks[..., 2:].copy().view(np.int8)).reshape(rows, cols)
-    return Int8Weight(q, d, GROUP)
+    return Int8Weight(q, torch.from_numpy(_leading_d(blocks).astype(np.float32)), GROUP)
+
+
+def _leading_d(blocks: np.ndarray) -> np.ndarray:
+    """The fp16 scale d that Q8_0, Q4_0 and Q5_0 blocks [..., bytes] start with."""
+    return blocks[..., 0:2].copy().view(np.float16)[..., 0]
 
 
 def q4_0_blocks(raw: np.ndarray, rows: int, cols: int) -> Int4Weight:
     """Q4_0 is d*(q - 8): Q4_1's d*q + m with m = -8d, exact in fp16 (a power-of-two multiple of an fp16 d),
     with the same nibble order."""
     blocks = raw.reshape(rows, cols // GROUP, Q4_0_BYTES)
-    d = blocks[..., 0:2].copy().view(np.float16)[..., 0]
-    m = (d.astype(np.float32) * -8).astype(np.float16)
+    m = (_leading_d(blocks).astype(np.float32) * -8).astype(np.float16)
     if not np.isfinite(m).all():
         raise ValueError("a Q4_0 scale is too large for its minimum (-8d) to be an fp16 value")
     packed = np.concatenate([blocks[..., 0:2].reshape(rows, -1), m.view(np.uint8).reshape(rows, -1),
@@ -147,7 +150,7 @@ def q5_0_blocks(raw: np.ndarray, rows: int, cols: int) -> Int8Weight:
     """Q5_0 is d*(q - 16), q of 5 bits: int8 codes -16..15 with d per block of 32, exactly (Q8_0's form).
     Element j of a block: byte j's low nibble (j < 16) or byte j-16's high one, and bit j of the high bits."""
     blocks = raw.reshape(rows, cols // GROUP, Q5_0_BYTES)
-    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    d = _leading_d(blocks).astype(np.float32)
     high = blocks[..., 2:6].copy().view("<u4")  # [rows, blocks, 1]
     nibbles = blocks[..., 6:]
     low = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1)  # [rows, blocks, 32]

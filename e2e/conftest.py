@@ -68,7 +68,8 @@ def _minivllm() -> str:
 def running_server(extra_args: list[str], log_name: str) -> Iterator[str]:
     """A `minivllm serve` with the session's engine settings plus `extra_args`; yields its base URL
     once healthy and stops it afterwards. Its output goes to artifacts/e2e/<log_name>."""
-    dist = REPO / "frontend" / "dist"
+    # MINIVLLM_E2E_DIST: a build elsewhere (`vite build --outDir ...`), so parallel checkouts do not share one.
+    dist = Path(os.environ.get("MINIVLLM_E2E_DIST", REPO / "frontend" / "dist"))
     if not (dist / "index.html").exists():
         pytest.fail("frontend/dist is missing: run `cd frontend && npm run build` first")
     ARTIFACTS.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 SERVE_ARGS ?=
 
-.PHONY: setup setup-python setup-frontend setup-browser frontend run test test-backend test-frontend e2e bench lint docker chat schema clean bench-llamacpp fuzz soak \
+.PHONY: setup setup-python setup-frontend setup-browser frontend run test test-fast test-backend test-frontend e2e bench lint lint-python docker chat schema clean bench-llamacpp fuzz soak \
 	setup-guidellm compat bench-serve
 
 setup: setup-python setup-frontend
@@ -57,7 +57,11 @@ run: setup frontend
 chat: setup-python
 	$(VENV)/bin/minivllm chat
 
-test: setup setup-browser test-backend test-frontend e2e
+test: setup setup-browser lint-python test-backend test-frontend e2e
+
+# The edit-test loop: no real model, no kernel builds, no compiles, no servers, no browser (< 90 s).
+test-fast: setup-python
+	$(PY) -m pytest tests -q -m "not slow"
 
 test-backend: setup-python setup-guidellm
 	$(PY) -m pytest tests -q
@@ -89,8 +93,13 @@ bench: setup-python
 	$(VENV)/bin/minivllm bench throughput
 	$(VENV)/bin/minivllm bench quality
 
-lint: setup
+# ruff (ruff.toml: lint + format, line length 120) over the Python, eslint over the dashboard.
+lint: lint-python setup-frontend
 	cd frontend && npm run lint
+
+lint-python: setup-python
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 schema: setup-python
 	$(VENV)/bin/minivllm schema

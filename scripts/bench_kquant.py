@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from minivllm.bench.machine import machine_line, streaming_bandwidth_gbs
-from minivllm.quant import kernels, native
+from minivllm.kernels.cpu import native
+from minivllm.quant import matmul_paths
 from minivllm.quant.formats import KQUANT_BYTES, KQuantWeight, quantize_int4
 
 SHAPES = [(2048, 2048), (2048, 5632), (5632, 2048), (256, 2048)]  # (out N, in K): q/o, down, gate/up, k/v
@@ -57,14 +58,14 @@ def paths(n: int, k: int, rng: np.random.Generator):
         return max(2, ROTATION_BYTES // nbytes)
 
     for kind in ("Q4_K", "Q6_K"):
-        packed = [kernels.pack_kquant(random_kquant(kind, n, k, rng))
+        packed = [matmul_paths.pack_kquant(random_kquant(kind, n, k, rng))
                   for _ in range(copies(n * k // 256 * KQUANT_BYTES[kind]))]
-        for acts in kernels.NATIVE_ACTS:
-            yield f"{kind} kquant/{acts}", packed[0].nbytes, [kernels.KQuantNative(p, n, acts) for p in packed]
+        for acts in matmul_paths.NATIVE_ACTS:
+            yield f"{kind} kquant/{acts}", packed[0].nbytes, [matmul_paths.KQuantNative(p, n, acts) for p in packed]
     int4 = quantize_int4("w", torch.randn(n, k) * 0.05, 32)
-    q41 = [kernels.Int4Native(int4.packed.clone(), "int8") for _ in range(copies(int4.packed.nbytes))]
-    for acts in kernels.NATIVE_ACTS:
-        yield f"Q4_1 int4avx2/{acts}", int4.packed.nbytes, [kernels.Int4Native(q.packed, acts) for q in q41]
+    q41 = [matmul_paths.Int4Native(int4.packed.clone(), "int8") for _ in range(copies(int4.packed.nbytes))]
+    for acts in matmul_paths.NATIVE_ACTS:
+        yield f"Q4_1 int4avx2/{acts}", int4.packed.nbytes, [matmul_paths.Int4Native(q.packed, acts) for q in q41]
     dense = [torch.randn(n, k) * 0.05 for _ in range(copies(n * k * 4))]
     yield "fp32 (dequantized) F.linear", n * k * 4, [lambda x, w=w: F.linear(x, w) for w in dense]
     yield "fp32 (dequantized) native", n * k * 4, [lambda x, w=w: torch.ops.minivllm_native.f32_linear(x, w)

@@ -4,13 +4,13 @@ Each (setting, shape) call is captured in a CUDA graph of 20 calls and replayed 
 launch overhead is out, as in the engine's graphed steps. Shapes: the embedded model's heads (9 / 3, D 64,
 fp32 pool) and TinyLlama's (32 / 4, D 64, bf16 pool) at 1 / 8 / 32 sequences and 128 / 512 / 2,000 tokens.
 Usage (GPU): PYTHONPATH=backend python3 scripts/gpu_attention_sweep.py [--dot-only]
-The sweep ends with "BEST <min partition tokens> <programs per SM>": the defaults in model/triton_attention.py
+The sweep ends with "BEST <min partition tokens> <programs per SM>": the defaults in kernels/triton/attention.py
 came from it; `CUDA_COMPILE=0 scripts/gpu_check.sh` then benchmarks the engine with them.
 Then, for TinyLlama's bf16 shape at the module's split defaults, the kernel's two ways to take its products
 side by side: CUDA cores (fp32 broadcast sums) and tensor cores (tl.dot), each forced, against SDPA, with
 each path's largest difference from SDPA's output. --dot-only prints only that table (seconds);
 --dot-tiles times the dot path's tile / warps settings instead ("BEST DOT <tile tokens> <warps>": the
-defaults in model/triton_attention.py came from it). --dot-model picks those two tables' heads (TinyLlama's
+defaults in kernels/triton/attention.py came from it). --dot-model picks those two tables' heads (TinyLlama's
 by default; also Llama-3-8B's, head dim 128, where the dot tile is half as many tokens).
 """
 
@@ -26,7 +26,7 @@ import sys
 
 import torch
 
-from minivllm.model import triton_attention as ta
+from minivllm.kernels.triton import attention as ta
 from minivllm.model.attention import decode_context_mask, gathered_decode_attention
 
 SETTINGS = [(256, 1), (128, 2), (64, 4), (32, 4), (64, 8), (32, 8)]  # (MIN_PARTITION_TOKENS, PROGRAMS_PER_SM)

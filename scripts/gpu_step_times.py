@@ -17,7 +17,7 @@ import torch
 from minivllm.bench.common import run_engine
 from minivllm.engine.config import EngineConfig
 from minivllm.engine.factory import create_engine
-from minivllm.engine.model_runner import SeqWork
+from minivllm.core.step_work import SeqWork
 from minivllm.sampling.params import SamplingParams
 
 CONTEXT = 200  # tokens already cached per sequence

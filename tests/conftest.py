@@ -14,6 +14,21 @@ from minivllm.loader import gguf_loader
 # (test_compiled_step.py, and the e2e suite, which serves compiled).
 os.environ.setdefault("MINIVLLM_ENFORCE_EAGER", "1")
 
+# Fixtures that read the embedded GGUF: a test using one is `slow` (`make test-fast` leaves it out).
+REAL_MODEL_FIXTURES = {"embedded_path", "embedded_tokenizer", "embedded_model", "embedded_model_q4",
+                       "hf_embedded_model"}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: loads the real model, builds kernels, compiles or runs a server "
+                                       "(`make test-fast` runs the rest)")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if REAL_MODEL_FIXTURES & set(item.fixturenames):
+            item.add_marker(pytest.mark.slow)
+
 
 @pytest.fixture(scope="session")
 def embedded_path():

@@ -10,7 +10,7 @@ import msgspec
 from minivllm.events import types as ev
 from minivllm.engine.config import EngineConfig
 from minivllm.engine.llm_engine import LLMEngine
-from minivllm.engine.model_runner import SeqWork
+from minivllm.core.step_work import SeqWork
 from minivllm.engine.outputs import OutputAccumulator, RequestOutput
 from minivllm.sampling.params import SamplingParams
 

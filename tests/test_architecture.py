@@ -78,6 +78,45 @@ def test_the_import_graph_has_no_cycle():
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
+# The package order, bottom first: a package may import its own layer's modules and any layer below
+# it, never one above (imports inside functions count). Root modules are placed one by one.
+LAYERS: list[set[str]] = [
+    {"arith", "cache", "console", "cpuinfo", "env", "errors", "malloc_tuning"},  # helpers with no package deps
+    {"kernels"},  # C++ and Triton kernels
+    {"quant"},  # weight formats, the kernel paths a weight may take, the chooser
+    {"model"},  # the decoder and its attention, built from the formats
+    {"loader"},  # checkpoints and GGUF files into a model
+    {"events", "text", "structured"},  # wire events, tokenizer helpers, grammars
+    {"sampling"},
+    {"core"},  # requests, scheduler, KV blocks, step work
+    {"spec_decode"},  # speculative decoding, over a runner protocol
+    {"engine"},
+    {"engine_args", "server", "bench"},  # engine_args: the CLI flags both serve and bench take
+    {"llm", "cli_chat", "schema", "cli", ""},  # entry points ("" is the package's __init__)
+]
+
+
+def layer_of(module: str) -> int:
+    """The layer of `minivllm.<part>...`: its subpackage's, or the root module's own."""
+    part = module.split(".")[1] if "." in module else ""
+    for index, layer in enumerate(LAYERS):
+        if part in layer:
+            return index
+    raise AssertionError(f"{module} is in no layer: add `{part}` to LAYERS")
+
+
+def test_packages_import_only_their_own_layer_or_below():
+    graph = import_graph()
+    upward = [f"{name} -> {dep}" for name, deps in sorted(graph.items()) for dep in sorted(deps)
+              if layer_of(dep) > layer_of(name)]
+    assert not upward, "imports that go up the layers:\n" + "\n".join(upward)
+
+
+def test_the_layer_check_sees_an_upward_import():
+    assert layer_of("minivllm.engine.llm_engine") > layer_of("minivllm.spec_decode.factory") > layer_of("minivllm.quant")
+    assert layer_of("minivllm") == len(LAYERS) - 1 and layer_of("minivllm.errors") == 0
+
+
 def test_the_cycle_finder_finds_a_cycle():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
@@ -90,6 +129,20 @@ def test_the_server_reaches_the_engine_only_through_its_surface():
     for name, deps in server.items():
         outside = {d for d in deps if not d.startswith("minivllm.server")} - SERVER_MAY_IMPORT
         assert not outside, f"{name} imports {sorted(outside)}: go through minivllm.engine.api"
+
+
+def test_bench_builds_engines_through_the_factory_and_uses_no_core_or_quant_internals():
+    """Benchmarks measure what users run: engines from `engine.factory`, types from `engine.api`."""
+    graph = import_graph()
+    bench = {name: deps for name, deps in graph.items() if name.startswith("minivllm.bench")}
+    assert len(bench) > 10, "no bench modules found"
+    for name, deps in bench.items():
+        internal = sorted(d for d in deps if d.startswith(("minivllm.core", "minivllm.quant")))
+        assert not internal, f"{name} imports {internal}: widen engine.api instead"
+    for path in (PACKAGE_DIR / "bench").rglob("*.py"):
+        calls = [n for n in ast.walk(ast.parse(path.read_text()))
+                 if isinstance(n, ast.Call) and ast.unparse(n.func) == "LLMEngine"]
+        assert not calls, f"bench/{path.name} builds LLMEngine(...) itself: use engine.factory"
 
 
 def test_the_engine_loop_stays_small():

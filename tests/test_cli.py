@@ -14,7 +14,7 @@ from engine_utils import make_engine, run
 
 import minivllm.loader
 from minivllm.cli import main
-from minivllm.quant import native
+from minivllm.kernels.cpu import native
 from minivllm.sampling.params import SamplingParams
 
 

@@ -10,7 +10,7 @@ import torch
 
 from minivllm.engine.config import EngineConfig
 from minivllm.engine.factory import create_engine
-from minivllm.engine.model_runner import SeqWork
+from minivllm.core.step_work import SeqWork
 from minivllm.loader import load_model
 from minivllm.model import attention
 from minivllm.model.compiled import CompiledLayers, decode_row_counts, graph_count, layers_per_graph
@@ -248,7 +248,7 @@ def test_compiled_kernels_persist_in_our_cache_folder(tmp_path, user_choice):
     env["MINIVLLM_CACHE_DIR"] = str(tmp_path / "ours")
     if user_choice:
         env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "theirs")
-    script = ("import minivllm.quant.native, minivllm.engine.factory\n"
+    script = ("import minivllm.kernels.cpu.native, minivllm.engine.factory\n"
               "from torch._inductor.runtime.cache_dir_utils import cache_dir\n"
               "print(cache_dir())")
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)

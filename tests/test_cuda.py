@@ -12,7 +12,7 @@ import random
 import pytest
 import torch
 
-from minivllm.engine.model_runner import SeqWork
+from minivllm.core.step_work import SeqWork
 from minivllm.loader import load_model
 from minivllm.model import attention
 from minivllm.model.compiled import graph_count, use_compilation

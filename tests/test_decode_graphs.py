@@ -9,7 +9,8 @@ import random
 import pytest
 import torch
 
-from minivllm.engine.model_runner import ModelRunner, SeqWork
+from minivllm.core.step_work import SeqWork
+from minivllm.engine.model_runner import ModelRunner
 from minivllm.loader import load_model
 from minivllm.model import cuda_graphs
 from minivllm.model.attention import KVCache
@@ -152,7 +153,7 @@ def test_steps_no_graph_holds_run_eagerly(tiny):
 
 def test_prompt_logprob_rows_of_a_one_token_chunk_come_from_the_replayed_step(tiny):
     """A one-token prefill chunk is a single row: its prompt log-prob reaches its sink from the graph."""
-    from minivllm.engine.prompt_logprobs import PromptLogprobsRows
+    from minivllm.core.step_work import PromptLogprobsRows
 
     _, runner, graphs, _ = tiny
     got = {}
@@ -250,7 +251,7 @@ def test_verify_steps_of_speculation_replay_graphs_sized_for_their_drafts(monkey
     from minivllm.engine.config import EngineConfig
     from minivllm.engine.llm_engine import LLMEngine
     from minivllm.sampling.params import SamplingParams
-    from minivllm.spec.config import SpeculativeConfig
+    from minivllm.spec_decode.config import SpeculativeConfig
 
     from engine_utils import NGRAM, run
     from test_speculative import repetitive_prompts

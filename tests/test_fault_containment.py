@@ -12,7 +12,7 @@ import pytest
 from engine_utils import assert_all_blocks_free, make_engine, run, whole
 
 from minivllm.engine.async_engine import AsyncEngine
-from minivllm.engine.errors import RequestFailedError
+from minivllm.errors import RequestFailedError
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.sampling.params import SamplingParams
 

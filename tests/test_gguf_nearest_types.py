@@ -11,7 +11,7 @@ from gguf import GGMLQuantizationType, GGUFWriter, quants
 
 from minivllm.loader import _dequantized_note
 from minivllm.quant.formats import Int4Weight, Int8Weight, KQuantWeight
-from minivllm.quant.gguf_tensors import read_gguf_tensors
+from minivllm.loader.gguf_tensors import read_gguf_tensors
 from minivllm.quant.kquant_pack import quantize_q4_k
 
 ROWS, COLS = 48, 512

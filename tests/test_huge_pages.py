@@ -11,7 +11,7 @@ import torch
 from engine_utils import make_engine, run
 from minivllm.loader import huge_pages, load_model
 from minivllm.loader.weights import NO_HUGE_PAGES_ENV
-from minivllm.quant.install import weight_tensors
+from minivllm.loader.install_quantized import weight_tensors
 from minivllm.quant.policy import QuantConfig
 from minivllm.sampling.params import SamplingParams
 

@@ -1,4 +1,4 @@
-"""GGUF K-quants (Q4_K, Q5_K, Q6_K) on our kernels (quant/native/kquant_matmul.cpp), read in their own
+"""GGUF K-quants (Q4_K, Q5_K, Q6_K) on our kernels (kernels/cpu/kquant_matmul.cpp), read in their own
 super-blocks: every type and activation precision against the float64 product of gguf-py's dequantization,
 alone and in batches, a row's bits independent of its batch, the VNNI loops equal to the AVX2 ones, parts
 of different types stacked by rows, and a small Llama GGUF of Q4_K / Q6_K linears loading with no
@@ -16,7 +16,8 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, qu
 from engine_utils import make_engine, random_decode_works, run
 from minivllm.engine.scoring import forward_prefills
 from minivllm.loader import gguf_loader, load_model
-from minivllm.quant import kernels, native
+from minivllm.kernels.cpu import native
+from minivllm.quant import matmul_paths
 from minivllm.model.native_step import NativeDecodeStep
 from minivllm.quant.linear import QuantLinear
 from minivllm.quant.policy import QuantConfig
@@ -51,15 +52,15 @@ def weight(kind: str, n: int, k: int, seed: int = 0) -> tuple[KQuantWeight, torc
     return KQuantWeight([(kind, torch.from_numpy(raw))]), reference
 
 
-def kernel(w: KQuantWeight, acts: str) -> kernels.KQuantNative:
+def kernel(w: KQuantWeight, acts: str) -> matmul_paths.KQuantNative:
     assert native.available() is None  # loads the operators
-    return kernels.KQuantNative(kernels.pack_kquant(w), w.shape[0], acts)
+    return matmul_paths.KQuantNative(matmul_paths.pack_kquant(w), w.shape[0], acts)
 
 
 @needs_avx2
 def test_kquant_weights_get_our_kernels_at_every_activation_precision():
     w, _ = weight("Q4_K", 32, 256)
-    names = [k.name for k in kernels.candidates(w, CPU, torch.float32)]
+    names = [k.name for k in matmul_paths.candidates(w, CPU, torch.float32)]
     assert names == ["kquant/int8", "kquant/int8x2", "kquant/fp32"]
 
 
@@ -95,7 +96,7 @@ def test_integer_activations_err_by_their_blocks_rounding_only(kind, n, k, rows,
 
 
 @needs_avx2
-@pytest.mark.parametrize("acts", kernels.NATIVE_ACTS)
+@pytest.mark.parametrize("acts", matmul_paths.NATIVE_ACTS)
 @pytest.mark.parametrize("kind", KINDS)
 def test_each_row_gets_the_same_bits_alone_and_in_any_batch(kind, acts):
     w, _ = weight(kind, 300, 768)
@@ -124,7 +125,7 @@ def test_the_vnni_loops_give_the_avx2_loops_bits(kind, acts):
 
 
 @needs_avx2
-@pytest.mark.parametrize("acts", kernels.NATIVE_ACTS)
+@pytest.mark.parametrize("acts", matmul_paths.NATIVE_ACTS)
 def test_parts_of_different_types_stack_by_rows_in_one_call(acts):
     """A fused q|k|v of Q4_K q, k and a Q6_K v: one weight of three parts, each part's rows computed from
     its own bytes, as each part alone computes them."""
@@ -139,7 +140,7 @@ def test_parts_of_different_types_stack_by_rows_in_one_call(acts):
 @needs_avx2
 def test_a_weight_whose_header_does_not_fit_its_bytes_is_refused_with_the_reason():
     w, _ = weight("Q4_K", 16, 256)
-    packed = kernels.pack_kquant(w)
+    packed = matmul_paths.pack_kquant(w)
     assert native.available() is None
     with pytest.raises(RuntimeError, match="multiple of 256"):
         native.kquant_linear(torch.randn(2, 128), packed, 16, 0)
@@ -221,7 +222,7 @@ def test_a_q4_k_m_gguf_runs_its_own_blocks_and_answers_as_its_fp32_dequantizatio
     assert native_model.quant.mode == "Q4_K/Q6_K"
     layers = {name: m for name, m in native_model.model.named_modules() if isinstance(m, QuantLinear)}
     assert len(layers) == 4 * LAYERS + 1  # qkv, o, gate_up, down per layer + the head
-    assert all(isinstance(m.kernel_for(1), kernels.KQuantNative) for m in layers.values())
+    assert all(isinstance(m.kernel_for(1), matmul_paths.KQuantNative) for m in layers.values())
     assert layers["layers.0.self_attn.qkv_proj"].format == "Q4_K+Q6_K"  # fused as stored, not in floats
     assert layers["lm_head"].format == "Q6_K"
     ids = native_model.tokenizer.encode("The quick brown fox jumps over the lazy dog, and then it rests.")
@@ -242,7 +243,7 @@ def test_a_q4_k_m_gguf_runs_its_own_blocks_and_answers_as_its_fp32_dequantizatio
 
 
 @needs_avx2
-@pytest.mark.parametrize("acts", kernels.NATIVE_ACTS)
+@pytest.mark.parametrize("acts", matmul_paths.NATIVE_ACTS)
 def test_the_native_decode_step_runs_k_quant_products_as_the_eager_layers_do(kquant_gguf, acts):
     """Every layer's products on the K-quant kernel (layer 0's q|k|v of two types in one weight) inside the
     native decode step: the eager layers' logits, up to the last bits of norm, rotary and SiLU."""
@@ -253,7 +254,7 @@ def test_the_native_decode_step_runs_k_quant_products_as_the_eager_layers_do(kqu
     rng = random.Random(0)
     for rows in (1, 3, 4):
         works = random_decode_works(rng, rows, engine.block_manager.num_blocks, max_width=6)
-        assert step.kinds(rows) == [4 + list(kernels.NATIVE_ACTS).index(acts)] * 4 * LAYERS
+        assert step.kinds(rows) == [4 + list(matmul_paths.NATIVE_ACTS).index(acts)] * 4 * LAYERS
         eager = engine.runner.execute(works, [])
         loaded.model.native_step = step
         try:

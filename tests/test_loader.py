@@ -41,7 +41,7 @@ def hf_logits(hf, ids):
 
 def our_logits(loaded, ids):
     engine = make_engine(loaded, num_blocks=8, block_size=16)
-    from minivllm.engine.model_runner import SeqWork
+    from minivllm.core.step_work import SeqWork
 
     hidden: list[torch.Tensor] = []
     engine.runner.execute([], [SeqWork(ids, 0, list(range(-(-len(ids) // 16))))], hidden_states_out=hidden)

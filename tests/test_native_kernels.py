@@ -1,4 +1,4 @@
-"""Our native kernels (quant/native.py), with int8, int8x2 and fp32 activations: built here, not skipped on a capable
+"""Our native kernels (kernels/cpu/native.py), with int8, int8x2 and fp32 activations: built here, not skipped on a capable
 CPU, each row computed alone, the fp32 ones exact, the VNNI loops equal to the AVX2 ones, the GGUF Q4_1
 block carried over exactly, inside torch.compile, and a build that fails leaves torch's kernels in charge. Also
 the greedy pick's fused argmax + log-sum-exp and the int8 embedding lookup."""
@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 import torch
 
-from minivllm.quant import kernels, native
+from minivllm.kernels.cpu import native
+from minivllm.quant import matmul_paths
 from minivllm.quant.formats import quantize_int4, quantize_int8
-from minivllm.quant.gguf_tensors import q4_1_blocks
+from minivllm.loader.gguf_tensors import q4_1_blocks
 
 CPU = torch.device("cpu")
 needs_avx2 = pytest.mark.skipif(not native.cpu_has_avx2(), reason=f"CPU capability {torch.backends.cpu.get_cpu_capability()} "
@@ -39,23 +40,23 @@ def _int4(n: int, k: int, group: int = 32, seed: int = 0):
 @needs_avx2
 def test_the_native_kernels_build_and_are_candidates_on_an_avx2_cpu():
     assert native.available() is None  # a missing compiler or ninja on an AVX2 box fails here, loudly
-    int4 = kernels.candidates(_int4(64, 128), CPU, torch.float32)
+    int4 = matmul_paths.candidates(_int4(64, 128), CPU, torch.float32)
     assert [k.name for k in int4[:3]] == ["int4avx2/int8", "int4avx2/int8x2", "int4avx2/fp32"]
     assert int4[0].packed is int4[1].packed is int4[2].packed  # one packed copy serves every activation precision
-    head = [k.name for k in kernels.lm_head_candidates(quantize_int8("h", torch.randn(256, 96)), CPU, torch.float32)]
+    head = [k.name for k in matmul_paths.lm_head_candidates(quantize_int8("h", torch.randn(256, 96)), CPU, torch.float32)]
     assert "int8avx2+exact64/int8" in head and "int8avx2/fp32" in head  # an exact kernel needs no exact-top pass
 
 
 def _native(kind: str, acts: str, n: int, k: int):
     assert native.available() is None  # loads the operators: a test run alone (-k) has no earlier one to do it
     if kind == "int4":
-        return kernels.Int4Native(_int4(n, k).packed, acts)
+        return matmul_paths.Int4Native(_int4(n, k).packed, acts)
     w = quantize_int8("w", torch.randn(n, k, generator=torch.Generator().manual_seed(1)))
-    return kernels.Int8Native(w.q, w.scale[:, 0], acts)
+    return matmul_paths.Int8Native(w.q, w.scale[:, 0], acts)
 
 
 @needs_avx2
-@pytest.mark.parametrize("acts", kernels.NATIVE_ACTS)
+@pytest.mark.parametrize("acts", matmul_paths.NATIVE_ACTS)
 # int4 at 9, 7, 24 and 2 pairs: a last group of 1 or 3 pairs, none, one; a lone row runs its own loop
 @pytest.mark.parametrize("kind,k", [("int4", 576), ("int4", 448), ("int4", 1536), ("int4", 128), ("int8", 576)])
 def test_each_row_gets_the_same_bits_alone_and_in_any_batch(kind, k, acts):
@@ -143,7 +144,7 @@ def test_a_gguf_q4_1_block_is_packed_with_its_own_fp16_d_and_m():
 
 
 @needs_avx2
-@pytest.mark.parametrize("acts", kernels.NATIVE_ACTS)
+@pytest.mark.parametrize("acts", matmul_paths.NATIVE_ACTS)
 def test_the_native_kernel_runs_inside_a_compiled_graph(acts):
     kernel = _native("int4", acts, 128, 128)
     norm = torch.ones(128)
@@ -167,7 +168,7 @@ def test_a_failed_build_leaves_torchs_kernels_and_says_why(monkeypatch, caplog):
         with caplog.at_level(logging.WARNING):
             assert "g++: command not found" in native.available()
         assert "g++: command not found" in caplog.text
-        names = [k.name for k in kernels.candidates(_int4(64, 128), CPU, torch.float32)]
+        names = [k.name for k in matmul_paths.candidates(_int4(64, 128), CPU, torch.float32)]
         assert names == ["int4pack/bf16", "int4pack/fp32"]
     finally:
         native.available.cache_clear()
@@ -285,7 +286,7 @@ def test_minivllm_no_vnni_runs_the_avx2_loops_and_times_its_kernels_apart():
     """MINIVLLM_NO_VNNI=1 (with ATEN_CPU_CAPABILITY=avx2 and MKL_ENABLE_INSTRUCTIONS=AVX2: an AVX2 box's
     code paths on this one): the int8 kernels start on their AVX2 loops, and the kernel choices are kept
     under another machine key than the VNNI loops' timings."""
-    code = ("from minivllm.quant import native, choice_cache; import torch; assert native.available() is None; "
+    code = ("from minivllm.kernels.cpu import native; from minivllm.quant import choice_cache; import torch; assert native.available() is None; "
             "print(native.vnni_running(), choice_cache.machine(torch.device('cpu')).endswith('no-vnni'))")
     for env, expected in (({"MINIVLLM_NO_VNNI": "1"}, "False True"), ({}, "True False")):
         out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True,

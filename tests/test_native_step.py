@@ -1,4 +1,4 @@
-"""The native decode step (model/native_step.py, quant/native/decode_step.cpp): every layer of a decode
+"""The native decode step (model/native_step.py, kernels/cpu/decode_step.cpp): every layer of a decode
 step in one C++ call. Against the eager layers on a tiny 4-bit model (every shape, an early exit, the
 pool it writes), a row's bits alone and in a batch, the fallback where a kernel plan is not ours, a bad
 slot refused before anything is written, and the embedded model's greedy tokens."""
@@ -19,15 +19,15 @@ from engine_utils import (EARLY_EXIT, NGRAM, assert_all_blocks_free, chat_ids, f
 from minivllm.engine.config import EngineConfig
 from minivllm.engine.factory import create_engine
 from minivllm.engine.llm_engine import LLMEngine
-from minivllm.engine.model_runner import SeqWork
+from minivllm.core.step_work import SeqWork
 from minivllm.loader import load_model
 from minivllm.model.native_step import WEIGHTS_PER_LAYER, NativeDecodeStep, product_kinds
-from minivllm.quant import native
+from minivllm.kernels.cpu import native
 from minivllm.model.packed_linear import PackedLinear
-from minivllm.quant.kernels import Kernel
+from minivllm.quant.matmul_paths import Kernel
 from minivllm.quant.policy import QuantConfig
 from minivllm.sampling.params import SamplingParams
-from minivllm.spec.config import SpeculativeConfig
+from minivllm.spec_decode.config import SpeculativeConfig
 
 pytestmark = pytest.mark.skipif(not native.cpu_has_avx2(), reason=f"CPU capability "
                                 f"{torch.backends.cpu.get_cpu_capability()} has no AVX2: no native kernels")

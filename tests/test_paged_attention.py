@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from minivllm.model import attention
 from minivllm.model.attention import AttentionMetadata, PrefillChunk, paged_attention
-from minivllm.quant import native
+from minivllm.kernels.cpu import native
 
 HEADS, KV_HEADS, HEAD_DIM = 6, 2, 16
 SCALE = HEAD_DIM**-0.5
@@ -309,7 +309,8 @@ KV_DTYPE_ATOL = {torch.float32: 1e-4, torch.float16: 1e-4, torch.bfloat16: 1e-3}
 def test_runner_mixed_batch_matches_hf(tiny, block_size, kv_dtype):
     """Several sequences at different stages share each forward pass; every logits row equals HF's
     logits for that sequence alone at that position (within the rounding of a narrower KV pool)."""
-    from minivllm.engine.model_runner import ModelRunner, SeqWork
+    from minivllm.core.step_work import SeqWork
+    from minivllm.engine.model_runner import ModelRunner
     from minivllm.model.attention import KVCache
 
     hf, loaded = tiny
@@ -360,7 +361,8 @@ def test_runner_mixed_batch_matches_hf(tiny, block_size, kv_dtype):
 
 def test_runner_copy_on_write_block_copy(tiny):
     """`copies` duplicates a shared block before a branch writes: both branches then decode correctly."""
-    from minivllm.engine.model_runner import ModelRunner, SeqWork
+    from minivllm.core.step_work import SeqWork
+    from minivllm.engine.model_runner import ModelRunner
     from minivllm.model.attention import KVCache
 
     hf, loaded = tiny

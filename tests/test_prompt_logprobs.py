@@ -176,7 +176,7 @@ def test_prompt_logprob_tokens_count_for_their_cost_in_the_step_budget(tiny_mode
     reductions: on random:tiny (layers of ~100k multiply-adds, a 49,152 x 64 head) 49 plain tokens, on
     SmolLM2-135M's shape 2. Its chunk shrinks to fit; the rest of the budget goes to the others."""
     from types import SimpleNamespace
-    from minivllm.engine.prompt_logprobs import token_cost
+    from minivllm.engine.prompt_logprob_pass import token_cost
 
     smollm2 = SimpleNamespace(num_attention_heads=9, num_key_value_heads=3, head_dim=64, hidden_size=576,
                               num_hidden_layers=30, intermediate_size=1536, vocab_size=49152)
@@ -191,7 +191,7 @@ def test_prompt_logprob_tokens_count_for_their_cost_in_the_step_budget(tiny_mode
 
 def test_entries_are_reduced_in_bounded_passes(tiny_model, monkeypatch):
     """A long chunk's logits are computed a few rows at a time: the same entries."""
-    from minivllm.engine import prompt_logprobs as module
+    from minivllm.engine import prompt_logprob_pass as module
 
     ids = prompt_ids(40, seed=6)
     vocab = tiny_model.config.vocab_size

@@ -7,12 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from minivllm.quant import kernels, native
+from minivllm.kernels.cpu import native
+from minivllm.quant import matmul_paths
 from minivllm.quant import chooser
 from minivllm.quant.chooser import choose_kernels
 from minivllm.quant.formats import (Int4Weight, Int8Weight, QuantizationError, concat_rows, quantize_int4,
                                     quantize_int8, to_per_channel, weight_bytes)
-from minivllm.quant.gguf_tensors import q4_1_blocks, q8_0_blocks, read_gguf_tensors, rotary_unpermute_index
+from minivllm.loader.gguf_tensors import q4_1_blocks, q8_0_blocks, read_gguf_tensors, rotary_unpermute_index
 from minivllm.quant.linear import QuantEmbedding, QuantLinear
 from minivllm.quant.policy import QuantConfig
 
@@ -31,7 +32,7 @@ def random_int4(n: int, k: int, group: int = 32, seed: int = 0) -> Int4Weight:
 PRECISE_REL_TOL = 1e-3
 
 
-def assert_close_to_reference(y: torch.Tensor, ref: torch.Tensor, kernel: kernels.Kernel) -> None:
+def assert_close_to_reference(y: torch.Tensor, ref: torch.Tensor, kernel: matmul_paths.Kernel) -> None:
     scale = ref.abs().max().item()
     err = (y - ref).abs().max().item()
     tol = 1e-4 * max(scale, 1) if kernel.exact else (PRECISE_REL_TOL if kernel.precise else BF16_REL_TOL) * scale
@@ -44,7 +45,7 @@ def test_every_int4_kernel_matches_the_dequantized_weight(n, k, group, rows):
     weight = random_int4(n, k, group)
     x = torch.randn(rows, k)
     ref = x @ weight.dequantize().t()
-    for kernel in kernels.candidates(weight, CPU, torch.float32):
+    for kernel in matmul_paths.candidates(weight, CPU, torch.float32):
         assert_close_to_reference(kernel(x), ref, kernel)
 
 
@@ -55,7 +56,7 @@ def test_every_int8_kernel_matches_the_dequantized_weight(shape, rows):
     x = torch.randn(rows, shape[1])
     ref = x @ weight.dequantize().t()
     names = []
-    for kernel in kernels.candidates(weight, CPU, torch.float32):
+    for kernel in matmul_paths.candidates(weight, CPU, torch.float32):
         assert_close_to_reference(kernel(x), ref, kernel)
         names.append(kernel.name)
     native_fits = shape[1] % 32 == 0 and native.available() is None
@@ -71,7 +72,7 @@ def test_a_q8_0_table_runs_in_its_own_blocks_in_the_head_and_the_lookup():
     weight = quantize_int8("w", torch.randn(300, 576) * torch.linspace(0.01, 1, 576), 32)
     dequantized = weight.dequantize()
     x = torch.randn(3, 576)
-    head = {k.name: k for k in kernels.lm_head_candidates(weight, CPU, torch.float32)}
+    head = {k.name: k for k in matmul_paths.lm_head_candidates(weight, CPU, torch.float32)}
     exact = head["int8avx2/fp32"](x)
     assert torch.allclose(exact, x @ dequantized.t(), rtol=1e-5, atol=1e-4)
     assert head["int8avx2/fp32"].q is weight.q  # no per-row copy
@@ -90,10 +91,10 @@ def test_the_lm_head_gets_exact_top_logits_over_its_bf16_kernel(rows):
     kernel); the others stay the bf16 kernel's; each row is computed alone (a batch changes no row)."""
     weight = quantize_int8("w", torch.randn(4096, 96) * 0.05)
     x = torch.randn(rows, 96) * 3
-    head = {k.name: k for k in kernels.lm_head_candidates(weight, CPU, torch.float32)}
+    head = {k.name: k for k in matmul_paths.lm_head_candidates(weight, CPU, torch.float32)}
     ours = {"int8avx2+exact64/int8", "int8avx2/int8x2", "int8avx2/fp32"}
     assert set(head) - ours == {"int8pack+exact64/bf16", "int8pack/fp32"}
-    fast = kernels.Int8PackCPU(lambda: weight, torch.bfloat16)
+    fast = matmul_paths.Int8PackCPU(lambda: weight, torch.bfloat16)
     refined, exact, rounded = head["int8pack+exact64/bf16"](x), head["int8pack/fp32"](x), fast(x)
     top = rounded.topk(64, dim=-1).indices  # the candidates: the bf16 kernel's 64 highest
     assert torch.allclose(refined.gather(1, top), exact.gather(1, top), rtol=1e-5, atol=1e-5)
@@ -112,7 +113,7 @@ def test_an_exact_top_head_streams_its_table_once():
     """The weight-read floor (`bench profile`) counts what a call reads: the fast kernel's table, then
     64 rows per input row; the int8 table they share is not read twice."""
     weight = quantize_int8("w", torch.randn(4096, 96) * 0.05)
-    head = {k.name: k for k in kernels.lm_head_candidates(weight, CPU, torch.float32)}
+    head = {k.name: k for k in matmul_paths.lm_head_candidates(weight, CPU, torch.float32)}
     refined = head["int8avx2+exact64/int8"]
     table = weight.q.numel() + weight.scale.numel() * 4
     row_bytes = 96 + 4
@@ -124,7 +125,7 @@ def test_an_exact_top_head_streams_its_table_once():
 def test_dequant_kernel_is_exact_for_both_formats():
     for weight in (random_int4(64, 64), quantize_int8("w", torch.randn(48, 64))):
         x = torch.randn(5, 64)
-        y = kernels.Dequant(weight, CPU, torch.float32)(x)
+        y = matmul_paths.Dequant(weight, CPU, torch.float32)(x)
         assert torch.allclose(y, x @ weight.dequantize().t(), atol=1e-5)
 
 
@@ -299,7 +300,7 @@ def test_embedding_lookup_and_tied_head_share_one_int8_table():
     ids = torch.tensor([0, 5, 79, 5])
     assert torch.allclose(emb(ids), table.dequantize()[ids], atol=1e-6)
     head = QuantLinear("lm_head", emb.as_weight(), CPU, torch.float32,
-                       kernels=kernels.lm_head_candidates(emb.as_weight(), CPU, torch.float32))
+                       kernels=matmul_paths.lm_head_candidates(emb.as_weight(), CPU, torch.float32))
     assert all(k.q.data_ptr() == emb.q.data_ptr() for k in head.candidates)
 
 
@@ -354,7 +355,7 @@ def test_cuda_kernels_match_the_dequantized_weight(rows):
     for weight in (random_int4(256, 512), quantize_int8("w", torch.randn(256, 512) * 0.05)):
         x = torch.randn(rows, 512, device=device, dtype=torch.bfloat16)
         ref = x.float() @ weight.dequantize().to(device).t()
-        for kernel in kernels.candidates(weight, device, torch.bfloat16):
+        for kernel in matmul_paths.candidates(weight, device, torch.bfloat16):
             y = kernel(x).float()
             assert (y - ref).abs().max() <= 0.03 * ref.abs().max(), kernel.name
 
@@ -363,7 +364,7 @@ def test_the_weight_memory_counts_an_mkl_packed_copy_at_its_weights_size():
     """An MKL-packed copy is an opaque tensor whose numel() overstates what it holds ~2.7x (the fp32
     model read 7,097 MiB instead of ~2.1 GB): each copy counts as its weight, as RSS grows."""
     from minivllm.model.packed_linear import PackedLinear, packing_supported
-    from minivllm.quant.install import stored_bytes
+    from minivllm.loader.install_quantized import stored_bytes
 
     layer = PackedLinear(576, 3072, bias=False)
     if not packing_supported(layer.weight):
@@ -382,7 +383,7 @@ def test_torchs_packed_copies_are_built_only_when_used():
     x = torch.randn(3, 128)
     # torch's int8 kernel takes one scale per row: a grouped weight is re-rounded to that form first
     for weight, built, form in ((w4, "packed", w4), (w8, "q", to_per_channel(w8))):
-        theirs = [k for k in kernels.candidates(weight, CPU, torch.float32)
+        theirs = [k for k in matmul_paths.candidates(weight, CPU, torch.float32)
                   if k.name.startswith(("int4pack/", "int8pack/"))]
         assert len(theirs) == 2 and not any(built in vars(k) for k in theirs)
         exact = next(k for k in theirs if k.name.endswith("/fp32"))

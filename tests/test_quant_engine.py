@@ -19,7 +19,7 @@ import torch
 from engine_utils import assert_all_blocks_free, chat_ids, first_part_at_a_near_tie, make_engine, run
 from minivllm.engine.scoring import forward_prefills
 from minivllm.loader import load_model
-from minivllm.quant import native
+from minivllm.kernels.cpu import native
 from minivllm.quant.linear import QuantLinear
 from minivllm.quant.policy import QuantConfig
 from minivllm.sampling.params import SamplingParams

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from minivllm.engine import llm_engine, malloc_tuning
+from minivllm import malloc_tuning
+from minivllm.engine import llm_engine
 from minivllm.engine.memory_budget import process_rss_bytes
 
 MIB = 2**20

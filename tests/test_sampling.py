@@ -457,7 +457,7 @@ def test_an_all_greedy_batch_takes_the_fused_pick_with_torchs_tokens_and_logprob
     """All rows greedy, nothing processed: one native pass gives argmax and log-sum-exp (where the kernels
     are built); tokens equal torch's argmax, log-probs and top-N log_softmax's. A logit bias changes what
     the argmax reads, so that batch keeps torch's argmax over the processed logits."""
-    from minivllm.quant import native
+    from minivllm.kernels.cpu import native
 
     calls = []
     fused = native.argmax_logsumexp

@@ -72,6 +72,26 @@ def test_completion_with_logprobs_usage_and_timings(client):
     assert 0 <= t["queue_s"] <= t["ttft_s"] <= t["e2e_s"] and t["tokens_per_s"] > 0
 
 
+def test_a_request_admitted_at_once_reports_no_queue_time_whatever_its_prefill_costs(tmp_path):
+    """`timings.queue_s` is arrival to first scheduling, stamped before the forward pass: a prompt
+    whose prefill takes 0.4 s on an idle engine has waited ~0 s in the queue, not 0.4 s."""
+    engine = tiny_engine()
+    execute = engine.runner.execute
+
+    def slow_execute(single, chunks, *args, **kwargs):
+        if chunks:  # prefill chunks only: this prompt's one long pass
+            time.sleep(0.4)
+        return execute(single, chunks, *args, **kwargs)
+
+    engine.runner.execute = slow_execute
+    with TestClient(tiny_app(tmp_path, engine)) as c:
+        r = c.post("/v1/completions", json={"prompt": "word " * 300, "max_tokens": 2, **GREEDY})
+    assert r.status_code == 200, r.text
+    t = r.json()["timings"]
+    assert t["ttft_s"] >= 0.4, t
+    assert t["queue_s"] < 0.1, t
+
+
 def test_request_ids_are_generated_when_absent_or_unusable(client):
     a = client.post("/v1/completions", json={"prompt": "hi", **GREEDY})
     b = client.post("/v1/completions", json={"prompt": "hi", **GREEDY}, headers={"X-Request-Id": "bad id with spaces"})
@@ -659,6 +679,22 @@ def test_recordings_folder_keeps_to_its_quota_oldest_first(tmp_path):
         assert len(listed) == 3 and sum(r["size_bytes"] for r in listed) <= limits.max_total_bytes
         r = c.post("/api/recordings", content=content * 4, headers=ndjson)
         assert r.status_code == 413 and "at most" in error_of(r)["message"]
+
+
+def test_servers_sharing_a_recordings_folder_name_their_own_recordings(tmp_path):
+    folder = tmp_path / "shared-recordings"
+    with TestClient(tiny_app(tmp_path, recordings_dir=folder, server_name="127.0.0.1:8000")) as first:
+        _record(first)
+    with TestClient(tiny_app(tmp_path, recordings_dir=folder, server_name="127.0.0.1:8001")) as second:
+        _record(second)
+        upload = second.post("/api/recordings", content=_record(second),
+                             headers={"content-type": "application/x-ndjson"}).json()
+        listed = second.get("/api/recordings").json()
+    by_server = {r["id"]: (r["server"], r["mine"]) for r in listed}
+    assert sorted(by_server.values()) == [("127.0.0.1-8000", False), ("127.0.0.1-8001", True),
+                                          ("127.0.0.1-8001", True), ("upload", False)]
+    assert by_server[upload["id"]] == ("upload", False)
+    assert all(rid.startswith(f"rec-{server}-") for rid, (server, _) in by_server.items() if server != "upload")
 
 
 def test_a_live_recording_stops_growing_at_its_cap_and_stays_readable(tmp_path):

@@ -19,11 +19,11 @@ from minivllm.events import types as ev
 from minivllm.events.fold import fold
 from minivllm.loader import load_model
 from minivllm.sampling.params import SamplingParams
-from minivllm.spec.config import SpeculativeConfig
-from minivllm.spec.ngram import propose_ngram
-from minivllm.spec.planner import EMA, Acceptance, StepCosts, plan_drafts
-from minivllm.spec.rejection import accept_greedy, rejection_sample
-from minivllm.spec.factory import check_same_vocabulary
+from minivllm.spec_decode.config import SpeculativeConfig
+from minivllm.spec_decode.ngram import propose_ngram
+from minivllm.spec_decode.planner import EMA, Acceptance, StepCosts, plan_drafts
+from minivllm.spec_decode.rejection import accept_greedy, rejection_sample
+from minivllm.spec_decode.factory import check_same_vocabulary
 
 # drafts whenever possible (adaptive: false), so every test exercises verification (NGRAM, EARLY_EXIT: engine_utils)
 DRAFT = {"method": "draft_model", "model": "random:tiny", "num_speculative_tokens": 3,
@@ -300,7 +300,7 @@ def small_vocab_models(tmp_path_factory):
 
 def exact_next(loaded, ids: list[int]) -> torch.Tensor:
     engine = spec_engine(loaded, None)
-    from minivllm.engine.model_runner import SeqWork
+    from minivllm.core.step_work import SeqWork
 
     logits = engine.runner.execute([], [SeqWork(list(ids), 0, list(range(-(-len(ids) // 16))))])
     return torch.softmax(logits[0], dim=-1)

@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 
 from engine_utils import EventLog, assert_all_blocks_free, make_engine, run
-from minivllm.engine.errors import RequestRejectedError
+from minivllm.errors import RequestRejectedError
 from minivllm.events import types as ev
 from minivllm.sampling.params import SamplingParams
 from minivllm.structured.params import StructuredOutputsParams as Structured
@@ -142,7 +142,7 @@ def test_beam_search_with_a_grammar_is_refused():
 def test_speculative_decoding_leaves_constrained_requests_undrafted(tiny_model):
     from minivllm.engine.config import EngineConfig
     from minivllm.engine.llm_engine import LLMEngine
-    from minivllm.spec.config import SpeculativeConfig
+    from minivllm.spec_decode.config import SpeculativeConfig
 
     prompt = "one two three one two three one two three one two"
     params = SamplingParams(temperature=0, max_tokens=40, structured_outputs=Structured(regex="[a-z ]{5,30}"))

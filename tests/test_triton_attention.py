@@ -1,4 +1,4 @@
-"""The Triton paged decode-attention kernel (model/triton_attention.py) against the portable path it
+"""The Triton paged decode-attention kernel (kernels/triton/attention.py) against the portable path it
 replaces on CUDA (`gathered_decode_attention`: gather + mask + SDPA, here in float64).
 
 Pools hold random K/V under shuffled block tables; every slot the kernel must not read (past each
@@ -153,7 +153,7 @@ def _inputs(case: Case, seed: int):
 def run_case(name: str, device: str, seed: int = 0) -> dict:
     """The kernel's output against the float64 reference: max abs diff, and whether it is within the
     case's tolerance (no NaN anywhere)."""
-    from minivllm.model.triton_attention import paged_decode_attention
+    from minivllm.kernels.triton.attention import paged_decode_attention
 
     case = CASES[name]
     (q, k_pool, v_pool, tables, lens), (k_ref, v_ref, ref_tables) = _inputs(case, seed)
@@ -184,7 +184,7 @@ def padded_graph_steps_on_cpu() -> dict:
     eager steps through the gathered path. The scratch block is NaN but for what padding rows write."""
     import random
 
-    import minivllm.model.triton_attention  # noqa: F401 - registers the operator
+    import minivllm.kernels.triton.attention  # noqa: F401 - registers the operator
     from engine_utils import random_decode_works
     from minivllm.engine.model_runner import ModelRunner
     from minivllm.loader import load_model
@@ -222,7 +222,7 @@ def interpreted_results() -> dict:
     """Every case under the interpreter (run by the subprocess), the engine's padded steps, the self-check."""
     results = {name: run_case(name, "cpu") for name, case in CASES.items() if case.interpreter_runs}
     results["engine"] = padded_graph_steps_on_cpu()
-    from minivllm.model.triton_attention import self_check
+    from minivllm.kernels.triton.attention import self_check
 
     try:
         self_check("cpu")
@@ -269,7 +269,7 @@ def test_padded_graph_steps_through_the_kernel_match_the_gathered_path(results):
 @needs_triton
 def test_self_check_passes(results):
     if ON_CUDA:
-        from minivllm.model.triton_attention import self_check
+        from minivllm.kernels.triton.attention import self_check
 
         self_check("cuda")
     else:
@@ -280,7 +280,7 @@ def test_self_check_passes(results):
 def test_half_precision_over_its_own_pool_takes_the_tensor_cores(monkeypatch):
     """The dot path's rule: bf16 / fp16 queries over a pool of their dtype; fp32 and mixed dtypes keep the
     CUDA-core products; HALF_PRECISION_DOT off sends every dtype back to them."""
-    from minivllm.model import triton_attention
+    from minivllm.kernels.triton import attention as triton_attention
 
     dtypes = (torch.float32, BF16, FP16)
     rule = {(q, pool): triton_attention.uses_tensor_cores(q, pool) for q in dtypes for pool in dtypes}
@@ -315,7 +315,7 @@ def test_a_captured_call_follows_new_lengths_and_tables():
     """The launch holds no tensor value (grid and partitions from shapes only): a call captured over
     padding rows (one token each, block 0) replays right for the lengths, tables and queries written
     into its inputs afterwards."""
-    from minivllm.model.triton_attention import paged_decode_attention
+    from minivllm.kernels.triton.attention import paged_decode_attention
 
     (q, k_pool, v_pool, tables, lens), (k_ref, v_ref, ref_tables) = _inputs(Case(9, 3, 64, (2100, 300, 17, 16, 1)), 4)
     statics = [torch.zeros_like(q), k_pool, v_pool, torch.zeros_like(tables), torch.ones_like(lens)]
@@ -338,7 +338,8 @@ def test_the_kernel_serves_fp32_and_half_precision_over_its_own_pool(monkeypatch
     any batch, bf16/fp16 over a pool of their own dtype at any batch (tensor-core products), a half-precision
     batch over a pool of another dtype only for one sequence. The decode mask is built exactly where the
     gathered path serves, so such a batch never reaches SDPA without it."""
-    from minivllm.engine.model_runner import ModelRunner, SeqWork
+    from minivllm.core.step_work import SeqWork
+    from minivllm.engine.model_runner import ModelRunner
 
     monkeypatch.setattr(attention, "reads_pool_with_triton", lambda k_pool: True)  # a GPU with triton, as seen here
     monkeypatch.setattr(attention, "USE_NATIVE_DECODE", False)

@@ -19,7 +19,7 @@ from minivllm.engine.llm_engine import LLMEngine
 from minivllm.events.recording import Recorder
 from minivllm.loader import load_model
 from minivllm.sampling.params import SamplingParams
-from minivllm.spec.config import SpeculativeConfig
+from minivllm.spec_decode.config import SpeculativeConfig
 
 SPEC = {"method": "draft_model", "model": "random:tiny", "num_speculative_tokens": 3, "disable_by_batch_size": None}
 

@@ -9,8 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minivllm.engine.llm_engine import LLMEngine
-from minivllm.engine.outputs import OutputAccumulator
+from minivllm.engine.api import LLMEngine, OutputAccumulator
 from minivllm.sampling.params import SamplingParams
 from minivllm.text.tokenizer_utils import load_chat_template_prompt
 

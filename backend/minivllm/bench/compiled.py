@@ -19,11 +19,11 @@ from minivllm.bench.common import chat_prompt_ids, median, progress, run_engine
 from minivllm.bench.machine import device_bandwidth_gbs, machine_line
 from minivllm.bench.prompts import CHAT_PROMPTS
 from minivllm.bench.report import plot_paired_bars
-from minivllm.engine.llm_engine import LLMEngine
+from minivllm.engine.api import LLMEngine
 from minivllm.model import attention
 from minivllm.model.compiled import attach_compiled_step
 from minivllm.model.cuda_graphs import DecodeGraphs
-from minivllm.quant.install import streamed_bytes
+from minivllm.loader.install_quantized import streamed_bytes
 from minivllm.sampling.params import SamplingParams
 
 
@@ -123,7 +123,7 @@ def bench_graphs(engine: LLMEngine, args) -> int:
            "eager: every kernel launched from Python, prefill eager in every mode")
     if "sdpa graphs" in modes:
         ratios = ", ".join(f"{_ratio(r, 'graphs', 'sdpa graphs')} at {r.concurrency}" for r in runs)
-        print(f"(graphs: decode attention by the Triton kernel, model/triton_attention.py; sdpa graphs: by gather + "
+        print(f"(graphs: decode attention by the Triton kernel, kernels/triton/attention.py; sdpa graphs: by gather + "
               f"mask + SDPA; graphs / sdpa graphs: {ratios})")
     print(machine_line(device))
     write_runs(out_dir / "graphs.json", runs, bandwidth)

@@ -11,7 +11,7 @@ from minivllm.bench.common import progress
 from minivllm.bench.compiled import RoundsRun, rounds_setup, time_levels, write_runs
 from minivllm.bench.machine import machine_line
 from minivllm.bench.report import plot_paired_bars
-from minivllm.engine.llm_engine import LLMEngine
+from minivllm.engine.api import LLMEngine
 from minivllm.loader.huge_pages import thp_mode
 from minivllm.loader.weights import NO_HUGE_PAGES_ENV
 

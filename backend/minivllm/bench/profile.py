@@ -15,7 +15,7 @@ from collections import defaultdict
 from minivllm.bench.common import chat_prompt_ids, greedy, median, progress
 from minivllm.bench.machine import machine_line
 from minivllm.bench.prompts import CHAT_PROMPTS
-from minivllm.quant import native
+from minivllm.kernels.cpu import native
 
 CATEGORIES = {
     "GEMM (linear layers, LM head)": ("aten::mm", "aten::addmm", "mkl::_mkl_linear", "aten::linear",
@@ -137,7 +137,7 @@ def _print_floor(engine, rows: int, rounds: list[tuple[float, list]], warm: int)
     """The weight-read floor: a decode step cannot be faster than streaming its weights once. Each round's
     median step is divided by the floor at the bandwidth read just before it; the median ratio is reported."""
     from minivllm.bench.machine import cpu_capability
-    from minivllm.quant.install import streamed_bytes
+    from minivllm.loader.install_quantized import streamed_bytes
 
     read = streamed_bytes(engine.loaded.model, rows)
     timed = [(bandwidth, median([st.duration_ms for st in steps])) for bandwidth, steps in rounds if steps]

@@ -25,9 +25,9 @@ import torch
 from minivllm.bench.common import chat_prompt_ids, greedy, progress
 from minivllm.bench.machine import machine_line
 from minivllm.bench.prompts import CHAT_PROMPTS
-from minivllm.engine.outputs import OutputAccumulator
+from minivllm.engine.api import EngineConfig, OutputAccumulator, QuantConfig
+from minivllm.engine.factory import engine_for
 from minivllm.engine.scoring import forward_in_chunks
-from minivllm.quant.policy import QuantConfig
 
 TEXT_FILE = "declaration_of_independence.txt"
 WINDOW = 256  # tokens per scored window (each window is an independent sequence)
@@ -110,10 +110,7 @@ def _score(loaded, windows, prompts, max_tokens, kv_cache_dtype: str) -> _Scored
 
 
 def _greedy(loaded, prompts, max_tokens, kv_cache_dtype: str) -> list[list[int]]:
-    from minivllm.engine.config import EngineConfig
-    from minivllm.engine.llm_engine import LLMEngine
-
-    engine = LLMEngine(loaded, EngineConfig(num_blocks=256, kv_cache_dtype=kv_cache_dtype))
+    engine = engine_for(loaded, EngineConfig(num_blocks=256, kv_cache_dtype=kv_cache_dtype))
     outs, whole = {}, OutputAccumulator()
     params = greedy(max_tokens)  # ignore_eos: every prompt compares the same 64 tokens
     for i, p in enumerate(prompts):

@@ -57,10 +57,10 @@ def _engine_runner(engine, params):
 def _fp32_engine(engine, args):
     """The same model and engine settings on weights dequantized to fp32: the baseline quantization
     has to beat."""
-    from minivllm.engine.llm_engine import LLMEngine
+    from minivllm.engine.factory import engine_for
     from minivllm.loader import load_model
 
     progress("loading the fp32 baseline (--quantization none)")
     loaded = load_model(args.model, dtype=args.dtype, device=args.device, seed=args.seed,
                         max_model_len=args.max_model_len, quantization="none")
-    return LLMEngine(loaded, engine.config)
+    return engine_for(loaded, engine.config)

@@ -14,10 +14,11 @@ from pathlib import Path
 from minivllm.bench.common import chat_prompt_ids, median, precision_label, progress, run_engine
 from minivllm.bench.machine import machine_line
 from minivllm.bench.prompts import CHAT_PROMPTS, GROUNDED_PROMPTS
-from minivllm.engine.llm_engine import LLMEngine
+from minivllm.engine.api import LLMEngine
+from minivllm.engine.factory import engine_for
 from minivllm.sampling.params import SamplingParams
-from minivllm.spec.config import SpeculativeConfig
-from minivllm.spec.factory import load_draft
+from minivllm.spec_decode.config import SpeculativeConfig
+from minivllm.spec_decode.factory import load_draft
 
 CONCURRENT = 8
 PAIRS = 2  # alternating (off, setup) measurements per setup, workload and concurrency
@@ -74,7 +75,7 @@ def bench_spec(engine: LLMEngine, args) -> int:
     run_engine(engine, workloads["chat"][:1], warm_up, "warm-up", 1)
     for label, config in grid:
         spec = SpeculativeConfig.parse(config)
-        setup = engine if spec is None else LLMEngine(engine.loaded, engine.config, speculative=spec,
+        setup = engine if spec is None else engine_for(engine.loaded, engine.config, speculative=spec,
                                                       draft=_draft(spec, engine, drafts))
         _fault_in(setup)
         run_engine(setup, workloads["chat"][:1], warm_up, "warm-up", 1)

@@ -16,7 +16,7 @@ from minivllm.bench.common import chat_prompt_ids, median, progress, run_engine
 from minivllm.bench.machine import machine_line
 from minivllm.bench.prompts import CHAT_PROMPTS
 from minivllm.bench.report import plot_paired_bars
-from minivllm.engine.llm_engine import LLMEngine
+from minivllm.engine.api import LLMEngine
 from minivllm.sampling.params import SamplingParams
 from minivllm.structured.params import StructuredOutputsParams
 

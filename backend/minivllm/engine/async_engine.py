@@ -19,7 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from minivllm.events import types as ev
-from minivllm.engine.errors import EngineDeadError, RequestFailedError
+from minivllm.errors import EngineDeadError, RequestFailedError
 from minivllm.engine.llm_engine import LLMEngine, Subscription
 from minivllm.core.pooling import PoolingParams
 from minivllm.engine.outputs import PoolingRequestOutput, RequestOutput

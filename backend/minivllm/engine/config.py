@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from minivllm.errors import ConfigError
 from minivllm.model.attention import KVCache
 from minivllm.model.config import LlamaConfig
 
@@ -26,14 +27,6 @@ def parse_memory(text: str | int) -> int:
     if not m or m.group(2).lower() not in _UNITS:
         raise ValueError(f"cannot parse memory size {text!r}; use e.g. '2GiB', '512MiB' or '1GB'")
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-
-
-class ConfigError(ValueError):
-    """A setting that can never work; `param` names it (the HTTP error's `param`)."""
-
-    def __init__(self, message: str, param: str):
-        super().__init__(message)
-        self.param = param
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,11 @@ import torch
 
 from minivllm.engine.config import EngineConfig
 from minivllm.engine.llm_engine import LLMEngine
-from minivllm.loader import load_model
+from minivllm.loader import LoadedModel, load_model
 from minivllm.model.compiled import eager_requested, use_compilation
 from minivllm.quant.policy import QuantConfig
-from minivllm.spec.config import SpeculativeConfig
-from minivllm.spec.factory import load_draft
+from minivllm.spec_decode.config import SpeculativeConfig
+from minivllm.spec_decode.factory import load_draft
 
 
 def create_engine(model: str | None = None, config: EngineConfig | None = None, *, dtype: str = "float32",
@@ -30,5 +30,14 @@ def create_engine(model: str | None = None, config: EngineConfig | None = None, 
     loaded = load_model(model, dtype=dtype, device=device, seed=seed, max_model_len=config.max_model_len,
                         quantization=quantization)
     use_compilation(loaded.model, loaded.device, eager_requested(enforce_eager))
-    draft = load_draft(speculative, loaded, config.max_model_len) if speculative else None
+    return engine_for(loaded, config, speculative=speculative)
+
+
+def engine_for(loaded: LoadedModel, config: EngineConfig | None = None, *, speculative: SpeculativeConfig | None = None,
+               draft: LoadedModel | None = None) -> LLMEngine:
+    """An engine around a model already loaded: benchmarks compare several engines over one load.
+    `draft`: a draft model already loaded for `speculative` (loaded here when None and needed)."""
+    config = config or EngineConfig()
+    if speculative is not None and draft is None:
+        draft = load_draft(speculative, loaded, config.max_model_len)
     return LLMEngine(loaded, config, speculative=speculative, draft=draft)

@@ -24,11 +24,11 @@ from minivllm.core.block_manager import BlockManager
 from minivllm.core.request import Request
 from minivllm.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from minivllm.engine.config import EngineConfig
-from minivllm.engine.errors import EngineBusyError
-from minivllm.engine.malloc_tuning import keep_freed_memory_for_reuse, release_free_heap
+from minivllm.errors import EngineBusyError
+from minivllm.malloc_tuning import keep_freed_memory_for_reuse, release_free_heap
 from minivllm.engine.memory_budget import check_pool_fits
 from minivllm.engine.model_runner import ModelRunner
-from minivllm.engine.prompt_logprobs import token_cost as prompt_logprobs_token_cost
+from minivllm.engine.prompt_logprob_pass import token_cost as prompt_logprobs_token_cost
 from minivllm.engine.step_inputs import runner_inputs
 from minivllm.engine.output_processor import OutputProcessor
 from minivllm.engine.outputs import PoolingRequestOutput, RequestOutput
@@ -42,8 +42,8 @@ from minivllm.loader import LoadedModel
 from minivllm.model.attention import KVCache
 from minivllm.sampling.params import SamplingParams
 from minivllm.sampling.sampler import Sampler
-from minivllm.spec.config import SpeculativeConfig
-from minivllm.spec.factory import build_speculator
+from minivllm.spec_decode.config import SpeculativeConfig
+from minivllm.spec_decode.factory import build_speculator
 from minivllm.structured.grammar import GrammarCompiler
 
 Subscription = tuple[ev.Snapshot | None, list[ev.AnyEvent] | None, str | None]
@@ -84,7 +84,7 @@ class LLMEngine:
         self.runner = ModelRunner(self.loaded.model, self.kv_cache).warmed_up(
             config.max_num_seqs, self.max_model_len, graph_rows=config.max_single_token_rows(self.speculative))
         self.speculator = (build_speculator(self.speculative, self.runner, self.block_manager, self.draft,
-                                            self.max_model_len) if self.speculative else None)
+                                            self.max_model_len, ModelRunner) if self.speculative else None)
         self.telemetry.spec_method = self.speculator.method if self.speculator else None
         self.telemetry.bind(self.block_manager, self.scheduler, config.metrics_interval_s)
         self.tracker.scheduler = self.scheduler

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from minivllm.engine.prompt_logprobs import PromptLogprobsRows, target_logprobs
+from minivllm.core.step_work import PromptLogprobsRows, SeqWork
+from minivllm.engine.prompt_logprob_pass import target_logprobs
 from minivllm.model.attention import (AttentionMetadata, KVCache, PrefillChunk, native_decode_ready,
                                       reads_pool_directly, reads_pool_with_triton)
 from minivllm.arith import ceil_div
@@ -24,26 +25,6 @@ from minivllm.cache import compiler_cache_dir
 from minivllm.model.compiled import compiled_step_for, graph_count, warm_up_shapes
 from minivllm.model.cuda_graphs import DecodeGraphs
 from minivllm.model.llama import LlamaModel
-
-
-@dataclass
-class SeqWork:
-    """One sequence's share of a step."""
-
-    token_ids: list[int]  # the new tokens to run (1 for a decode)
-    num_computed: int  # tokens of the sequence already in the KV cache
-    block_table: list[int]
-    # logits rows wanted, for the last this many tokens: 1 for a decode or the end of a prompt, 0
-    # for a prefill chunk that does not reach it, 1 + k to verify k drafted tokens
-    num_logits: int = 1
-    # vLLM's prompt_logprobs: rows whose log-probs of the next prompt token are wanted (None: none)
-    prompt_logprobs: PromptLogprobsRows | None = None
-    # a pooling request's chunk: receives (num_computed, the final hidden states of its rows)
-    pooled: Callable[[int, torch.Tensor], None] | None = None
-
-    def blocks_in_use(self, block_size: int) -> list[int]:
-        """The block table up to the block of this step's last token."""
-        return self.block_table[:ceil_div(self.num_computed + len(self.token_ids), block_size)]
 
 
 class ModelRunner:

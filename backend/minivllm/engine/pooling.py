@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from minivllm.core.pooling import PoolingParams, PromptPooling
 from minivllm.core.request import Request
 from minivllm.core.scheduler import SchedulerOutput
-from minivllm.engine.errors import RequestRejectedError
+from minivllm.errors import RequestRejectedError
 from minivllm.engine.outputs import PoolingRequestOutput, RequestMetrics
 from minivllm.engine.request_tracker import RequestTracker
 from minivllm.engine.request_validation import RequestLimits, validate_pooling_prompt

@@ -13,7 +13,7 @@ from minivllm.engine import wire
 from minivllm.events import types as ev
 from minivllm.core.scheduler import Scheduler
 from minivllm.text.detokenizer import IncrementalDetokenizer
-from minivllm.engine.errors import RequestRejectedError
+from minivllm.errors import RequestRejectedError
 from minivllm.engine.outputs import RequestOutput
 from minivllm.engine.postprocess import request_output
 from minivllm.engine.telemetry import Telemetry

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from minivllm.arith import ceil_div
-from minivllm.engine.errors import RequestRejectedError
+from minivllm.errors import RequestRejectedError
 from minivllm.sampling.params import SamplingParams
 from minivllm.text.bad_words import bad_words_token_ids
 

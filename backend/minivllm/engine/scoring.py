@@ -7,7 +7,8 @@ import itertools
 
 import torch
 
-from minivllm.engine.model_runner import ModelRunner, SeqWork
+from minivllm.core.step_work import SeqWork
+from minivllm.engine.model_runner import ModelRunner
 from minivllm.model.attention import KVCache
 from minivllm.arith import ceil_div
 

@@ -14,8 +14,7 @@ import torch
 
 from minivllm.core.block_manager import BlockManager
 from minivllm.core.scheduler import ScheduledSeq, SchedulerOutput
-from minivllm.engine.model_runner import SeqWork
-from minivllm.engine.prompt_logprobs import PromptLogprobsRows
+from minivllm.core.step_work import PromptLogprobsRows, SeqWork
 
 
 def runner_inputs(sched: SchedulerOutput, blocks: BlockManager) -> tuple[list[SeqWork], list[SeqWork]]:

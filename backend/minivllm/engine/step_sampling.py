@@ -16,7 +16,7 @@ from minivllm.core.scheduler import ScheduledSeq, SchedulerOutput
 from minivllm.engine.request_tracker import RequestTracker
 from minivllm.sampling.beam_search import BeamSearchState
 from minivllm.sampling.sampler import Sampler, SamplingRow
-from minivllm.spec.verify import Verified, verify_drafts
+from minivllm.spec_decode.verify import Verified, verify_drafts
 
 Rows = list[tuple[Sequence, int]]  # (sequence, logits row)
 

@@ -18,7 +18,7 @@ from minivllm.core.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from minivllm.engine import wire
 from minivllm.engine.memory_budget import process_rss_bytes
 from minivllm.events.bus import EventBus
-from minivllm.spec.verify import Verified
+from minivllm.spec_decode.verify import Verified
 
 
 @dataclass
@@ -138,6 +138,9 @@ class Telemetry:
 
     def step_scheduled(self, sched: SchedulerOutput, budget: int) -> None:
         self._count_admissions(sched.admitted)
+        now = self.bus.now()  # before the forward pass: a request's prefill is not time spent queued
+        for s in sched.scheduled:
+            s.seq.request.first_scheduled_time = s.seq.request.first_scheduled_time or now
         if sched.is_empty and not sched.preempted:
             return
         self.counters.steps += 1
@@ -160,11 +163,8 @@ class Telemetry:
             queue_head_reason=sched.queue_head_reason))
 
     def step_ran(self, sched: SchedulerOutput) -> None:
-        """The forward pass ran: count the prompt tokens it computed, stamp first scheduling."""
-        now = self.bus.now()
+        """The forward pass ran: count the prompt tokens it computed."""
         for s in sched.scheduled:
-            request = s.seq.request
-            request.first_scheduled_time = request.first_scheduled_time or now
             if s.start + s.num_tokens <= s.seq.num_prompt_tokens:
                 self.counters.prompt_tokens += s.num_tokens
 

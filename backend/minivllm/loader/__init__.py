@@ -28,8 +28,8 @@ from minivllm.model.config import LlamaConfig, UnsupportedModelError
 from minivllm.model.families import FAMILIES
 from minivllm.model.llama import LlamaModel
 from minivllm.quant import choice_cache
-from minivllm.quant.gguf_tensors import read_gguf_tensors
-from minivllm.quant.install import QuantReport
+from minivllm.loader.gguf_tensors import read_gguf_tensors
+from minivllm.loader.install_quantized import QuantReport
 from minivllm.quant.policy import QuantConfig
 
 __all__ = ["LoadedModel", "load_model", "ModelNotFoundError", "CorruptCheckpointError",

@@ -12,7 +12,7 @@ from minivllm.model.config import LlamaConfig
 from minivllm.model.llama import LlamaModel
 from minivllm.model.packed_linear import pack_model
 from minivllm.quant.formats import QuantizedWeight
-from minivllm.quant.install import (QuantReport, choose_model_kernels, fp32_bytes, install_quantized,
+from minivllm.loader.install_quantized import (QuantReport, choose_model_kernels, fp32_bytes, install_quantized,
                                    stored_bytes, weight_tensors)
 from minivllm.quant.policy import (QuantConfig, apply_policy, compounded_rounding_note, dequantize, describe_mode,
                                    fuse)

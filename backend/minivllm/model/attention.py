@@ -3,8 +3,8 @@
 A step's tokens are laid out decode tokens first (one per decoding sequence), then the prefill
 chunks one sequence after another. New K/V are written through `slot_mapping` (flat slot =
 block_id * block_size + offset). Decode attention reads K/V straight from the pool through the block
-tables: on a CPU our native kernel (`quant/native/paged_attention.cpp`), on CUDA a Triton kernel
-(`model/triton_attention.py`). Elsewhere, or without those kernels, it is one batched gather + one
+tables: on a CPU our native kernel (`kernels/cpu/paged_attention.cpp`), on CUDA a Triton kernel
+(`kernels/triton/attention.py`). Elsewhere, or without those kernels, it is one batched gather + one
 fused attention call for all decoding sequences together (no Python loop over sequences). Each
 prefill chunk is one SDPA call.
 
@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from minivllm.console import progress
 from minivllm.env import env_flag
-from minivllm.quant import native
+from minivllm.kernels.cpu import native
 
 POOL_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # what the native and Triton kernels read
 
@@ -218,7 +218,7 @@ def triton_decode_ready() -> bool:
         return False
     if not _triton_missing:
         try:
-            from minivllm.model import triton_attention  # registers torch.ops.minivllm_triton
+            from minivllm.kernels.triton import attention as triton_attention  # registers torch.ops.minivllm_triton
 
             triton_attention.self_check()
             _triton_missing.append(None)

@@ -9,7 +9,7 @@ captured bucket that holds it: rows to 1, 2, 4, 8 ... up to the most the engine 
 block-table width to 2, 4, 8 ... blocks up to the longest sequence's. Padding rows write their K/V
 into the pool's scratch block (`KVCache(scratch_block=True)`: the block manager never hands it out)
 and attend to it alone; padding table columns point at it and lie past every context length, so the
-mask hides them (the Triton decode kernel, model/triton_attention.py, never reads past a context
+mask hides them (the Triton decode kernel, kernels/triton/attention.py, never reads past a context
 length: no mask there). A step's inputs travel in one host-to-device copy into the buffer the graph reads
 (ids, positions, slots, context lengths and the table are views of it). Graphs share one memory pool
 and are captured largest first, so the smaller ones reuse its blocks.

@@ -1,4 +1,4 @@
-"""Decode steps through one native call: every decoder layer in C++ (`quant/native/decode_step.cpp`).
+"""Decode steps through one native call: every decoder layer in C++ (`kernels/cpu/decode_step.cpp`).
 
 Why: at one sequence a 4-bit step's weight products take ~4 ms, and the compiled step spent another
 ~2 ms around them (fp32: ~5 ms around ~18): inductor's Python wrapper calling ~12 kernels a layer,
@@ -22,8 +22,8 @@ from minivllm.console import progress
 from minivllm.model.attention import AttentionMetadata, KVCache, reads_pool_natively
 from minivllm.model.packed_linear import PackedLinear
 from minivllm.model.rope import RotaryEmbedding
-from minivllm.quant import native
-from minivllm.quant.kernels import Int4Native, KQuantNative
+from minivllm.kernels.cpu import native
+from minivllm.quant.matmul_paths import Int4Native, KQuantNative
 from minivllm.quant.linear import QuantLinear
 
 # A product's kind, as decode_step.cpp numbers them: a 4-bit weight on our kernel by activation precision,

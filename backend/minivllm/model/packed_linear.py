@@ -10,7 +10,7 @@ measured on the dev box for the SmolLM2 shapes at 8 rows: plain 53 ms, padded to
 GEMVs where packing does not help, and longer prefill chunks are already efficient plainly. The packed copies cost memory (one per bucket), so the buckets are chosen
 from the model size.
 
-Our own fp32 kernel (`quant/native/f32_matmul.cpp`, one weight row at a time, read front to back) is
+Our own fp32 kernel (`kernels/cpu/f32_matmul.cpp`, one weight row at a time, read front to back) is
 the other candidate, timed against MKL at load (`choose_fp32_kernel`; kept per machine like the
 quantized kernels' choices) because MKL picks slow code paths on AMD CPUs (measured on a Zen 4 box:
 plain sgemv at 10.5 GB/s of 28 at one row, packed products at 4-7 GB/s from 4 to 32 rows; ours
@@ -32,7 +32,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from minivllm.console import progress
-from minivllm.quant import choice_cache, native
+from minivllm.kernels.cpu import native
+from minivllm.quant import choice_cache
 
 MIN_PACKED_ROWS = 3
 PREFILL_ROWS = 64  # a prefill chunk's row count, for timing

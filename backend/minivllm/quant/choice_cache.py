@@ -22,7 +22,7 @@ import torch
 from minivllm.cache import cache_dir, read_json_entries, write_json_atomic
 from minivllm.cpuinfo import cpu_model
 from minivllm.env import env_flag
-from minivllm.quant.native import vnni_turned_off
+from minivllm.kernels.cpu.native import vnni_turned_off
 
 log = logging.getLogger(__name__)
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from minivllm.quant import native
+from minivllm.kernels.cpu import native
 from minivllm.quant.formats import Int4Weight, Int8Weight, KQuantWeight, QuantizedWeight, quantize_int8
-from minivllm.quant.kernels import Kernel, candidates
+from minivllm.quant.matmul_paths import Kernel, candidates
 
 
 class QuantLinear(nn.Module):

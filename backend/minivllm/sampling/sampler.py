@@ -27,7 +27,7 @@ from typing import Sequence
 
 import torch
 
-from minivllm.quant import native
+from minivllm.kernels.cpu import native
 from minivllm.structured.grammar import GrammarMatcher, allocate_bitmask, apply_bitmask
 
 from .filters import apply_top_k_top_p_min_p, inverse_cdf_draw

@@ -27,6 +27,8 @@ class RecordingInfo(msgspec.Struct, kw_only=True):
     duration_s: float
     size_bytes: int
     active: bool  # still being written
+    server: str = ""  # the server that recorded it (host-port), "upload", or "" when unknown
+    mine: bool = False  # recorded by this server (servers run from one checkout share ./recordings)
 
 
 class RecordingStatus(msgspec.Struct, kw_only=True):

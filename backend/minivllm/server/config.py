@@ -25,6 +25,7 @@ class ServerConfig:
     # Host names served when bound to loopback (None: no Host check; see server/exposure.py)
     allowed_hosts: list[str] | None = None
     recordings_dir: Path = Path("recordings")
+    server_name: str = ""  # host:port, named in the recordings this server makes
     recording_limits: RecordingLimits = field(default_factory=RecordingLimits)
     frontend_dist: Path | None = None  # None: frontend/dist in the repo
     ws_queue_limit: int = 20_000  # events buffered per WebSocket client before it is resynced

@@ -27,6 +27,7 @@ def serve(args: argparse.Namespace, build_engine: Callable[[], LLMEngine]) -> in
         cors_origins=list(args.cors_origin),
         allowed_hosts=allowed_hosts_for(args.host, args.allowed_host),
         recordings_dir=Path(args.recordings_dir),
+        server_name=f"{args.host}:{args.port}",
         recording_limits=RecordingLimits(max_total_bytes=parse_memory(args.recordings_quota)),
         frontend_dist=Path(args.frontend_dist) if args.frontend_dist else None,
         ws_queue_limit=args.ws_queue_limit,

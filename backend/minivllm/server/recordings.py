@@ -22,6 +22,8 @@ from minivllm.server.api_types import RecordingInfo
 from minivllm.server.errors import APIError
 
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")
+# rec-<server>-<UTC date>-<time>-<random>: several servers may share one folder (the default ./recordings)
+_RECORDED_BY = re.compile(r"rec-(?P<server>[A-Za-z0-9_.\-]+)-\d{8}-\d{6}-[0-9a-f]{6}")
 SUFFIX = ".jsonl"
 GiB = 1 << 30
 
@@ -46,8 +48,10 @@ class _Active:
 
 
 class RecordingStore:
-    def __init__(self, directory: Path, limits: RecordingLimits | None = None):
+    def __init__(self, directory: Path, limits: RecordingLimits | None = None, server: str = ""):
+        """`server`: this server's name (host-port), put into its recordings' ids."""
         self.directory = Path(directory)
+        self.server = re.sub(r"[^A-Za-z0-9_.\-]", "-", server)[:64]
         self.limits = limits or RecordingLimits()
         self.active: _Active | None = None
         self._info_cache: dict[str, tuple[tuple[float, int], RecordingInfo]] = {}
@@ -59,7 +63,7 @@ class RecordingStore:
             raise APIError(409, f"recording {self.active.id} is already running; stop it first")
         self.directory.mkdir(parents=True, exist_ok=True)
         self._make_room(self.limits.max_active_bytes)
-        rid = _new_id("rec")
+        rid = _new_id(f"rec-{self.server}" if self.server else "rec")
         path = self._path(rid)
 
         recorder = Recorder(path, self.limits.max_active_bytes)
@@ -139,19 +143,29 @@ class RecordingStore:
         active = self.active if self.active is not None and self.active.id == rid else None
         if active is not None:
             r = active.recorder
-            return RecordingInfo(id=rid, created=r.created, num_events=r.num_events,
-                                 duration_s=r.last_ts - r.first_ts, size_bytes=_size(path), active=True)
+            return RecordingInfo(id=rid, created=r.created, num_events=r.num_events, duration_s=r.last_ts - r.first_ts,
+                                 size_bytes=_size(path), active=True, server=self.server, mine=True)
         stat = path.stat()
         key = (stat.st_mtime, stat.st_size)
         cached = self._info_cache.get(rid)
         if cached is not None and cached[0] == key:
             return cached[1]
         info = _file_info(rid, path, stat.st_size)
+        info.server = recorded_by(rid)
+        info.mine = bool(self.server) and info.server == self.server
         self._info_cache[rid] = (key, info)
         return info
 
     def _path(self, rid: str) -> Path:
         return self.directory / f"{rid}{SUFFIX}"
+
+
+def recorded_by(rid: str) -> str:
+    """The server named in a recording's id; "upload" for an uploaded file, "" when unknown."""
+    if rid.startswith("upload-"):
+        return "upload"
+    match = _RECORDED_BY.fullmatch(rid)
+    return match["server"] if match else ""
 
 
 def _new_id(prefix: str) -> str:

@@ -30,7 +30,7 @@ class ServerState:
         self.max_model_len: int | None = None
         self.created = int(time.time())
         self.metrics = ServerMetrics()
-        self.recordings = RecordingStore(config.recordings_dir, config.recording_limits)
+        self.recordings = RecordingStore(config.recordings_dir, config.recording_limits, config.server_name)
         self.token_text: TokenText | None = None
         self.ws_clients = 0
         self._loader: threading.Thread | None = None

@@ -27,8 +27,8 @@ import llguidance.numpy as llnumpy  # not llguidance.torch: importing it imports
 from llguidance.gbnf_to_lark import any_to_lark, is_lark_syntax
 import torch
 
-from minivllm.engine.errors import RequestRejectedError
-from minivllm.engine.malloc_tuning import release_free_heap
+from minivllm.errors import RequestRejectedError
+from minivllm.malloc_tuning import release_free_heap
 from minivllm.structured.params import StructuredOutputsParams
 from minivllm.structured.termination import never_finishing_rules
 

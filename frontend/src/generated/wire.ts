@@ -514,7 +514,9 @@ export interface RecordingInfo {
   created: string;
   duration_s: number;
   id: string;
+  mine?: boolean;
   num_events: number;
+  server?: string;
   size_bytes: number;
 }
 /**

@@ -12,10 +12,10 @@ from typing import Protocol
 
 from minivllm.core.request import Request, Sequence
 from minivllm.core.scheduler import SchedulerOutput
-from minivllm.spec.config import SpeculativeConfig
-from minivllm.spec.planner import Acceptance, StepCosts, plan_drafts
+from minivllm.spec_decode.config import SpeculativeConfig
+from minivllm.spec_decode.planner import Acceptance, StepCosts, plan_drafts
 
-log = logging.getLogger("minivllm.spec")
+log = logging.getLogger("minivllm.spec_decode")
 
 
 class Proposer(Protocol):

@@ -28,16 +28,6 @@ def token_cost(config) -> int:
     return -(-(layers + head) // layers)
 
 
-@dataclass
-class PromptLogprobsRows:
-    """Rows of one chunk (of `SeqWork`) whose log-probs of the next prompt token are wanted."""
-
-    first_row: int  # the chunk's row (position - num_computed) the first target follows
-    targets: list[int]  # the token each row from `first_row` on predicts
-    top_n: int  # alternatives per row besides the target
-    sink: Callable[[list[dict[int, float]], list[int]], None]  # receives (entries, ranks)
-
-
 def target_logprobs(compute_logits: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor,
                     targets: list[int], top_n: int, vocab_size: int) -> tuple[list[dict[int, float]], list[int]]:
     """Per row of `hidden` [len(targets), hidden]: {target: logprob, then the top-N: logprob} under

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from minivllm.arith import ceil_div
 from minivllm.core.block_manager import BlockManager
-from minivllm.engine.config import ConfigError
-from minivllm.engine.model_runner import ModelRunner
+from minivllm.errors import ConfigError
 from minivllm.loader import LoadedModel, load_model
 from minivllm.model.attention import KVCache
 from minivllm.model.compiled import use_compilation
-from minivllm.spec.config import PARAM, SpeculativeConfig
-from minivllm.spec.proposers import DraftModelProposer, EarlyExitProposer, NgramProposer
-from minivllm.spec.speculator import Proposer, Speculator
+from minivllm.spec_decode.config import PARAM, SpeculativeConfig
+from minivllm.spec_decode.proposers import DraftModelProposer, EarlyExitProposer, NgramProposer
+from minivllm.spec_decode.runner import RunnerFactory, StepRunner
+from minivllm.spec_decode.speculator import Proposer, Speculator
 
 
 def load_draft(spec: SpeculativeConfig, target: LoadedModel, max_model_len: int | None) -> LoadedModel | None:
@@ -40,13 +40,15 @@ def check_same_vocabulary(target: LoadedModel, draft: LoadedModel) -> None:
                           "(same size, different tokens): drafts would mean other words", PARAM)
 
 
-def build_speculator(spec: SpeculativeConfig, runner: ModelRunner, block_manager: BlockManager,
-                     draft: LoadedModel | None, max_model_len: int) -> Speculator:
-    return Speculator(spec, _proposer(spec, runner, block_manager, draft, max_model_len), max_model_len)
+def build_speculator(spec: SpeculativeConfig, runner: StepRunner, block_manager: BlockManager,
+                     draft: LoadedModel | None, max_model_len: int, new_runner: RunnerFactory) -> Speculator:
+    """`new_runner` builds the draft model's runner (the engine passes its runner class)."""
+    proposer = _proposer(spec, runner, block_manager, draft, max_model_len, new_runner)
+    return Speculator(spec, proposer, max_model_len)
 
 
-def _proposer(spec: SpeculativeConfig, runner: ModelRunner, block_manager: BlockManager,
-              draft: LoadedModel | None, max_model_len: int) -> Proposer:
+def _proposer(spec: SpeculativeConfig, runner: StepRunner, block_manager: BlockManager,
+              draft: LoadedModel | None, max_model_len: int, new_runner: RunnerFactory) -> Proposer:
     if spec.method == "ngram":
         return NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max)
     if spec.method == "early_exit":
@@ -54,11 +56,11 @@ def _proposer(spec: SpeculativeConfig, runner: ModelRunner, block_manager: Block
         return EarlyExitProposer(runner, block_manager, spec.exit_layer)
     if draft is None:
         raise ConfigError("a draft_model config needs its draft model loaded (spec.factory.load_draft)", PARAM)
-    return DraftModelProposer(*_draft_pool(draft, block_manager, spec, max_model_len))
+    return DraftModelProposer(*_draft_pool(draft, block_manager, spec, max_model_len, new_runner))
 
 
 def _draft_pool(draft: LoadedModel, target_blocks: BlockManager, spec: SpeculativeConfig,
-                max_model_len: int) -> tuple[ModelRunner, BlockManager]:
+                max_model_len: int, new_runner: RunnerFactory) -> tuple[StepRunner, BlockManager]:
     """Room for as many full-length sequences as speculation runs for at most, never more blocks
     than the target's pool (the draft is at most as large as the target). Pages are touched only
     when written, so unused room costs no resident memory."""
@@ -67,5 +69,5 @@ def _draft_pool(draft: LoadedModel, target_blocks: BlockManager, spec: Speculati
     num_blocks = min(target_blocks.num_blocks, seqs * ceil_div(max_model_len, bs))
     kv = KVCache(cfg.num_hidden_layers, num_blocks, bs, cfg.num_key_value_heads, cfg.head_dim, draft.dtype,
                  draft.device, scratch_block=draft.model.may_capture)
-    return ModelRunner(draft.model, kv).warmed_up(seqs, max_model_len), BlockManager(num_blocks, bs, enable_prefix_caching=False,
-                                                      record_events=False)
+    runner = new_runner(draft.model, kv).warmed_up(seqs, max_model_len)
+    return runner, BlockManager(num_blocks, bs, enable_prefix_caching=False, record_events=False)

@@ -10,7 +10,7 @@ from torch import nn
 
 from minivllm.quant.chooser import GroupChoice, choose_kernels, describe
 from minivllm.quant.formats import Int8Weight, KQuantWeight, QuantizedWeight, weight_bytes
-from minivllm.quant.kernels import lm_head_candidates
+from minivllm.quant.matmul_paths import lm_head_candidates
 from minivllm.quant.linear import KQuantEmbedding, QuantEmbedding, QuantLinear
 
 

@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from minivllm.arith import ceil_div
-from minivllm.quant import native
+from minivllm.kernels.cpu import native
 from minivllm.quant.formats import (KQUANT_TYPES, Int4Weight, Int8Weight, KQuantWeight, QuantizedWeight,
                                     to_per_channel, weight_bytes)
 

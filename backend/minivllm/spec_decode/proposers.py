@@ -10,9 +10,10 @@ import torch
 
 from minivllm.core.block_manager import BlockManager
 from minivllm.core.request import Sequence
-from minivllm.engine.model_runner import ModelRunner, SeqWork
-from minivllm.spec.draw import draw_drafts
-from minivllm.spec.ngram import propose_ngram
+from minivllm.core.step_work import SeqWork
+from minivllm.spec_decode.runner import StepRunner
+from minivllm.spec_decode.draw import draw_drafts
+from minivllm.spec_decode.ngram import propose_ngram
 
 
 class NgramProposer:
@@ -36,7 +37,7 @@ class _ModelDrafter:
     """k autoregressive rounds of a model: the first runs each sequence's uncomputed tokens (its
     last token, or more where the draft's KV is behind), the others one draft token each."""
 
-    runner: ModelRunner
+    runner: StepRunner
     block_manager: BlockManager
     num_layers: int | None = None
     longest_catch_up = 0  # tokens of the longest first work in the last proposal
@@ -77,7 +78,7 @@ class EarlyExitProposer(_ModelDrafter):
 
     method = "early_exit"
 
-    def __init__(self, runner: ModelRunner, block_manager: BlockManager, exit_layer: int):
+    def __init__(self, runner: StepRunner, block_manager: BlockManager, exit_layer: int):
         self.runner, self.block_manager, self.num_layers = runner, block_manager, exit_layer
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> None:
@@ -103,7 +104,7 @@ class DraftModelProposer(_ModelDrafter):
 
     method = "draft_model"
 
-    def __init__(self, runner: ModelRunner, block_manager: BlockManager):
+    def __init__(self, runner: StepRunner, block_manager: BlockManager):
         self.runner, self.block_manager = runner, block_manager
         self._cached: dict[int, list[int]] = {}  # seq id -> tokens whose KV the draft pool holds
 

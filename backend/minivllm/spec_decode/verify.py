@@ -10,7 +10,7 @@ import torch
 
 from minivllm.core.request import Sequence
 from minivllm.sampling.sampler import Sampler, SamplingRow, raw_logprobs
-from minivllm.spec.rejection import accept_greedy, rejection_sample
+from minivllm.spec_decode.rejection import accept_greedy, rejection_sample
 
 
 @dataclass

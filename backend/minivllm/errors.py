@@ -27,3 +27,11 @@ class RequestRejectedError(ValueError):
     def __init__(self, message: str, param: str | None = None):
         super().__init__(message)
         self.param = param
+
+
+class ConfigError(ValueError):
+    """A setting that can never work; `param` names it (the HTTP error's `param`)."""
+
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.param = param

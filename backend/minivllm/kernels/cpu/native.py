@@ -1,4 +1,4 @@
-"""Our own AVX2 kernels (`native/q8_matmul.cpp`): built once with the system C++ compiler, loaded as
+"""Our own AVX2 kernels (`q8_matmul.cpp` and its neighbours): built once with the system C++ compiler, loaded as
 torch operators.
 
 torch's CPU 4-bit kernel multiplies in floating point, which on an AVX2-only CPU runs at a third of
@@ -22,7 +22,7 @@ from minivllm.env import env_flag
 
 log = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).with_name("native") / name
+SOURCES = [Path(__file__).parent / name
            for name in ("q8_matmul.cpp", "f32_matmul.cpp", "paged_attention.cpp", "logits_reduce.cpp",
                          "decode_step.cpp", "embedding.cpp", "kquant_matmul.cpp")]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
@@ -130,7 +130,7 @@ KQUANT_ACTS = {"int8": 0, "int8x2": 1, "fp32": 2}  # kquant_matmul.cpp's numberi
 
 
 def kquant_linear(x: torch.Tensor, packed: torch.Tensor, n: int, acts: int) -> torch.Tensor:
-    """x @ W^T for a K-quant weight as `kernels.pack_kquant` stores it (n output rows); `acts` one of
+    """x @ W^T for a K-quant weight as `matmul_paths.pack_kquant` stores it (n output rows); `acts` one of
     KQUANT_ACTS' values."""
     return torch.ops.minivllm_native.kquant_linear(x, packed, n, acts)
 

@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass, fields
 from typing import Any
 
-from minivllm.engine.config import ConfigError
+from minivllm.errors import ConfigError
 
 METHODS = ("ngram", "draft_model", "early_exit")
 PARAM = "speculative_config"
@@ -30,7 +30,7 @@ class SpeculativeConfig:
     quantization: str = "auto"  # draft_model: its weights' precision
     exit_layer: int | None = None  # early_exit: draft from this many of the target's layers
     disable_by_batch_size: int | None = 4
-    # mini-vllm's own: give drafts only where measured step costs say they pay (spec/planner.py);
+    # mini-vllm's own: give drafts only where measured step costs say they pay (spec_decode/planner.py);
     # false drafts k tokens whenever it can, as vLLM does
     adaptive: bool = True
 

@@ -1,0 +1,1 @@
+"""Our CPU kernels: C++ sources in this folder, built and loaded as torch operators by `native.py`."""

@@ -1,0 +1,1 @@
+"""Triton GPU kernels (imported only where CUDA and triton are present)."""

@@ -54,12 +54,15 @@ def timed(calls: list, x: torch.Tensor, repeats: int) -> float:
 
 def paths(n: int, k: int, rng: np.random.Generator):
     """(name, weight bytes, one callable per copy) for every path on this shape."""
+
     def copies(nbytes: int) -> int:
         return max(2, ROTATION_BYTES // nbytes)
 
     for kind in ("Q4_K", "Q6_K"):
-        packed = [matmul_paths.pack_kquant(random_kquant(kind, n, k, rng))
-                  for _ in range(copies(n * k // 256 * KQUANT_BYTES[kind]))]
+        packed = [
+            matmul_paths.pack_kquant(random_kquant(kind, n, k, rng))
+            for _ in range(copies(n * k // 256 * KQUANT_BYTES[kind]))
+        ]
         for acts in matmul_paths.NATIVE_ACTS:
             yield f"{kind} kquant/{acts}", packed[0].nbytes, [matmul_paths.KQuantNative(p, n, acts) for p in packed]
     int4 = quantize_int4("w", torch.randn(n, k) * 0.05, 32)
@@ -68,8 +71,11 @@ def paths(n: int, k: int, rng: np.random.Generator):
         yield f"Q4_1 int4avx2/{acts}", int4.packed.nbytes, [matmul_paths.Int4Native(q.packed, acts) for q in q41]
     dense = [torch.randn(n, k) * 0.05 for _ in range(copies(n * k * 4))]
     yield "fp32 (dequantized) F.linear", n * k * 4, [lambda x, w=w: F.linear(x, w) for w in dense]
-    yield "fp32 (dequantized) native", n * k * 4, [lambda x, w=w: torch.ops.minivllm_native.f32_linear(x, w)
-                                                   for w in dense]
+    yield (
+        "fp32 (dequantized) native",
+        n * k * 4,
+        [lambda x, w=w: torch.ops.minivllm_native.f32_linear(x, w) for w in dense],
+    )
 
 
 def main() -> None:
@@ -93,8 +99,10 @@ def main() -> None:
             q41 = times["Q4_1 int4avx2/int8"][1]
             for name, (nbytes, seconds) in times.items():
                 gbs = nbytes / seconds / 1e9
-                print(f"{n:>5}x{k:<5} {rows:>4} {name:<30} {seconds * 1e3:8.3f} {gbs:6.1f} {gbs / bandwidth:8.0%} "
-                      f"{seconds / q41:6.2f}x")
+                print(
+                    f"{n:>5}x{k:<5} {rows:>4} {name:<30} {seconds * 1e3:8.3f} {gbs:6.1f} {gbs / bandwidth:8.0%} "
+                    f"{seconds / q41:6.2f}x"
+                )
         del found
 
 

@@ -25,13 +25,28 @@ OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFL
 
 
 def guidellm_command(base: str, processor: Path, report: Path, args: argparse.Namespace) -> list[str]:
-    return [str(GUIDELLM), "run", "--backend", f"kind=openai_http,target={base},request_format={args.request_format}",
-            "--profile", "kind=concurrent", "--override", "profile.streams", ",".join(map(str, args.streams)),
-            "--constraint", f"kind=max_requests,count={args.requests}",
-            "--constraint", f"kind=max_duration,seconds={args.max_seconds}",
-            "--data", f"kind=synthetic_text,prompt_tokens={args.prompt_tokens},output_tokens={args.output_tokens}",
-            "--tokenizer", f"kind=huggingface_auto,model={processor}",
-            "--output", f"kind=json,path={report}", "--disable-progress"]
+    return [
+        str(GUIDELLM),
+        "run",
+        "--backend",
+        f"kind=openai_http,target={base},request_format={args.request_format}",
+        "--profile",
+        "kind=concurrent",
+        "--override",
+        "profile.streams",
+        ",".join(map(str, args.streams)),
+        "--constraint",
+        f"kind=max_requests,count={args.requests}",
+        "--constraint",
+        f"kind=max_duration,seconds={args.max_seconds}",
+        "--data",
+        f"kind=synthetic_text,prompt_tokens={args.prompt_tokens},output_tokens={args.output_tokens}",
+        "--tokenizer",
+        f"kind=huggingface_auto,model={processor}",
+        "--output",
+        f"kind=json,path={report}",
+        "--disable-progress",
+    ]
 
 
 def failed_counts(report: Path) -> dict[int, dict]:
@@ -48,8 +63,9 @@ def main() -> int:
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--output-tokens", type=int, default=64)
     parser.add_argument("--max-seconds", type=int, default=600, help="a bound per stream count")
-    parser.add_argument("--request-format", default="/v1/chat/completions", choices=["/v1/chat/completions",
-                                                                                     "/v1/completions"])
+    parser.add_argument(
+        "--request-format", default="/v1/chat/completions", choices=["/v1/chat/completions", "/v1/completions"]
+    )
     parser.add_argument("--out", default="bench-results/compat")
     args = parser.parse_args()
     if not GUIDELLM.exists():
@@ -63,8 +79,7 @@ def main() -> int:
     try:
         wait_healthy(proc, base, out / "server.log")
         report = out / "guidellm.json"
-        run = subprocess.run(guidellm_command(base, processor, report, args), cwd=out,
-                             env={**os.environ, **OFFLINE})
+        run = subprocess.run(guidellm_command(base, processor, report, args), cwd=out, env={**os.environ, **OFFLINE})
     finally:
         stop_server(proc)
     if run.returncode != 0:
@@ -72,8 +87,11 @@ def main() -> int:
         return 1
     failed = failed_counts(report)
     for streams, totals in failed.items():
-        print(f"{streams} streams: {totals['errored']} errored, {totals['incomplete']} incomplete "
-              f"(server log: {out / 'server.log'})", file=sys.stderr)
+        print(
+            f"{streams} streams: {totals['errored']} errored, {totals['incomplete']} incomplete "
+            f"(server log: {out / 'server.log'})",
+            file=sys.stderr,
+        )
     print(f"GuideLLM report: {report}")
     return 1 if failed else 0
 

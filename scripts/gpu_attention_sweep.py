@@ -83,8 +83,11 @@ def sweep_split_settings() -> None:
                 row.append(graph_time_us(lambda: ta.paged_decode_attention(q, k_pool, v_pool, tables, lens, 0.125)))
                 logs[(min_tokens, per_sm)] += math.log(row[-1])
             sdpa = graph_time_us(sdpa_call(q, k_pool, v_pool, tables, lens))
-            print(f"{f'B={batch} ctx={ctx} width={tables.shape[1] * BLOCK}':<40}"
-                  + "".join(f"{t:12.1f}" for t in row) + f"{sdpa:10.1f}")
+            print(
+                f"{f'B={batch} ctx={ctx} width={tables.shape[1] * BLOCK}':<40}"
+                + "".join(f"{t:12.1f}" for t in row)
+                + f"{sdpa:10.1f}"
+            )
     best = min(logs, key=logs.get)
     print(f"\nBEST {best[0]} {best[1]}")  # the setting of the smallest geometric mean over every shape
 
@@ -101,23 +104,33 @@ def compare_products(model: str = DOT_MODEL) -> float:
     mean of time / SDPA's."""
     heads, kv_heads, dim, dtype = DOT_MODELS[model]
     ta.MIN_PARTITION_TOKENS, ta.PROGRAMS_PER_SM = DEFAULT_SETTING
-    print(f"\n== {model}: CUDA cores vs tensor cores, split setting {DEFAULT_SETTING}, dot tile "
-          f"{ta.DOT_TILE_TOKENS} tokens, {ta.DOT_NUM_WARPS} warps ==")
-    print(f"{'shape':<28}{'cores us':>10}{'dot us':>10}{'sdpa us':>10}{'cores/sdpa':>12}{'dot/sdpa':>10}"
-          f"{'cores diff':>12}{'dot diff':>10}")
+    print(
+        f"\n== {model}: CUDA cores vs tensor cores, split setting {DEFAULT_SETTING}, dot tile "
+        f"{ta.DOT_TILE_TOKENS} tokens, {ta.DOT_NUM_WARPS} warps =="
+    )
+    print(
+        f"{'shape':<28}{'cores us':>10}{'dot us':>10}{'sdpa us':>10}{'cores/sdpa':>12}{'dot/sdpa':>10}"
+        f"{'cores diff':>12}{'dot diff':>10}"
+    )
     logs = {"cores": 0.0, "dot": 0.0}
     for batch, ctx in SHAPES:
         q, k_pool, v_pool, tables, lens = inputs(heads, kv_heads, dim, dtype, batch, ctx)
         sdpa_path = sdpa_call(q, k_pool, v_pool, tables, lens)
-        paths = {name: functools.partial(ta.paged_decode_attention, q, k_pool, v_pool, tables, lens, 0.125,
-                                         tensor_cores=name == "dot") for name in logs}
+        paths = {
+            name: functools.partial(
+                ta.paged_decode_attention, q, k_pool, v_pool, tables, lens, 0.125, tensor_cores=name == "dot"
+            )
+            for name in logs
+        }
         sdpa, expected = graph_time_us(sdpa_path), sdpa_path().float()
         times = {name: graph_time_us(call) for name, call in paths.items()}
         diffs = {name: (call().float() - expected).abs().max().item() for name, call in paths.items()}
         for name in logs:
             logs[name] += math.log(times[name] / sdpa)
-        print(f"{f'B={batch} ctx={ctx}':<28}{times['cores']:10.1f}{times['dot']:10.1f}{sdpa:10.1f}"
-              f"{times['cores'] / sdpa:12.2f}{times['dot'] / sdpa:10.2f}{diffs['cores']:12.1e}{diffs['dot']:10.1e}")
+        print(
+            f"{f'B={batch} ctx={ctx}':<28}{times['cores']:10.1f}{times['dot']:10.1f}{sdpa:10.1f}"
+            f"{times['cores'] / sdpa:12.2f}{times['dot'] / sdpa:10.2f}{diffs['cores']:12.1e}{diffs['dot']:10.1e}"
+        )
     means = {name: math.exp(log / len(SHAPES)) for name, log in logs.items()}
     print("geometric mean of time / sdpa: " + ", ".join(f"{name} {mean:.2f}" for name, mean in means.items()))
     return means["dot"]
@@ -140,12 +153,22 @@ def sweep_dot_tiles(model: str = DOT_MODEL) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dot-only", action="store_true",
-                        help="only the CUDA-core vs tensor-core table (TinyLlama bf16), not the split sweep")
-    parser.add_argument("--dot-tiles", action="store_true",
-                        help="only the dot path's tile / warps settings, one geometric mean each (a minute)")
-    parser.add_argument("--dot-model", choices=list(DOT_MODELS), default=DOT_MODEL,
-                        help="the heads the two --dot tables take (default: %(default)s)")
+    parser.add_argument(
+        "--dot-only",
+        action="store_true",
+        help="only the CUDA-core vs tensor-core table (TinyLlama bf16), not the split sweep",
+    )
+    parser.add_argument(
+        "--dot-tiles",
+        action="store_true",
+        help="only the dot path's tile / warps settings, one geometric mean each (a minute)",
+    )
+    parser.add_argument(
+        "--dot-model",
+        choices=list(DOT_MODELS),
+        default=DOT_MODEL,
+        help="the heads the two --dot tables take (default: %(default)s)",
+    )
     args = parser.parse_args()
     if args.dot_tiles:
         sweep_dot_tiles(args.dot_model)

@@ -15,9 +15,9 @@ import time
 import torch
 
 from minivllm.bench.common import run_engine
+from minivllm.core.step_work import SeqWork
 from minivllm.engine.config import EngineConfig
 from minivllm.engine.factory import create_engine
-from minivllm.core.step_work import SeqWork
 from minivllm.sampling.params import SamplingParams
 
 CONTEXT = 200  # tokens already cached per sequence
@@ -48,15 +48,23 @@ def replay_ms(graph, repeats: int = 100) -> float:
 
 def main(model: str, dtype: str, quantization: str) -> None:
     os.environ.setdefault("MINIVLLM_CUDA_COMPILE", "1")
-    engine = create_engine(model, EngineConfig(max_num_seqs=32, max_model_len=2048), dtype=dtype, device="cuda",
-                           quantization=quantization, enforce_eager=False)
+    engine = create_engine(
+        model,
+        EngineConfig(max_num_seqs=32, max_model_len=2048),
+        dtype=dtype,
+        device="cuda",
+        quantization=quantization,
+        enforce_eager=False,
+    )
     runner, graphs, model = engine.runner, engine.runner.graphs, engine.loaded.model
     compiled = model.compiled
     width = CONTEXT // engine.config.block_size + 1
     print(f"\n== {model.config.name} ({dtype}, {quantization}): ms per decode step at {CONTEXT} cached tokens ==")
     print(f"graphs: {model.compilation()}")
-    print(f"{'rows':>5} {'graph replay':>13} {'runner graphs':>14} {'runner compiled':>16} {'runner eager':>13} "
-          f"{'engine step graphs':>19} {'engine step eager':>18}")
+    print(
+        f"{'rows':>5} {'graph replay':>13} {'runner graphs':>14} {'runner compiled':>16} {'runner eager':>13} "
+        f"{'engine step graphs':>19} {'engine step eager':>18}"
+    )
     for rows in (1, 8, 32):
         works = [SeqWork([5 + i], CONTEXT, list(range(1 + i * width, 1 + (i + 1) * width))) for i in range(rows)]
         bucket = next(w for w in graphs.width_sizes if w >= width)
@@ -69,8 +77,10 @@ def main(model: str, dtype: str, quantization: str) -> None:
         eager = median_ms(lambda: runner.execute(works, []))
         step_eager = engine_step_ms(engine, rows)
         runner.graphs, model.compiled = graphs, compiled
-        print(f"{rows:>5} {replay:>10.3f} ms {with_graphs:>11.3f} ms {with_compiled:>13.3f} ms {eager:>10.3f} ms "
-              f"{step_graphs:>16.3f} ms {step_eager:>15.3f} ms")
+        print(
+            f"{rows:>5} {replay:>10.3f} ms {with_graphs:>11.3f} ms {with_compiled:>13.3f} ms {eager:>10.3f} ms "
+            f"{step_graphs:>16.3f} ms {step_eager:>15.3f} ms"
+        )
 
 
 def engine_step_ms(engine, rows: int) -> float:
@@ -80,4 +90,4 @@ def engine_step_ms(engine, rows: int) -> float:
 
 
 if __name__ == "__main__":
-    main(*(sys.argv[1:] + ["random:smollm2-135m", "float32", "none"][len(sys.argv) - 1:]))
+    main(*(sys.argv[1:] + ["random:smollm2-135m", "float32", "none"][len(sys.argv) - 1 :]))

@@ -24,8 +24,14 @@ from pathlib import Path
 
 import httpx
 
-PROMPTS = ["Explain continuous batching.", "Write a haiku about a cache miss.", "What is a paged KV cache?",
-           "Summarise Hamlet in two sentences.", "Why is the sky blue?", "List three uses of prefix caching."]
+PROMPTS = [
+    "Explain continuous batching.",
+    "Write a haiku about a cache miss.",
+    "What is a paged KV cache?",
+    "Summarise Hamlet in two sentences.",
+    "Why is the sky blue?",
+    "List three uses of prefix caching.",
+]
 SAMPLE_EVERY_S = 15.0
 
 
@@ -60,9 +66,17 @@ async def wait_healthy(client: httpx.AsyncClient, proc: subprocess.Popen) -> Non
 async def one_request(client: httpx.AsyncClient, rng: random.Random, outcomes: Counter) -> None:
     behaviour = rng.choices(["full", "hang-up", "slow"], weights=[6, 2, 2])[0]
     chat = rng.random() < 0.5
-    body = {"max_tokens": rng.randint(16, 96), "temperature": rng.choice([0, 0.8]), "n": rng.choice([1, 1, 2]),
-            "stream": True, **({"messages": [{"role": "user", "content": rng.choice(PROMPTS)}]} if chat
-                               else {"prompt": rng.choice(PROMPTS)})}
+    body = {
+        "max_tokens": rng.randint(16, 96),
+        "temperature": rng.choice([0, 0.8]),
+        "n": rng.choice([1, 1, 2]),
+        "stream": True,
+        **(
+            {"messages": [{"role": "user", "content": rng.choice(PROMPTS)}]}
+            if chat
+            else {"prompt": rng.choice(PROMPTS)}
+        ),
+    }
     path = "/v1/chat/completions" if chat else "/v1/completions"
     finish, chunks, stop_after = 0, 0, rng.randint(1, 8)
     try:
@@ -138,17 +152,28 @@ async def soak(args: argparse.Namespace) -> dict:
             series: list[dict] = []
             start = time.monotonic()
             deadline = start + 60 * args.minutes
-            await asyncio.gather(monitor(client, start, deadline, outcomes, series),
-                                 *(worker(client, seed, deadline, outcomes) for seed in range(args.streams)))
+            await asyncio.gather(
+                monitor(client, start, deadline, outcomes, series),
+                *(worker(client, seed, deadline, outcomes) for seed in range(args.streams)),
+            )
             leaked, live = await leaked_blocks(client)
             series.append(await sample(client) | {"t_s": time.monotonic() - start})
     finally:
         proc.terminate()
         proc.wait(30)
     errors = sum(v for k, v in outcomes.items() if k.startswith("error"))
-    return {"minutes": args.minutes, "streams": args.streams, "outcomes": dict(outcomes), "errors": errors,
-            "leaked_blocks": leaked, "live_requests_at_end": live, "rss_gib_first": series[0]["rss_gib"],
-            "rss_gib_peak": max(s["rss_gib"] for s in series), "rss_gib_last": series[-1]["rss_gib"], "series": series}
+    return {
+        "minutes": args.minutes,
+        "streams": args.streams,
+        "outcomes": dict(outcomes),
+        "errors": errors,
+        "leaked_blocks": leaked,
+        "live_requests_at_end": live,
+        "rss_gib_first": series[0]["rss_gib"],
+        "rss_gib_peak": max(s["rss_gib"] for s in series),
+        "rss_gib_last": series[-1]["rss_gib"],
+        "series": series,
+    }
 
 
 def report(result: dict, out: Path) -> None:
@@ -161,18 +186,27 @@ def report(result: dict, out: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 3.5))
     ax.plot([s["t_s"] for s in result["series"]], [s["rss_gib"] for s in result["series"]], marker=".")
-    ax.set(xlabel="seconds", ylabel="server RSS (GiB)", title=f"soak: {result['streams']} streams, "
-           f"{result['minutes']:g} min, {result['errors']} errors, {result['leaked_blocks']} leaked blocks")
+    ax.set(
+        xlabel="seconds",
+        ylabel="server RSS (GiB)",
+        title=f"soak: {result['streams']} streams, "
+        f"{result['minutes']:g} min, {result['errors']} errors, {result['leaked_blocks']} leaked blocks",
+    )
     ax.set_ylim(bottom=0)
     fig.tight_layout()
     fig.savefig(out / "soak_rss.png", dpi=120)
     o = result["outcomes"]
-    print("\n| minutes | streams | completed | of them slow readers | hung up | errors | leaked blocks | RSS first / peak / last (GiB) |")
+    print(
+        "\n| minutes | streams | completed | of them slow readers | hung up | errors | leaked blocks "
+        "| RSS first / peak / last (GiB) |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     slow = o.get("completed (slow reader)", 0)
-    print(f"| {result['minutes']:g} | {result['streams']} | {o.get('completed', 0) + slow} | {slow} | {o.get('hung up', 0)} | "
-          f"{result['errors']} | {result['leaked_blocks']} | {result['rss_gib_first']:.2f} / {result['rss_gib_peak']:.2f} / "
-          f"{result['rss_gib_last']:.2f} |")
+    print(
+        f"| {result['minutes']:g} | {result['streams']} | {o.get('completed', 0) + slow} | {slow} "
+        f"| {o.get('hung up', 0)} | {result['errors']} | {result['leaked_blocks']} "
+        f"| {result['rss_gib_first']:.2f} / {result['rss_gib_peak']:.2f} / {result['rss_gib_last']:.2f} |"
+    )
     print(f"[soak] wrote {out / 'soak.json'} and {out / 'soak_rss.png'}")
 
 

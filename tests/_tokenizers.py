@@ -59,9 +59,7 @@ def sp_bpe_tokenizer():
     meta = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
     t = Tokenizer(models.BPE(unk_token="<unk>"))
     t.pre_tokenizer = meta
-    t.train_from_iterator(
-        CORPUS, trainers.BpeTrainer(vocab_size=500, special_tokens=SPECIALS + BYTE_TOKENS)
-    )
+    t.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=500, special_tokens=SPECIALS + BYTE_TOKENS))
     m = json.loads(t.to_str())["model"]
     merges = [tuple(x) if isinstance(x, list) else tuple(x.split(" ")) for x in m["merges"]]
     bt = Tokenizer(models.BPE(vocab=m["vocab"], merges=merges, unk_token="<unk>", byte_fallback=True))
@@ -80,9 +78,7 @@ def sp_unigram_tokenizer():
     meta_pre = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
     t = Tokenizer(models.Unigram())
     t.pre_tokenizer = meta_pre
-    t.train_from_iterator(
-        CORPUS, trainers.UnigramTrainer(vocab_size=200, special_tokens=SPECIALS, unk_token="<unk>")
-    )
+    t.train_from_iterator(CORPUS, trainers.UnigramTrainer(vocab_size=200, special_tokens=SPECIALS, unk_token="<unk>"))
     m = json.loads(t.to_str())["model"]
     vocab = [tuple(p) for p in m["vocab"]]
     have = {p for p, _ in vocab}

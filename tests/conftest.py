@@ -15,13 +15,20 @@ from minivllm.loader import gguf_loader
 os.environ.setdefault("MINIVLLM_ENFORCE_EAGER", "1")
 
 # Fixtures that read the embedded GGUF: a test using one is `slow` (`make test-fast` leaves it out).
-REAL_MODEL_FIXTURES = {"embedded_path", "embedded_tokenizer", "embedded_model", "embedded_model_q4",
-                       "hf_embedded_model"}
+REAL_MODEL_FIXTURES = {
+    "embedded_path",
+    "embedded_tokenizer",
+    "embedded_model",
+    "embedded_model_q4",
+    "hf_embedded_model",
+}
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: loads the real model, builds kernels, compiles or runs a server "
-                                       "(`make test-fast` runs the rest)")
+    config.addinivalue_line(
+        "markers",
+        "slow: loads the real model, builds kernels, compiles or runs a server (`make test-fast` runs the rest)",
+    )
 
 
 def pytest_collection_modifyitems(config, items):
@@ -62,8 +69,9 @@ def hf_embedded_model(embedded_path):
     """The transformers oracle on the same GGUF, fp32."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(embedded_path.parent), gguf_file=embedded_path.name,
-                                                 dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(embedded_path.parent), gguf_file=embedded_path.name, dtype=torch.float32
+    )
     return model.eval()
 
 

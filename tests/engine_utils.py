@@ -7,19 +7,29 @@ import weakref
 
 import msgspec
 
-from minivllm.events import types as ev
+from minivllm.core.step_work import SeqWork
 from minivllm.engine.config import EngineConfig
 from minivllm.engine.llm_engine import LLMEngine
-from minivllm.core.step_work import SeqWork
 from minivllm.engine.outputs import OutputAccumulator, RequestOutput
+from minivllm.events import types as ev
 from minivllm.sampling.params import SamplingParams
 
-
 # Speculative configs that draft whenever possible (adaptive: false), so every test exercises verification
-NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3,
-         "disable_by_batch_size": None, "adaptive": False}
-EARLY_EXIT = {"method": "early_exit", "exit_layer": 1, "num_speculative_tokens": 3, "disable_by_batch_size": None,
-              "adaptive": False}
+NGRAM = {
+    "method": "ngram",
+    "num_speculative_tokens": 4,
+    "prompt_lookup_min": 1,
+    "prompt_lookup_max": 3,
+    "disable_by_batch_size": None,
+    "adaptive": False,
+}
+EARLY_EXIT = {
+    "method": "early_exit",
+    "exit_layer": 1,
+    "num_speculative_tokens": 3,
+    "disable_by_batch_size": None,
+    "adaptive": False,
+}
 
 # Batched and alone runs (or compiled and eager ones) sum in different orders, and rounding of
 # activations can turn a last-bit difference into a flipped near-tie (docs/ARCHITECTURE.md).
@@ -75,8 +85,9 @@ async def whole(outputs) -> RequestOutput:
     return out
 
 
-def run(engine: LLMEngine, max_steps: int = 5000, check_every_step: bool = True,
-        on_step=None) -> dict[str, RequestOutput]:
+def run(
+    engine: LLMEngine, max_steps: int = 5000, check_every_step: bool = True, on_step=None
+) -> dict[str, RequestOutput]:
     """Steps until idle; returns the final output of every request that finished. Checks the block
     manager's invariants after every step; fails instead of hanging if the engine makes no progress."""
     done: dict[str, RequestOutput] = {}
@@ -90,8 +101,10 @@ def run(engine: LLMEngine, max_steps: int = 5000, check_every_step: bool = True,
                 done[out.request_id] = out
         if check_every_step:
             engine.block_manager.check_invariants()
-    raise AssertionError(f"engine still busy after {max_steps} steps: "
-                         f"{[(r.request_id, r.status.value) for r in engine.requests.values()]}")
+    raise AssertionError(
+        f"engine still busy after {max_steps} steps: "
+        f"{[(r.request_id, r.status.value) for r in engine.requests.values()]}"
+    )
 
 
 def assert_all_blocks_free(engine: LLMEngine) -> None:
@@ -121,19 +134,22 @@ def compare(folded: ev.Snapshot, snap: ev.Snapshot) -> None:
         assert request.request_id in by_id, f"{request.request_id} missing from the folded state"
         assert by_id[request.request_id] == request, (
             f"{request.request_id}:\n folded   {msgspec.json.encode(by_id[request.request_id])}\n"
-            f" snapshot {msgspec.json.encode(request)}")
+            f" snapshot {msgspec.json.encode(request)}"
+        )
 
 
-def random_decode_works(rng: random.Random, rows: int, num_blocks: int, block_size: int = 16,
-                        max_width: int = 8, vocab: int = 49152) -> list[SeqWork]:
+def random_decode_works(
+    rng: random.Random, rows: int, num_blocks: int, block_size: int = 16, max_width: int = 8, vocab: int = 49152
+) -> list[SeqWork]:
     """`rows` single-token decode rows of a tiny-vocabulary model: random tokens, block tables of 1 to
     `max_width` distinct blocks (never block 0), a random context length within each table."""
     works = []
     for _ in range(rows):
         width = rng.randint(1, max_width)
         table = rng.sample(range(1, num_blocks), width)
-        works.append(SeqWork([rng.randrange(vocab)], rng.randint((width - 1) * block_size, width * block_size - 1),
-                             table))
+        works.append(
+            SeqWork([rng.randrange(vocab)], rng.randint((width - 1) * block_size, width * block_size - 1), table)
+        )
     return works
 
 

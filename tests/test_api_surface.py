@@ -17,17 +17,17 @@ import msgspec
 import openai
 import pytest
 from litestar.testing import TestClient
+from test_server_support import sse_events, tiny_app
 
 from minivllm.server import openai_protocol as p
-from test_server_support import sse_events, tiny_app
 
 API_DOC = Path(__file__).resolve().parents[1] / "docs" / "API.md"
 TREATMENTS = ("honoured", "no-op", "400")
 
 # The field names of vLLM's ChatCompletionRequest and CompletionRequest (vllm/entrypoints/openai),
 # OpenAI's own fields included: the surface a client written for vLLM may send.
-VLLM_CHAT_FIELDS = """messages model frequency_penalty logit_bias logprobs top_logprobs max_tokens max_completion_tokens n
-presence_penalty response_format seed stop stream stream_options temperature top_p tools tool_choice reasoning_effort
+VLLM_CHAT_FIELDS = """messages model frequency_penalty logit_bias logprobs top_logprobs max_tokens max_completion_tokens
+n presence_penalty response_format seed stop stream stream_options temperature top_p tools tool_choice reasoning_effort
 include_reasoning parallel_tool_calls user best_of use_beam_search top_k min_p repetition_penalty length_penalty
 stop_token_ids include_stop_str_in_output ignore_eos min_tokens skip_special_tokens spaces_between_special_tokens
 truncate_prompt_tokens prompt_logprobs allowed_token_ids bad_words echo add_generation_prompt continue_final_message
@@ -60,10 +60,12 @@ def doc_table(route: str) -> dict[str, str]:
 # ---- a server and the official client on it ---------------------------------------------------
 
 SALT_PROMPT = "The cache salt test prompt, long enough to fill a couple of KV blocks of sixteen tokens each."
-TEMPLATE = ("{% if greeting %}{{ greeting }}\n{% endif %}"
-            "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-            "{% for d in documents or [] %}DOC {{ d.title }}: {{ d.text }}\n{% endfor %}"
-            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+TEMPLATE = (
+    "{% if greeting %}{{ greeting }}\n{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% for d in documents or [] %}DOC {{ d.title }}: {{ d.text }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 @pytest.fixture(scope="module")
@@ -81,15 +83,21 @@ class Call:
     """One request through the client: the body it answered (or its error), SSE chunks when streamed."""
 
     def __init__(self, client: openai.OpenAI, route: str, fields: dict[str, Any]):
-        base = ({"messages": [{"role": "user", "content": "Tell me about KV caches."}]} if route == "chat"
-                else {"prompt": "Once upon a time"})
+        base = (
+            {"messages": [{"role": "user", "content": "Tell me about KV caches."}]}
+            if route == "chat"
+            else {"prompt": "Once upon a time"}
+        )
         body = {**base, "model": "random:tiny", "max_tokens": 6, "temperature": 0, **fields}
         create = (client.chat.completions if route == "chat" else client.completions).with_raw_response.create
         self.status, self.body, self.chunks = 200, None, None
         try:
-            raw = create(**{k: body.pop(k) for k in ("model", "stream") if k in body}, extra_body=body,
-                         **({} if route == "chat" else {"prompt": body.pop("prompt")}),
-                         **({"messages": body.pop("messages")} if route == "chat" else {}))
+            raw = create(
+                **{k: body.pop(k) for k in ("model", "stream") if k in body},
+                extra_body=body,
+                **({} if route == "chat" else {"prompt": body.pop("prompt")}),
+                **({"messages": body.pop("messages")} if route == "chat" else {}),
+            )
         except openai.APIStatusError as exc:
             self.status, self.body = exc.status_code, exc.response.json()
             return
@@ -111,8 +119,11 @@ class Call:
 
 
 def streamed_text(call: Call) -> str:
-    return "".join((c["choices"][0].get("delta", {}).get("content") or c["choices"][0].get("text") or "")
-                   for c in call.chunks or [] if c["choices"])
+    return "".join(
+        (c["choices"][0].get("delta", {}).get("content") or c["choices"][0].get("text") or "")
+        for c in call.chunks or []
+        if c["choices"]
+    )
 
 
 # ---- the cases: a value per field, and what the response must show --------------------------
@@ -127,6 +138,7 @@ def same_as_baseline(call: Call, base: Call, _client) -> None:
 def shows(predicate: Callable[[Call, Call], bool]) -> Check:
     def check(call: Call, base: Call, _client) -> None:
         assert predicate(call, base), (call.body, base.body)
+
     return check
 
 
@@ -160,7 +172,8 @@ def _best_of(call: Call, _base: Call, client) -> None:
     best = max(drawn.body["choices"], key=_score)
     again = Call(client, route, {"best_of": 4, "temperature": 1.0, "seed": 2, **logprobs})
     assert len(call.body["choices"]) == 1 and Call.text.fget(again) == (  # type: ignore[attr-defined]
-        best["message"]["content"] if route == "chat" else best["text"])
+        best["message"]["content"] if route == "chat" else best["text"]
+    )
 
 
 def _salted(call: Call, _base: Call, client) -> None:
@@ -170,6 +183,7 @@ def _salted(call: Call, _base: Call, client) -> None:
     def cached(salt: str) -> int:
         again = Call(client, "completions", {"prompt": prompt, "cache_salt": salt, "max_tokens": 1})
         return again.body["usage"]["prompt_tokens_details"]["cached_tokens"]
+
     cached("tenant-a")
     assert cached("tenant-a") > 0 and cached("tenant-b") == 0 and cached("tenant-a") > 0
 
@@ -206,10 +220,15 @@ def _seeded(call: Call, _base: Call, client) -> None:
 
 def _prompt_tokens(extra: dict[str, Any], relation: Callable[[int, int], bool]) -> Check:
     """The prompt's token count against that of the same request with `extra` instead of the field."""
+
     def check(call: Call, _base: Call, client) -> None:
         route = "chat" if "message" in call.choice else "completions"
         other = Call(client, route, _with_template(extra))
-        assert relation(call.body["usage"]["prompt_tokens"], other.body["usage"]["prompt_tokens"]), (call.body, other.body)
+        assert relation(call.body["usage"]["prompt_tokens"], other.body["usage"]["prompt_tokens"]), (
+            call.body,
+            other.body,
+        )
+
     return check
 
 
@@ -222,10 +241,14 @@ def _backend_checked(call: Call, base: Call, client) -> None:
 def _special_tokens(sign: int) -> Check:
     """The prompt grows (+1) or shrinks (-1) by the tokens the tokenizer itself adds (its BOS; the
     embedded tokenizer adds none, and then the count must not change)."""
+
     def check(call: Call, base: Call, client) -> None:
         tok = client._client.app.state.server.async_engine.engine.tokenizer
-        added = len(tok("x", add_special_tokens=True)["input_ids"]) - len(tok("x", add_special_tokens=False)["input_ids"])
+        added = len(tok("x", add_special_tokens=True)["input_ids"]) - len(
+            tok("x", add_special_tokens=False)["input_ids"]
+        )
         assert call.body["usage"]["prompt_tokens"] == base.body["usage"]["prompt_tokens"] + sign * added
+
     return check
 
 
@@ -257,19 +280,40 @@ COMMON: dict[str, Case] = {
     "min_p": (1.0, shows(_greedy_again), HOT),
     "min_tokens": (6, shows(lambda c, b: c.body["usage"]["completion_tokens"] == 6), {}),
     "ignore_eos": (True, shows(lambda c, b: c.choice["finish_reason"] == "length"), {}),
-    "stop_token_ids": (None, shows(lambda c, b: c.body["usage"]["completion_tokens"] <= 3
-                                   and c.choice["stop_reason"] == b.choice["token_ids"][2]), {}),
-    "use_beam_search": (True, shows(lambda c, b: len({x.get("text") or x["message"]["content"]
-                                                      for x in c.body["choices"]}) == 2), {"n": 2}),
+    "stop_token_ids": (
+        None,
+        shows(
+            lambda c, b: (
+                c.body["usage"]["completion_tokens"] <= 3 and c.choice["stop_reason"] == b.choice["token_ids"][2]
+            )
+        ),
+        {},
+    ),
+    "use_beam_search": (
+        True,
+        shows(lambda c, b: len({x.get("text") or x["message"]["content"] for x in c.body["choices"]}) == 2),
+        {"n": 2},
+    ),
     "length_penalty": (0.5, None, {"use_beam_search": True}),
     "priority": (-1, None, {}),
-    "include_stop_str_in_output": (True, shows(lambda c, b: b.text.startswith(c.text) and c.text.endswith(
-        c.choice["stop_reason"]) and len(c.text) < len(b.text)), {}),
+    "include_stop_str_in_output": (
+        True,
+        shows(
+            lambda c, b: (
+                b.text.startswith(c.text) and c.text.endswith(c.choice["stop_reason"]) and len(c.text) < len(b.text)
+            )
+        ),
+        {},
+    ),
     "skip_special_tokens": (False, shows(lambda c, b: "<|im_start|>" in c.text), {"logit_bias": {"1": 100}}),
     "best_of": (4, _best_of, {"temperature": 1.0, "seed": 2}),
     "spaces_between_special_tokens": (False, same_as_baseline, {}),
     "truncate_prompt_tokens": (2, shows(lambda c, b: c.body["usage"]["prompt_tokens"] == 2), {}),
-    "prompt_logprobs": (1, shows(lambda c, b: bool(c.body.get("prompt_logprobs") or c.choice.get("prompt_logprobs"))), {}),
+    "prompt_logprobs": (
+        1,
+        shows(lambda c, b: bool(c.body.get("prompt_logprobs") or c.choice.get("prompt_logprobs"))),
+        {},
+    ),
     "allowed_token_ids": ([11, 12, 13], shows(_allowed), {"return_token_ids": True}),
     "bad_words": (None, _bad_words, {"return_token_ids": True}),
     "response_format": ({"type": "json_object"}, shows(lambda c, b: c.text.lstrip().startswith("{")), {}),
@@ -284,46 +328,85 @@ COMMON: dict[str, Case] = {
     "return_token_ids": (True, shows(lambda c, b: len(c.choice["token_ids"]) == 6), {}),
     "return_tokens_as_token_ids": (True, shows(lambda c, b: "token_id:" in json.dumps(c.choice["logprobs"])), {}),
     "cache_salt": ("tenant-a", _salted, {}),
-    "logits_processors": (["my.processor"], None, {}), "kv_transfer_params": ({"do_remote_decode": True}, None, {}),
-    "vllm_xargs": ({"x": 1}, None, {}), "repetition_detection": ({"max_pattern_size": 4}, None, {}),
+    "logits_processors": (["my.processor"], None, {}),
+    "kv_transfer_params": ({"do_remote_decode": True}, None, {}),
+    "vllm_xargs": ({"x": 1}, None, {}),
+    "repetition_detection": ({"max_pattern_size": 4}, None, {}),
 }
 CHAT_CASES: dict[str, Case] = {
     **COMMON,
     "return_tokens_as_token_ids": (True, COMMON["return_tokens_as_token_ids"][1], {"logprobs": True}),
-    "messages": ([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
-                 shows(lambda c, b: c.body["usage"]["prompt_tokens"] != b.body["usage"]["prompt_tokens"]), {}),
+    "messages": (
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+        shows(lambda c, b: c.body["usage"]["prompt_tokens"] != b.body["usage"]["prompt_tokens"]),
+        {},
+    ),
     "max_completion_tokens": (2, shows(lambda c, b: c.body["usage"]["completion_tokens"] == 2), {}),
     "logprobs": (True, shows(lambda c, b: len(c.choice["logprobs"]["content"]) == 6), {}),
-    "top_logprobs": (3, shows(lambda c, b: all(len(t["top_logprobs"]) == 3 for t in c.choice["logprobs"]["content"])),
-                     {"logprobs": True}),
-    "tools": ([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
-              shows(lambda c, b: c.body["usage"]["prompt_tokens"] > b.body["usage"]["prompt_tokens"]), {}),
-    "tool_choice": ("none", shows(lambda c, b: c.body["usage"]["prompt_tokens"] == b.body["usage"]["prompt_tokens"]),
-                    {"tools": [{"type": "function", "function": {"name": "f"}}]}),
+    "top_logprobs": (
+        3,
+        shows(lambda c, b: all(len(t["top_logprobs"]) == 3 for t in c.choice["logprobs"]["content"])),
+        {"logprobs": True},
+    ),
+    "tools": (
+        [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+        shows(lambda c, b: c.body["usage"]["prompt_tokens"] > b.body["usage"]["prompt_tokens"]),
+        {},
+    ),
+    "tool_choice": (
+        "none",
+        shows(lambda c, b: c.body["usage"]["prompt_tokens"] == b.body["usage"]["prompt_tokens"]),
+        {"tools": [{"type": "function", "function": {"name": "f"}}]},
+    ),
     "parallel_tool_calls": (False, None, {}),
-    "metadata": ({"k": "v"}, same_as_baseline, {}), "store": (False, same_as_baseline, {}),
-    "service_tier": ("auto", same_as_baseline, {}), "safety_identifier": ("s", same_as_baseline, {}),
-    "prompt_cache_key": ("k", same_as_baseline, {}), "reasoning_effort": ("low", same_as_baseline, {}),
-    "verbosity": ("low", same_as_baseline, {}), "include_reasoning": (False, same_as_baseline, {}),
+    "metadata": ({"k": "v"}, same_as_baseline, {}),
+    "store": (False, same_as_baseline, {}),
+    "service_tier": ("auto", same_as_baseline, {}),
+    "safety_identifier": ("s", same_as_baseline, {}),
+    "prompt_cache_key": ("k", same_as_baseline, {}),
+    "reasoning_effort": ("low", same_as_baseline, {}),
+    "verbosity": ("low", same_as_baseline, {}),
+    "include_reasoning": (False, same_as_baseline, {}),
     "modalities": (["text"], same_as_baseline, {}),
-    "audio": ({"voice": "alloy", "format": "mp3"}, None, {}), "prediction": ({"type": "content", "content": "x"}, None, {}),
-    "web_search_options": ({}, None, {}), "functions": ([{"name": "f"}], None, {}), "function_call": ("auto", None, {}),
-    "echo": (True, shows(lambda c, b: c.text.startswith("Well,")),
-             {"messages": PREFILL, "add_generation_prompt": False, "continue_final_message": True}),
-    "add_generation_prompt": (False, shows(lambda c, b: c.body["usage"]["prompt_tokens"]
-                                           < b.body["usage"]["prompt_tokens"]), {}),
-    "continue_final_message": (True, _prompt_tokens({"messages": PREFILL, "add_generation_prompt": False},
-                                                    lambda mine, closed: mine < closed),
-                               {"messages": PREFILL, "add_generation_prompt": False}),
-    "chat_template_kwargs": (GREETING["chat_template_kwargs"], _prompt_tokens({"chat_template": None}, int.__gt__),
-                             {"chat_template": None}),
+    "audio": ({"voice": "alloy", "format": "mp3"}, None, {}),
+    "prediction": ({"type": "content", "content": "x"}, None, {}),
+    "web_search_options": ({}, None, {}),
+    "functions": ([{"name": "f"}], None, {}),
+    "function_call": ("auto", None, {}),
+    "echo": (
+        True,
+        shows(lambda c, b: c.text.startswith("Well,")),
+        {"messages": PREFILL, "add_generation_prompt": False, "continue_final_message": True},
+    ),
+    "add_generation_prompt": (
+        False,
+        shows(lambda c, b: c.body["usage"]["prompt_tokens"] < b.body["usage"]["prompt_tokens"]),
+        {},
+    ),
+    "continue_final_message": (
+        True,
+        _prompt_tokens({"messages": PREFILL, "add_generation_prompt": False}, lambda mine, closed: mine < closed),
+        {"messages": PREFILL, "add_generation_prompt": False},
+    ),
+    "chat_template_kwargs": (
+        GREETING["chat_template_kwargs"],
+        _prompt_tokens({"chat_template": None}, int.__gt__),
+        {"chat_template": None},
+    ),
     "add_special_tokens": (True, _special_tokens(+1), {}),
-    "documents": ([{"title": "T", "text": "a document"}], _prompt_tokens({"chat_template": None}, int.__gt__),
-                  {"chat_template": None}),
-    "chat_template": (None, shows(lambda c, b: c.body["usage"]["prompt_tokens"] != b.body["usage"]["prompt_tokens"]),
-                      {}),
+    "documents": (
+        [{"title": "T", "text": "a document"}],
+        _prompt_tokens({"chat_template": None}, int.__gt__),
+        {"chat_template": None},
+    ),
+    "chat_template": (
+        None,
+        shows(lambda c, b: c.body["usage"]["prompt_tokens"] != b.body["usage"]["prompt_tokens"]),
+        {},
+    ),
     "structural_tag": ('{"structures": []}', None, {}),
-    "mm_processor_kwargs": ({"num_crops": 4}, None, {}), "media_io_kwargs": ({"image": {}}, None, {}),
+    "mm_processor_kwargs": ({"num_crops": 4}, None, {}),
+    "media_io_kwargs": ({"image": {}}, None, {}),
 }
 COMPLETION_CASES: dict[str, Case] = {
     **COMMON,
@@ -342,7 +425,7 @@ ROUTES = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 def _fields(field: str, value: Any, partners: dict[str, Any], base: Call) -> dict[str, Any]:
     """What a row sends: its field, its partners, and the values read off the baseline's output."""
     if field == "stop":
-        value = base.text[len(base.text) // 2:len(base.text) // 2 + 2]
+        value = base.text[len(base.text) // 2 : len(base.text) // 2 + 2]
     elif field == "stop_token_ids":
         value = [base.choice["token_ids"][2]]
     elif field == "include_stop_str_in_output":
@@ -357,7 +440,7 @@ def _fields(field: str, value: Any, partners: dict[str, Any], base: Call) -> dic
 
 def _token_text(base: Call, i: int) -> str:
     """The text the baseline's i-th token added (the baseline asks for its token ids)."""
-    return _tokenizer().decode(base.choice["token_ids"][i:i + 1])
+    return _tokenizer().decode(base.choice["token_ids"][i : i + 1])
 
 
 @functools.cache
@@ -375,8 +458,10 @@ def _with_template(fields: dict[str, Any]) -> dict[str, Any]:
 # ---- the tests -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("route, struct, vllm_fields", [("chat", p.ChatCompletionRequest, VLLM_CHAT_FIELDS),
-                                                        ("completions", p.CompletionRequest, VLLM_COMPLETION_FIELDS)])
+@pytest.mark.parametrize(
+    "route, struct, vllm_fields",
+    [("chat", p.ChatCompletionRequest, VLLM_CHAT_FIELDS), ("completions", p.CompletionRequest, VLLM_COMPLETION_FIELDS)],
+)
 def test_every_vllm_field_is_declared_and_documented(route, struct, vllm_fields):
     declared = {f.name for f in msgspec.structs.fields(struct)}
     table = doc_table(ROUTES[route])
@@ -395,8 +480,7 @@ def baselines(client):
     return {route: Call(client, route, {"return_token_ids": True}) for route in CASES}
 
 
-@pytest.mark.parametrize("route, field, treatment",
-                         [(r, f, t) for r in CASES for f, t in _rows(r)])
+@pytest.mark.parametrize("route, field, treatment", [(r, f, t) for r in CASES for f, t in _rows(r)])
 def test_each_documented_field_gets_its_treatment(client, baselines, route, field, treatment):
     value, check, partners = CASES[route][field]
     base = baselines[route]
@@ -417,12 +501,15 @@ def test_each_documented_field_gets_its_treatment(client, baselines, route, fiel
 
 
 def test_allowed_token_ids_and_bad_words_constrain_every_token(client):
-    call = Call(client, "completions", {"allowed_token_ids": [11, 12, 13], "return_token_ids": True,
-                                        "temperature": 1.0, "seed": 1, "max_tokens": 12})
+    call = Call(
+        client,
+        "completions",
+        {"allowed_token_ids": [11, 12, 13], "return_token_ids": True, "temperature": 1.0, "seed": 1, "max_tokens": 12},
+    )
     assert len(call.choice["token_ids"]) == 12 and set(call.choice["token_ids"]) <= {11, 12, 13}
     free = Call(client, "completions", {"return_token_ids": True, "max_tokens": 12})
     banned = free.choice["token_ids"][0]
-    word = free.text[:len(free.text) - len(free.text.lstrip())] + free.text.split()[0]
+    word = free.text[: len(free.text) - len(free.text.lstrip())] + free.text.split()[0]
     no_word = Call(client, "completions", {"bad_words": [word], "return_token_ids": True, "max_tokens": 12})
     assert banned not in no_word.choice["token_ids"][:1]
     assert word.strip() not in no_word.text.split()
@@ -442,8 +529,11 @@ def test_return_token_ids_match_the_text_and_the_stream(client, http):
 
 
 def test_return_tokens_as_token_ids_names_tokens_by_id(client):
-    call = Call(client, "chat", {"logprobs": True, "top_logprobs": 2, "return_tokens_as_token_ids": True,
-                                 "return_token_ids": True})
+    call = Call(
+        client,
+        "chat",
+        {"logprobs": True, "top_logprobs": 2, "return_tokens_as_token_ids": True, "return_token_ids": True},
+    )
     content = call.choice["logprobs"]["content"]
     assert [t["token"] for t in content] == [f"token_id:{i}" for i in call.choice["token_ids"]]
     assert all(alt["token"].startswith("token_id:") for t in content for alt in t["top_logprobs"])
@@ -470,7 +560,9 @@ def test_best_of_returns_the_likeliest_samples(client):
     assert [score(c) for c in best.body["choices"]] == pytest.approx(expected)
     for fields, why in (({"n": 3, "best_of": 2}, "best_of must be"), ({"best_of": 2, "stream": True}, "stream")):
         error = Call(client, "completions", fields)
-        assert error.status == 400 and error.body["error"]["param"] == "best_of" and why in error.body["error"]["message"]
+        assert (
+            error.status == 400 and error.body["error"]["param"] == "best_of" and why in error.body["error"]["message"]
+        )
 
 
 def test_chat_template_needs_a_trusted_server_and_documents_reach_it(client, tmp_path):
@@ -478,17 +570,25 @@ def test_chat_template_needs_a_trusted_server_and_documents_reach_it(client, tmp
     without = Call(client, "chat", {"chat_template": TEMPLATE})
     assert with_docs.body["usage"]["prompt_tokens"] > without.body["usage"]["prompt_tokens"]
     with TestClient(tiny_app(tmp_path)) as untrusted:
-        r = untrusted.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}],
-                                                         "chat_template": TEMPLATE})
+        r = untrusted.post(
+            "/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}], "chat_template": TEMPLATE}
+        )
         assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template"
         assert "--trust-request-chat-template" in r.json()["error"]["message"]
 
 
-@pytest.mark.parametrize("fields, param", [
-    ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"), ({"truncate_prompt_tokens": 10**6}, "truncate_prompt_tokens"),
-    ({"allowed_token_ids": []}, "allowed_token_ids"), ({"allowed_token_ids": [10**7]}, "allowed_token_ids"),
-    ({"bad_words": [" "]}, "bad_words"), ({"cache_salt": ""}, "cache_salt"), ({"request_id": "a b"}, "request_id"),
-])
+@pytest.mark.parametrize(
+    "fields, param",
+    [
+        ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
+        ({"truncate_prompt_tokens": 10**6}, "truncate_prompt_tokens"),
+        ({"allowed_token_ids": []}, "allowed_token_ids"),
+        ({"allowed_token_ids": [10**7]}, "allowed_token_ids"),
+        ({"bad_words": [" "]}, "bad_words"),
+        ({"cache_salt": ""}, "cache_salt"),
+        ({"request_id": "a b"}, "request_id"),
+    ],
+)
 def test_bad_values_of_the_new_fields_are_400s_naming_them(client, fields, param):
     call = Call(client, "completions", fields)
     assert call.status == 400 and call.body["error"]["param"] == param, call.body

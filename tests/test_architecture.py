@@ -13,8 +13,14 @@ import minivllm
 PACKAGE_DIR = Path(minivllm.__file__).parent
 # what server/ may import from the rest of the package: the engine's surface, the wire types and
 # the modules that read them, request parameters and text utilities
-SERVER_MAY_IMPORT = {"minivllm.engine.api", "minivllm.events.types", "minivllm.events.recording",
-                     "minivllm.events.fold", "minivllm.sampling.params", "minivllm.text.tokenizer_utils"}
+SERVER_MAY_IMPORT = {
+    "minivllm.engine.api",
+    "minivllm.events.types",
+    "minivllm.events.recording",
+    "minivllm.events.fold",
+    "minivllm.sampling.params",
+    "minivllm.text.tokenizer_utils",
+}
 
 
 def module_name(path: Path) -> str:
@@ -36,7 +42,9 @@ def imports_of(path: Path, modules: dict[str, Path]) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
             for alias in node.names:  # `from minivllm.events import types as events` names a module, not an attribute
                 candidate = f"{base}.{alias.name}"
                 found.add(candidate if candidate in modules else base)
@@ -58,7 +66,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         path.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             if nxt not in state and (cycle := visit(nxt)) is not None:
                 return cycle
         path.pop()
@@ -107,13 +115,19 @@ def layer_of(module: str) -> int:
 
 def test_packages_import_only_their_own_layer_or_below():
     graph = import_graph()
-    upward = [f"{name} -> {dep}" for name, deps in sorted(graph.items()) for dep in sorted(deps)
-              if layer_of(dep) > layer_of(name)]
+    upward = [
+        f"{name} -> {dep}"
+        for name, deps in sorted(graph.items())
+        for dep in sorted(deps)
+        if layer_of(dep) > layer_of(name)
+    ]
     assert not upward, "imports that go up the layers:\n" + "\n".join(upward)
 
 
 def test_the_layer_check_sees_an_upward_import():
-    assert layer_of("minivllm.engine.llm_engine") > layer_of("minivllm.spec_decode.factory") > layer_of("minivllm.quant")
+    assert (
+        layer_of("minivllm.engine.llm_engine") > layer_of("minivllm.spec_decode.factory") > layer_of("minivllm.quant")
+    )
     assert layer_of("minivllm") == len(LAYERS) - 1 and layer_of("minivllm.errors") == 0
 
 
@@ -140,8 +154,11 @@ def test_bench_builds_engines_through_the_factory_and_uses_no_core_or_quant_inte
         internal = sorted(d for d in deps if d.startswith(("minivllm.core", "minivllm.quant")))
         assert not internal, f"{name} imports {internal}: widen engine.api instead"
     for path in (PACKAGE_DIR / "bench").rglob("*.py"):
-        calls = [n for n in ast.walk(ast.parse(path.read_text()))
-                 if isinstance(n, ast.Call) and ast.unparse(n.func) == "LLMEngine"]
+        calls = [
+            n
+            for n in ast.walk(ast.parse(path.read_text()))
+            if isinstance(n, ast.Call) and ast.unparse(n.func) == "LLMEngine"
+        ]
         assert not calls, f"bench/{path.name} builds LLMEngine(...) itself: use engine.factory"
 
 

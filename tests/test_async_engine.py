@@ -7,12 +7,12 @@ import threading
 import time
 
 import pytest
-from engine_utils import make_engine, run, whole
 
-from minivllm.events import types as ev
+from engine_utils import make_engine, run, whole
 from minivllm.engine.async_engine import AsyncEngine
 from minivllm.engine.outputs import OutputAccumulator
 from minivllm.engine.request_validation import RequestRejectedError
+from minivllm.events import types as ev
 from minivllm.sampling.params import SamplingParams
 
 PROMPT = "The library opens at nine and"
@@ -21,8 +21,10 @@ TIMEOUT_S = 30
 
 def arun(coro):
     """asyncio.run with a deadline: a lost stream must fail the test, not hang it."""
+
     async def guarded():
         return await asyncio.wait_for(coro, TIMEOUT_S)
+
     return asyncio.run(guarded())
 
 
@@ -54,6 +56,7 @@ async def pool_state(engine: AsyncEngine):
     def read(e):
         e.block_manager.check_invariants()
         return e.block_manager.num_free_blocks, e.block_manager.num_blocks, list(e.requests)
+
     return await engine.call(read)
 
 
@@ -105,6 +108,7 @@ def watch_steps(engine: AsyncEngine, request_id: str):
                 seen.append(("step", e.seq))
         elif isinstance(e, ev.RequestStateChanged) and e.request_id == request_id and e.state == "FINISHED":
             seen.append((e.finish_reason, e.seq))
+
     engine.engine.bus.subscribe(on_event)
     return seen
 
@@ -113,6 +117,7 @@ def watch_steps(engine: AsyncEngine, request_id: str):
 def test_cancelling_the_consumer_aborts_within_one_step(engine, how):
     seen = watch_steps(engine, "long")
     params = SamplingParams(temperature=0.0, max_tokens=500, ignore_eos=True)
+
     async def consume(counter: list, ready: asyncio.Event):
         async for out in engine.generate("Once upon a time", params, request_id="long"):
             counter.append(out)
@@ -173,7 +178,7 @@ def test_bad_request_raises_before_any_output_and_the_engine_keeps_serving(engin
         async for out in first:
             tokens += out.outputs[0].token_ids
         assert out.finished and out.outputs[0].finish_reason == "length" and len(tokens) == 8
-        async for out in engine.generate("Still serving", params, request_id="after"):
+        async for _ in engine.generate("Still serving", params, request_id="after"):
             pass
         return out
 
@@ -207,15 +212,18 @@ def test_failed_step_fails_its_requests_and_the_engine_keeps_serving(engine, tin
         results = await asyncio.gather(victim("v1"), victim("v2"))
         free, total, live = await pool_state(engine)
         assert (free, total, live) == (total, total, [])
-        out = await whole(engine.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True),
-                                          request_id="after"))
+        out = await whole(
+            engine.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True), request_id="after")
+        )
         return results, out
 
     results, out = arun(main())
     assert all(0 < len(got) < 40 for got in results)  # they were running when the step failed
     assert out.finished and out.outputs[0].num_tokens == 6
-    assert out.outputs[0].token_ids == sync_reference(
-        tiny_model, PROMPT, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)).token_ids
+    assert (
+        out.outputs[0].token_ids
+        == sync_reference(tiny_model, PROMPT, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)).token_ids
+    )
     assert engine.is_alive
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_utils import EventLog, assert_all_blocks_free, chat_ids, make_engine, run
 
+from engine_utils import EventLog, assert_all_blocks_free, chat_ids, make_engine, run
 from minivllm.events import types as ev
 from minivllm.sampling.params import SamplingParams
 
@@ -39,14 +39,24 @@ def tiny(tmp_path_factory):
 def hf_beams(hf, prompt, k, n, lp, max_new, eos=EOS):
     from transformers import GenerationConfig
 
-    gc = GenerationConfig(num_beams=k, num_return_sequences=n, do_sample=False, early_stopping=False,
-                          length_penalty=lp, max_new_tokens=max_new, eos_token_id=eos, pad_token_id=PAD,
-                          return_dict_in_generate=True, output_scores=True)
+    gc = GenerationConfig(
+        num_beams=k,
+        num_return_sequences=n,
+        do_sample=False,
+        early_stopping=False,
+        length_penalty=lp,
+        max_new_tokens=max_new,
+        eos_token_id=eos,
+        pad_token_id=PAD,
+        return_dict_in_generate=True,
+        output_scores=True,
+    )
     with torch.no_grad():
-        out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                          generation_config=gc)
+        out = hf.generate(
+            torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long), generation_config=gc
+        )
     seqs = []
-    for row in out.sequences[:, len(prompt):].tolist():
+    for row in out.sequences[:, len(prompt) :].tolist():
         end = row.index(eos) + 1 if eos in row else max_new  # HF pads finished beams after EOS
         seqs.append(row[:end])
     return seqs, out.sequences_scores.tolist()
@@ -101,10 +111,18 @@ def test_tiny_beams_batched_with_other_requests_and_preempted(tiny, expected):
         prompt = PROMPTS[i % len(PROMPTS)]
         wanted[f"beam{i}"] = expected[(i % len(PROMPTS), case)]
         engine.add_request(f"beam{i}", prompt_token_ids=prompt, params=beam_params(*case), priority=1)
-        engine.add_request(f"greedy{i}", prompt_token_ids=prompt[::-1], priority=0,
-                           params=SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
-    engine.add_request("sampled", prompt_token_ids=[5, 6, 7, 8, 9], priority=0,
-                       params=SamplingParams(temperature=1.0, seed=3, max_tokens=20, ignore_eos=True))
+        engine.add_request(
+            f"greedy{i}",
+            prompt_token_ids=prompt[::-1],
+            priority=0,
+            params=SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
+        )
+    engine.add_request(
+        "sampled",
+        prompt_token_ids=[5, 6, 7, 8, 9],
+        priority=0,
+        params=SamplingParams(temperature=1.0, seed=3, max_tokens=20, ignore_eos=True),
+    )
     done = run(engine)
     assert any(e.preempted for e in log.of(ev.StepScheduled)), "the pool was never tight"
     for rid, (seqs, scores) in wanted.items():
@@ -117,15 +135,21 @@ def test_tiny_beams_batched_with_other_requests_and_preempted(tiny, expected):
 # as decodes and others as prefill chunks. (Found by a random search; they failed before the engine
 # put the logits rows back in beam order.)
 PREEMPTED_BEAM_SCENARIOS = [
-    (dict(num_blocks=10, block_size=4, max_num_batched_tokens=16),
-     [([1, 87, 78, 63, 126], (2, 1, 1.0, 6)), ([1, 37, 65], (3, 1, 1.0, 8))],
-     [([119, 71, 72, 90, 15, 27, 75, 73], 12)]),
-    (dict(num_blocks=16, block_size=2, max_num_batched_tokens=6),
-     [([1, 7, 42, 75, 57, 15, 78], (3, 1, 1.0, 6)), ([1, 68, 126, 104, 123, 82], (2, 1, 1.0, 10))],
-     [([73, 48, 68, 63], 20), ([89, 15, 79, 77, 48, 56, 48, 27, 89, 23, 82, 61], 6)]),
-    (dict(num_blocks=18, block_size=2, max_num_batched_tokens=16),
-     [([1, 27, 66, 83], (3, 1, 1.0, 8)), ([1, 87, 76, 92, 31, 56, 43, 55, 81, 4, 51], (2, 1, 1.0, 8))],
-     [([6, 36, 107, 6, 124, 45], 9), ([34, 58, 93, 57, 83, 121], 18)]),
+    (
+        dict(num_blocks=10, block_size=4, max_num_batched_tokens=16),
+        [([1, 87, 78, 63, 126], (2, 1, 1.0, 6)), ([1, 37, 65], (3, 1, 1.0, 8))],
+        [([119, 71, 72, 90, 15, 27, 75, 73], 12)],
+    ),
+    (
+        dict(num_blocks=16, block_size=2, max_num_batched_tokens=6),
+        [([1, 7, 42, 75, 57, 15, 78], (3, 1, 1.0, 6)), ([1, 68, 126, 104, 123, 82], (2, 1, 1.0, 10))],
+        [([73, 48, 68, 63], 20), ([89, 15, 79, 77, 48, 56, 48, 27, 89, 23, 82, 61], 6)],
+    ),
+    (
+        dict(num_blocks=18, block_size=2, max_num_batched_tokens=16),
+        [([1, 27, 66, 83], (3, 1, 1.0, 8)), ([1, 87, 76, 92, 31, 56, 43, 55, 81, 4, 51], (2, 1, 1.0, 8))],
+        [([6, 36, 107, 6, 124, 45], 9), ([34, 58, 93, 57, 83, 121], 18)],
+    ),
 ]
 
 
@@ -138,8 +162,12 @@ def test_tiny_preempted_beams_resume_correctly(tiny, scenario):
     for i, (prompt, case) in enumerate(beams):
         engine.add_request(f"beam{i}", prompt_token_ids=prompt, params=beam_params(*case), priority=1)
     for i, (prompt, max_tokens) in enumerate(greedy):
-        engine.add_request(f"greedy{i}", prompt_token_ids=prompt, priority=0,
-                           params=SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
+        engine.add_request(
+            f"greedy{i}",
+            prompt_token_ids=prompt,
+            priority=0,
+            params=SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True),
+        )
     done = run(engine)
     preempted = {rid for e in log.of(ev.StepScheduled) for rid in e.preempted}
     assert preempted & {f"beam{i}" for i in range(len(beams))}, "no beam request was preempted"
@@ -152,8 +180,7 @@ def test_embedded_beam_search_matches_hf(embedded_model, hf_embedded_model):
     tok = embedded_model.tokenizer
     eos = embedded_model.config.eos_token_ids[0]
     engine = make_engine(embedded_model, num_blocks=64)
-    cases = [(chat_ids(tok, "Name a color."), (3, 2, 1.0, 6)),
-             (tok.encode("The quick brown fox"), (2, 2, 0.8, 6))]
+    cases = [(chat_ids(tok, "Name a color."), (3, 2, 1.0, 6)), (tok.encode("The quick brown fox"), (2, 2, 0.8, 6))]
     for i, (prompt, case) in enumerate(cases):
         engine.add_request(f"b{i}", prompt_token_ids=prompt, params=beam_params(*case))
     done = run(engine)

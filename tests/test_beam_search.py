@@ -71,7 +71,7 @@ def hf_beam_search(model, prompt, k, max_new, length_penalty, eos):
     )
     with torch.no_grad():
         out = model.generate(torch.tensor([prompt]), generation_config=gc)
-    seqs = out.sequences[:, len(prompt):].tolist()
+    seqs = out.sequences[:, len(prompt) :].tolist()
     hf_beam_search.last_steps = len(out.scores)  # one entry per decoding step
     return seqs, out.sequences_scores.tolist()
 
@@ -101,7 +101,7 @@ def our_beam_search(model, prompt, k, max_new, length_penalty, eos, num_return=N
             tokens = torch.tensor([[t] for _, t in nxt])
             beams = torch.cat([beams[parents], tokens], dim=1)
             # the state's own view of the live beams agrees with the engine's
-            assert [list(map(int, b[len(prompt):])) for b in beams] == state.live_beams
+            assert [list(map(int, b[len(prompt) :])) for b in beams] == state.live_beams
     with pytest.raises(RuntimeError, match="already finished"):  # a finished search stays finished
         state.step(logprobs)
     assert steps <= max_new
@@ -117,7 +117,7 @@ def assert_same(hf, ours, eos):
         # `pad_token_id or eos_token_id` -- pad id 0 is falsy, so here it pads with EOS.
         fill = (PAD or eos) if eos is not None else -1
         assert hseq[: len(toks)] == toks
-        assert all(t == fill for t in hseq[len(toks):])
+        assert all(t == fill for t in hseq[len(toks) :])
         if len(toks) < len(hseq):
             assert toks[-1] == eos
         assert score == hscore  # same float32 ops in the same order

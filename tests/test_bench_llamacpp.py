@@ -10,10 +10,21 @@ from types import SimpleNamespace
 
 import pytest
 
-from minivllm.bench.llamacpp import (BatchedBenchResult, BatchedBenchRow, LevelComparison, LlamaCppNotFoundError,
-                                     batched_bench_command, context_size, find_llamacpp_bench, format_comparison,
-                                     _warn_if_pool_too_small, fixed_length, level_comparison, parse_batched_bench_output,
-                                     plot_comparison)
+from minivllm.bench.llamacpp import (
+    BatchedBenchResult,
+    BatchedBenchRow,
+    LevelComparison,
+    LlamaCppNotFoundError,
+    _warn_if_pool_too_small,
+    batched_bench_command,
+    context_size,
+    find_llamacpp_bench,
+    fixed_length,
+    format_comparison,
+    level_comparison,
+    parse_batched_bench_output,
+    plot_comparison,
+)
 
 FIXTURE = Path(__file__).parent / "fixtures" / "llama_batched_bench_output.txt"
 
@@ -35,11 +46,13 @@ def test_parses_the_captured_table():
 
 
 def test_ignores_log_lines_and_rejects_unknown_columns():
-    text = ("llama_model_loader: - kv   0: general.architecture str = llama\n"
-            "|    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |      T s |    S t/s |\n"
-            "|-------|--------|------|--------|----------|----------|----------|----------|----------|----------|\n"
-            "|    40 |     64 |    8 |    832 |    0.500 |   640.00 |    2.000 |   256.00 |    2.500 |   332.80 |\n"
-            "| model | size |\n")
+    text = (
+        "llama_model_loader: - kv   0: general.architecture str = llama\n"
+        "|    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |      T s |    S t/s |\n"
+        "|-------|--------|------|--------|----------|----------|----------|----------|----------|----------|\n"
+        "|    40 |     64 |    8 |    832 |    0.500 |   640.00 |    2.000 |   256.00 |    2.500 |   332.80 |\n"
+        "| model | size |\n"
+    )
     rows, settings = parse_batched_bench_output(text)
     assert rows == [BatchedBenchRow(40, 64, 8, 832, 0.5, 640.0, 2.0, 256.0, 2.5, 332.8)]
     assert settings == {}
@@ -85,9 +98,18 @@ def test_cli_reports_a_missing_build_before_loading_the_model(tmp_path, monkeypa
 
 
 def test_comparison_table_has_both_sides_and_ratios():
-    c = LevelComparison(8, 40, 64, ours_decode_tok_s=100.0, ours_prompt_tok_s=None, llamacpp_decode_tok_s=400.0,
-                        llamacpp_prompt_tok_s=1000.0, llamacpp_command="llama-batched-bench ...",
-                        ours_rss_bytes=700 * 2**20, llamacpp_peak_rss_bytes=150 * 2**20)
+    c = LevelComparison(
+        8,
+        40,
+        64,
+        ours_decode_tok_s=100.0,
+        ours_prompt_tok_s=None,
+        llamacpp_decode_tok_s=400.0,
+        llamacpp_prompt_tok_s=1000.0,
+        llamacpp_command="llama-batched-bench ...",
+        ours_rss_bytes=700 * 2**20,
+        llamacpp_peak_rss_bytes=150 * 2**20,
+    )
     header, _, line = format_comparison([c])
     assert "mini-vllm decode tok/s" in header and "llama.cpp decode tok/s" in header and "RSS MiB" in header
     assert "0.25x" in line and "400.0" in line and "100.0" in line and "-" in line
@@ -114,13 +136,17 @@ def test_rounds_become_medians_and_per_round_ratios():
 
 
 def test_one_round_keeps_the_table_without_spread_columns():
-    c = level_comparison(1, 40, 64, [(SimpleNamespace(decode_tokens_per_s=90.0), 200.0)], [_their_run(1, 60.0, 100.0, 5)])
+    c = level_comparison(
+        1, 40, 64, [(SimpleNamespace(decode_tokens_per_s=90.0), 200.0)], [_their_run(1, 60.0, 100.0, 5)]
+    )
     header, _, line = format_comparison([c])
     assert "per round" not in header and "1.50x" in line and "2.00x" in line
 
 
 def test_plot_writes_a_png_with_the_ratios(tmp_path):
-    c = level_comparison(1, 40, 64, [(SimpleNamespace(decode_tokens_per_s=90.0), 200.0)], [_their_run(1, 60.0, 100.0, 5)])
+    c = level_comparison(
+        1, 40, 64, [(SimpleNamespace(decode_tokens_per_s=90.0), 200.0)], [_their_run(1, 60.0, 100.0, 5)]
+    )
     path = plot_comparison([c], tmp_path / "llamacpp.png", "a title " * 30)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
 

@@ -4,15 +4,15 @@ steps, then times its share of the steps: only those steps' StepFinished events 
 from __future__ import annotations
 
 from engine_utils import make_engine
-
 from minivllm.bench import profile
 from minivllm.sampling.params import SamplingParams
 
 
 def test_each_round_times_its_steps_after_a_reading_and_its_untimed_warm_up(tiny_model, monkeypatch):
     engine = make_engine(tiny_model)
-    engine.add_request("r", prompt_token_ids=list(range(1, 20)),
-                       params=SamplingParams(max_tokens=64, temperature=0, ignore_eos=True))
+    engine.add_request(
+        "r", prompt_token_ids=list(range(1, 20)), params=SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
+    )
     prefill: list = []
     unsubscribe = engine.bus.subscribe(lambda e: prefill.append(e.step) if type(e).__name__ == "StepFinished" else None)
     engine.step()  # the prefill
@@ -33,5 +33,15 @@ def test_each_round_times_its_steps_after_a_reading_and_its_untimed_warm_up(tiny
     assert log == [entry for _, steps in rounds for entry in ["read"] + ["step"] * (3 + len(steps))]
     first = prefill[0] + 1 + 3  # the first round's warm-up comes first
     numbers = [e.step for _, steps in rounds for e in steps]
-    assert numbers == [first, first + 1, first + 5, first + 6, first + 7, first + 11, first + 12, first + 16,
-                       first + 17, first + 18]
+    assert numbers == [
+        first,
+        first + 1,
+        first + 5,
+        first + 6,
+        first + 7,
+        first + 11,
+        first + 12,
+        first + 16,
+        first + 17,
+        first + 18,
+    ]

@@ -19,8 +19,12 @@ def python(code: str) -> list[str]:
 
 
 def test_a_child_peak_is_its_own():
-    big, big_rss = run_with_peak_rss(python("import sys, time; b = bytearray(300 * 2**20); time.sleep(0.2); "
-                                            "print('out'); print('err', file=sys.stderr); sys.exit(3)"))
+    big, big_rss = run_with_peak_rss(
+        python(
+            "import sys, time; b = bytearray(300 * 2**20); time.sleep(0.2); "
+            "print('out'); print('err', file=sys.stderr); sys.exit(3)"
+        )
+    )
     small, small_rss = run_with_peak_rss(python("import time; time.sleep(0.2)"))
     assert big.returncode == 3 and big.stdout == "out\n" and big.stderr == "err\n"
     assert small.returncode == 0

@@ -14,14 +14,30 @@ from minivllm.engine_args import add_model_args
 
 
 def test_bench_serve_tiny_run_prints_both_sides_and_writes_json_and_plot(tmp_path):
-    proc = cli("bench", "serve", "--model", "random:tiny", "--concurrency", "1", "2", "--rounds", "1",
-               "--max-tokens", "4", "--prompt-tokens", "16", "--output-dir", str(tmp_path), timeout=300)
+    proc = cli(
+        "bench",
+        "serve",
+        "--model",
+        "random:tiny",
+        "--concurrency",
+        "1",
+        "2",
+        "--rounds",
+        "1",
+        "--max-tokens",
+        "4",
+        "--prompt-tokens",
+        "16",
+        "--output-dir",
+        str(tmp_path),
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "[bench] round 1/1, 2 concurrent" in proc.stderr  # progress
     lines = proc.stdout.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("conc"))
     assert "API tok/s" in lines[header] and "engine step med" in lines[header]
-    rows = [line.split() for line in lines[header + 2: header + 4]]
+    rows = [line.split() for line in lines[header + 2 : header + 4]]
     assert [r[0] for r in rows] == ["1", "2"]
     assert any(line.startswith("machine: CPU capability") for line in lines)
     report = json.loads((tmp_path / "serve.json").read_text())

@@ -267,7 +267,12 @@ def test_events_for_representative_scenario():
     assert run_prompt(bm, 2, prompt[:BS] + [60], owner="req-b") == BS
     shared, allocated = events
     assert (shared.kind, shared.owner, shared.block_ids, shared.ref_counts, shared.prefix_hit) == (
-        "shared", "req-b", [first], [2], True)
+        "shared",
+        "req-b",
+        [first],
+        [2],
+        True,
+    )
     assert (allocated.kind, allocated.owner, allocated.ref_counts) == ("allocated", "req-b", [1])
 
     events.clear()
@@ -430,7 +435,9 @@ class BlockManagerMachine(RuleBasedStateMachine):
             assert len(table) * bs >= computed
             for p in range(computed):
                 got = self.kv[table[p // bs]][p % bs]
-                assert got == tuple(tokens[: p + 1]), f"seq {sid} pos {p}: KV of {got}, expected {tuple(tokens[: p + 1])}"
+                assert got == tuple(tokens[: p + 1]), (
+                    f"seq {sid} pos {p}: KV of {got}, expected {tuple(tokens[: p + 1])}"
+                )
 
     def teardown(self):
         if not hasattr(self, "bm"):

@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from engine_utils import make_engine, run
 
 import minivllm.loader
+from engine_utils import make_engine, run
 from minivllm.cli import main
 from minivllm.kernels.cpu import native
 from minivllm.sampling.params import SamplingParams
@@ -23,10 +23,17 @@ def minivllm_cmd() -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "minivllm.cli"]
 
 
-def cli(*args: str, stdin: str | None = None, timeout: int = 180, env: dict[str, str] | None = None
-        ) -> subprocess.CompletedProcess:
-    return subprocess.run([*minivllm_cmd(), *args], capture_output=True, text=True, input=stdin, timeout=timeout,
-                          env=None if env is None else {**os.environ, **env})
+def cli(
+    *args: str, stdin: str | None = None, timeout: int = 180, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*minivllm_cmd(), *args],
+        capture_output=True,
+        text=True,
+        input=stdin,
+        timeout=timeout,
+        env=None if env is None else {**os.environ, **env},
+    )
 
 
 def greedy_text(loaded, prompt: str, max_tokens: int) -> str:
@@ -119,29 +126,55 @@ def test_bench_single_puts_both_engines_side_by_side(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "mini-vllm int4 g32" in proc.stdout and "HF generate sequential" in proc.stdout
     for other in (r"mini-vllm float32", "HF generate sequential"):
-        assert re.search(rf"speed-up vs {other}: [\d.]+x tokens/s overall; per prompt [\d.]+x [\d.]+x "
-                         rf"\(median [\d.]+x\)", proc.stdout), proc.stdout
+        assert re.search(
+            rf"speed-up vs {other}: [\d.]+x tokens/s overall; per prompt [\d.]+x [\d.]+x "
+            rf"\(median [\d.]+x\)",
+            proc.stdout,
+        ), proc.stdout
     assert re.search(r"machine: CPU capability \w+, \d+ threads, streaming bandwidth [\d.]+ GB/s", proc.stdout)
     assert (tmp_path / "single.png").stat().st_size > 0 and (tmp_path / "single.json").exists()
 
 
 def test_bench_throughput_and_profile_run(tmp_path):
-    proc = cli("bench", "throughput", "--quick", "--model", "random:tiny", "--concurrency", "1", "4",
-               "--output-dir", str(tmp_path), timeout=600)
+    proc = cli(
+        "bench",
+        "throughput",
+        "--quick",
+        "--model",
+        "random:tiny",
+        "--concurrency",
+        "1",
+        "4",
+        "--output-dir",
+        str(tmp_path),
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr
     assert re.search(r"mini-vllm continuous batching\s+4\s+4\s", proc.stdout), proc.stdout
     assert re.search(r"mini-vllm one at a time\s+4\s", proc.stdout), proc.stdout
     assert "4 concurrent: continuous batching is" in proc.stdout
     assert "with prefix caching" in proc.stdout and (tmp_path / "throughput.png").stat().st_size > 0
     # not eager (the suite's default): the tiny model's decode steps then run natively where the CPU allows
-    proc = cli("bench", "profile", "--model", "random:tiny", "--concurrency", "4", "--max-tokens", "16",
-               env={"MINIVLLM_ENFORCE_EAGER": "0"})
+    proc = cli(
+        "bench",
+        "profile",
+        "--model",
+        "random:tiny",
+        "--concurrency",
+        "4",
+        "--max-tokens",
+        "16",
+        env={"MINIVLLM_ENFORCE_EAGER": "0"},
+    )
     assert proc.returncode == 0, proc.stderr
     assert "one decode step at 4 concurrent" in proc.stdout and "GEMM (linear layers, LM head)" in proc.stdout
     if native.cpu_has_avx2():  # their parts, timed from inside the native call
-        inside = re.search(r"inside the native decode step \(wall time around each part, mean of (\d+) timed calls\):\n"
-                           r"  products +([\d.]+) ms +\(([\d.]+) MiB of layer weights at ([\d.]+) GB/s\)\n"
-                           r"  attention +([\d.]+) ms\n(?:  .+\n){4}  whole call +([\d.]+) ms", proc.stdout)
+        inside = re.search(
+            r"inside the native decode step \(wall time around each part, mean of (\d+) timed calls\):\n"
+            r"  products +([\d.]+) ms +\(([\d.]+) MiB of layer weights at ([\d.]+) GB/s\)\n"
+            r"  attention +([\d.]+) ms\n(?:  .+\n){4}  whole call +([\d.]+) ms",
+            proc.stdout,
+        )
         assert inside, proc.stdout
         calls, products, mib, rate, attention, whole = map(float, inside.groups())
         assert calls >= 4 and 0 < products + attention < whole and mib > 0
@@ -152,10 +185,12 @@ def test_bench_throughput_and_profile_run(tmp_path):
         if products > 0.005:
             assert rate <= mib * 1.005 * 2**20 / ((products - 0.005) / 1e3) / 1e9 * 1.005, proc.stdout
     # the floor: the bandwidth read before each round of timed steps, each round's ratio against its own reading
-    floor = re.search(r"([\d.]+)-([\d.]+) GB/s read before each of 4 rounds of steps, \d+ untimed after each "
-                      r"reading\) = [\d.]+ ms; this step is "
-                      r"([\d.]+)x the floor \(median of the rounds, each against its own reading: ([\d.]+)-([\d.]+)x\)",
-                      proc.stdout)
+    floor = re.search(
+        r"([\d.]+)-([\d.]+) GB/s read before each of 4 rounds of steps, \d+ untimed after each "
+        r"reading\) = [\d.]+ ms; this step is "
+        r"([\d.]+)x the floor \(median of the rounds, each against its own reading: ([\d.]+)-([\d.]+)x\)",
+        proc.stdout,
+    )
     assert floor, proc.stdout
     low_bw, high_bw, ratio, low, high = map(float, floor.groups())
     assert 0 < low_bw <= high_bw and 0 < low <= ratio <= high
@@ -164,14 +199,25 @@ def test_bench_throughput_and_profile_run(tmp_path):
 def test_bench_spec_puts_every_method_next_to_no_speculation(tmp_path):
     """The command end to end on the tiny model (quick grid: one K per method): a row per setup,
     workload and concurrency with its paired speedup, the machine line, a plot and the JSON."""
-    proc = cli("bench", "spec", "--quick", "--model", "random:tiny", "--draft-model", "random:tiny",
-               "--output-dir", str(tmp_path), timeout=600)
+    proc = cli(
+        "bench",
+        "spec",
+        "--quick",
+        "--model",
+        "random:tiny",
+        "--draft-model",
+        "random:tiny",
+        "--output-dir",
+        str(tmp_path),
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr
     for setup in ("off", "ngram k=4", "draft random:tiny int4 k=2", "early exit L1/2 k=2 fixed"):
         for workload in ("chat", "grounded"):
             for conc in (1, 8):
-                assert re.search(rf"^{re.escape(setup)}\s+{workload}\s+{conc}\s+[\d.]+\s+[\d.]+x", proc.stdout,
-                                 re.MULTILINE), (setup, workload, conc, proc.stdout)
+                assert re.search(
+                    rf"^{re.escape(setup)}\s+{workload}\s+{conc}\s+[\d.]+\s+[\d.]+x", proc.stdout, re.MULTILINE
+                ), (setup, workload, conc, proc.stdout)
     assert re.search(r"best one-stream setup on grounded: .+, [\d.]+x", proc.stdout)
     assert re.search(r"machine: CPU capability \w+, \d+ threads, streaming bandwidth [\d.]+ GB/s", proc.stdout)
     assert (tmp_path / "spec.png").stat().st_size > 0
@@ -185,11 +231,18 @@ def test_bench_quality_reports_every_precision_against_fp32(tmp_path):
     proc = cli("bench", "quality", "--quick", "--model", "random:tiny", "--output-dir", str(tmp_path), timeout=600)
     assert proc.returncode == 0, proc.stderr
     rows = {r["precision"]: r for r in json.loads((tmp_path / "quality.json").read_text())}
-    assert set(rows) == {"fp32 (none)", "auto, float32 KV cache", "auto, fast kernels (int8 activations)",
-                         "auto, torch's kernels (bf16 activations)",
-                         "auto, exact kernels (fp32 activations)",
-                         "int8 per channel", "int4 g32", "int4 g64",
-                         "auto, float16 KV cache (CPU default)", "auto, bfloat16 KV cache"}
+    assert set(rows) == {
+        "fp32 (none)",
+        "auto, float32 KV cache",
+        "auto, fast kernels (int8 activations)",
+        "auto, torch's kernels (bf16 activations)",
+        "auto, exact kernels (fp32 activations)",
+        "int8 per channel",
+        "int4 g32",
+        "int4 g64",
+        "auto, float16 KV cache (CPU default)",
+        "auto, bfloat16 KV cache",
+    }
     ref = rows["fp32 (none)"]
     assert ref["kl_mean"] == 0 and ref["top1_agreement"] == 1 and ref["greedy_identical"] == ref["greedy_prompts"]
     for name in ("int8 per channel", "int4 g32"):
@@ -199,14 +252,29 @@ def test_bench_quality_reports_every_precision_against_fp32(tmp_path):
     # subnormal range, and both KLs are ~2e-8, where a change of attention kernel reordered them.)
     full, half = rows["auto, float32 KV cache"], rows["auto, float16 KV cache (CPU default)"]
     brain = rows["auto, bfloat16 KV cache"]
-    assert (full["kv_cache_dtype"], half["kv_cache_dtype"], brain["kv_cache_dtype"]) == ("float32", "float16", "bfloat16")
+    assert (full["kv_cache_dtype"], half["kv_cache_dtype"], brain["kv_cache_dtype"]) == (
+        "float32",
+        "float16",
+        "bfloat16",
+    )
     assert full["kl_mean"] == 0 < half["kl_mean"] and 0 < brain["kl_mean"], (full, half, brain)
     assert "machine: CPU capability" in proc.stdout and (tmp_path / "quality.png").stat().st_size > 0
 
 
 def test_bench_structured_puts_the_schema_next_to_unconstrained(tmp_path):
-    proc = cli("bench", "structured", "--quick", "--model", "random:tiny", "--concurrency", "1", "4",
-               "--output-dir", str(tmp_path), timeout=600)
+    proc = cli(
+        "bench",
+        "structured",
+        "--quick",
+        "--model",
+        "random:tiny",
+        "--concurrency",
+        "1",
+        "4",
+        "--output-dir",
+        str(tmp_path),
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr
     for conc in (1, 4):
         assert re.search(rf"^\s+{conc}\s+[\d.]+\s+[\d.]+\s+[\d.]+x$", proc.stdout, re.MULTILINE), proc.stdout
@@ -216,13 +284,25 @@ def test_bench_structured_puts_the_schema_next_to_unconstrained(tmp_path):
 
 
 def test_bench_sampler_puts_ours_next_to_hf_generate(tmp_path):
-    proc = cli("bench", "sampler", "--quick", "--model", "random:tiny", "--concurrency", "1", "4",
-               "--output-dir", str(tmp_path), timeout=600)
+    proc = cli(
+        "bench",
+        "sampler",
+        "--quick",
+        "--model",
+        "random:tiny",
+        "--concurrency",
+        "1",
+        "4",
+        "--output-dir",
+        str(tmp_path),
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr
     for rows in (1, 4):  # every preset: our ms, HF's ms, the speed-up, the share of rows keeping HF's tokens
         for preset in ("greedy", "temperature 0.7", "balanced", "creative"):
-            assert re.search(rf"^\s+{rows} {preset}\s+[\d.]+\s+[\d.]+\s+[\d.]+x\s+100%$", proc.stdout,
-                             re.MULTILINE), proc.stdout
+            assert re.search(rf"^\s+{rows} {preset}\s+[\d.]+\s+[\d.]+\s+[\d.]+x\s+100%$", proc.stdout, re.MULTILINE), (
+                proc.stdout
+            )
     assert re.search(r"machine: CPU capability \w+, \d+ threads, streaming bandwidth [\d.]+ GB/s", proc.stdout)
     assert (tmp_path / "sampler.png").stat().st_size > 0 and (tmp_path / "sampler.json").exists()
 
@@ -234,19 +314,35 @@ def test_bench_pages_puts_huge_pages_next_to_small_ones(tmp_path, monkeypatch):
     proc = cli("bench", "pages", "--quick", "--model", "random:tiny", "--concurrency", "1")
     assert proc.returncode != 0 and "weights are on 4 KiB pages" in proc.stderr, proc.stderr
     monkeypatch.delenv("MINIVLLM_NO_HUGE_PAGES")
-    proc = cli("bench", "pages", "--quick", "--model", "random:tiny", "--max-num-seqs", "2", "--concurrency", "1", "2",
-               "--output-dir", str(tmp_path), timeout=600)
+    proc = cli(
+        "bench",
+        "pages",
+        "--quick",
+        "--model",
+        "random:tiny",
+        "--max-num-seqs",
+        "2",
+        "--concurrency",
+        "1",
+        "2",
+        "--output-dir",
+        str(tmp_path),
+        timeout=600,
+    )
     if thp_mode() not in ("always", "madvise"):  # no huge pages to be had: told so, nothing timed
         assert proc.returncode != 0 and "transparent huge pages" in proc.stderr, proc.stderr
         return
     assert proc.returncode == 0, proc.stderr
     assert "its weights left on 4 KiB pages" in proc.stderr
     for conc in (1, 2):  # 4 KiB, 2 MiB, ratio, the step on huge pages, the floor, step / floor
-        assert re.search(rf"^\s+{conc}\s+[\d.]+\s+[\d.]+\s+[\d.]+x\s+[\d.]+ ms\s+[\d.]+ ms\s+[\d.]+x$", proc.stdout,
-                         re.MULTILINE), proc.stdout
+        assert re.search(
+            rf"^\s+{conc}\s+[\d.]+\s+[\d.]+\s+[\d.]+x\s+[\d.]+ ms\s+[\d.]+ ms\s+[\d.]+x$", proc.stdout, re.MULTILINE
+        ), proc.stdout
     assert re.search(r"machine: .*, transparent huge pages: (always|madvise)", proc.stdout)
     runs = json.loads((tmp_path / "pages.json").read_text())["runs"]
-    assert [r["concurrency"] for r in runs] == [1, 2] and all(r["4 KiB pages"][0] > 0 < r["2 MiB pages"][0] for r in runs)
+    assert [r["concurrency"] for r in runs] == [1, 2] and all(
+        r["4 KiB pages"][0] > 0 < r["2 MiB pages"][0] for r in runs
+    )
     assert (tmp_path / "pages.png").stat().st_size > 0
 
 
@@ -255,15 +351,31 @@ def test_bench_compile_puts_compiled_next_to_eager(tmp_path, monkeypatch):
     proc = cli("bench", "compile", "--quick", "--model", "random:tiny", "--concurrency", "1", "2")
     assert proc.returncode != 0 and "drop --enforce-eager" in proc.stderr, proc.stderr
     monkeypatch.setenv("MINIVLLM_ENFORCE_EAGER", "0")
-    proc = cli("bench", "compile", "--quick", "--model", "random:tiny", "--max-num-seqs", "2", "--concurrency", "1", "2",
-               "--output-dir", str(tmp_path), timeout=600)
+    proc = cli(
+        "bench",
+        "compile",
+        "--quick",
+        "--model",
+        "random:tiny",
+        "--max-num-seqs",
+        "2",
+        "--concurrency",
+        "1",
+        "2",
+        "--output-dir",
+        str(tmp_path),
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "compiling decode step 1/" in proc.stderr
     # eager, compiled, ratio, the step, the floor, step / floor; with native tok/s and its ratio where the
     # native step runs (random:tiny in fp32: where our fp32 kernel beat MKL when timed at load)
     native, native_ratio = (r"\s+[\d.]+", r"\s+[\d.]+x") if "native tok/s" in proc.stdout else ("", "")
     for conc in (1, 2):
-        assert re.search(rf"^\s+{conc}\s+[\d.]+\s+[\d.]+{native}\s+[\d.]+x{native_ratio}\s+[\d.]+ ms\s+[\d.]+ ms\s+[\d.]+x$",
-                         proc.stdout, re.MULTILINE), proc.stdout
+        assert re.search(
+            rf"^\s+{conc}\s+[\d.]+\s+[\d.]+{native}\s+[\d.]+x{native_ratio}\s+[\d.]+ ms\s+[\d.]+ ms\s+[\d.]+x$",
+            proc.stdout,
+            re.MULTILINE,
+        ), proc.stdout
     assert re.search(r"machine: CPU capability \w+, \d+ threads, streaming bandwidth [\d.]+ GB/s", proc.stdout)
     assert (tmp_path / "compile.png").stat().st_size > 0 and (tmp_path / "compile.json").exists()

@@ -8,17 +8,15 @@ import random
 import pytest
 import torch
 
+from engine_utils import chat_ids, first_part_at_a_near_tie, make_engine, random_decode_works, run, sampling_mix_outputs
+from minivllm.core.step_work import SeqWork
 from minivllm.engine.config import EngineConfig
 from minivllm.engine.factory import create_engine
-from minivllm.core.step_work import SeqWork
 from minivllm.loader import load_model
 from minivllm.model import attention
 from minivllm.model.compiled import CompiledLayers, decode_row_counts, graph_count, layers_per_graph
 from minivllm.quant.policy import QuantConfig
 from minivllm.sampling.params import SamplingParams
-
-from engine_utils import (chat_ids, first_part_at_a_near_tie, make_engine, random_decode_works, run,
-                          sampling_mix_outputs)
 
 MAX_ROWS = 4  # row counts 1-4: one row, padded to a bucket, exactly a bucket (one dynamic graph from 2)
 
@@ -189,8 +187,9 @@ def test_the_compiled_step_is_built_where_the_native_step_cannot_run_every_decod
     products on our kernels can serve decode steps: the warm-up builds and compiles the compiled step."""
     monkeypatch.setenv("MINIVLLM_ENFORCE_EAGER", "0")
     monkeypatch.setattr(attention, "USE_NATIVE_DECODE", False)
-    engine = create_engine("random:tiny", EngineConfig(max_num_seqs=2),
-                           quantization=QuantConfig("int4", kernel="int8x2"))
+    engine = create_engine(
+        "random:tiny", EngineConfig(max_num_seqs=2), quantization=QuantConfig("int4", kernel="int8x2")
+    )
     assert engine.loaded.model.compiled is not None and engine.loaded.model.compiled.steady
     assert "otherwise compiled (inductor" in engine.info().compilation, engine.info().compilation
     assert "compiling decode step 1/" in capfd.readouterr().err
@@ -216,8 +215,9 @@ def test_greedy_tokens_identical_on_the_embedded_model_in_fp32(embedded_model):
     loaded = embedded_model
     prompts = [chat_ids(loaded.tokenizer, q) for q in ("What is the capital of France?", "Name three colors.")]
     eager, compiled = _eager_and_compiled(loaded, prompts, SamplingParams(temperature=0, max_tokens=32))
-    assert {rid: out.outputs[0].token_ids for rid, out in compiled.items()} == \
-        {rid: out.outputs[0].token_ids for rid, out in eager.items()}
+    assert {rid: out.outputs[0].token_ids for rid, out in compiled.items()} == {
+        rid: out.outputs[0].token_ids for rid, out in eager.items()
+    }
 
 
 def test_default_precision_parts_from_eager_only_at_near_ties(embedded_model_q4):
@@ -248,9 +248,11 @@ def test_compiled_kernels_persist_in_our_cache_folder(tmp_path, user_choice):
     env["MINIVLLM_CACHE_DIR"] = str(tmp_path / "ours")
     if user_choice:
         env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "theirs")
-    script = ("import minivllm.kernels.cpu.native, minivllm.engine.factory\n"
-              "from torch._inductor.runtime.cache_dir_utils import cache_dir\n"
-              "print(cache_dir())")
+    script = (
+        "import minivllm.kernels.cpu.native, minivllm.engine.factory\n"
+        "from torch._inductor.runtime.cache_dir_utils import cache_dir\n"
+        "print(cache_dir())"
+    )
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     expected = tmp_path / ("theirs" if user_choice else "ours/inductor")

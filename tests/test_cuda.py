@@ -11,18 +11,19 @@ import random
 
 import pytest
 import torch
+from test_model_parity import ATOL, TINY_VARIANTS, hf_forward, max_diffs, our_forward, report
 
+from engine_utils import assert_all_blocks_free, make_engine, random_decode_works, run
 from minivllm.core.step_work import SeqWork
 from minivllm.loader import load_model
 from minivllm.model import attention
 from minivllm.model.compiled import graph_count, use_compilation
 from minivllm.sampling.params import SamplingParams
 
-from engine_utils import assert_all_blocks_free, make_engine, random_decode_works, run
-from test_model_parity import ATOL, TINY_VARIANTS, hf_forward, max_diffs, our_forward, report
-
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
-                                reason="no CUDA device here: tests/test_decode_graphs.py covers the graphs on the CPU")
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="no CUDA device here: tests/test_decode_graphs.py covers the graphs on the CPU",
+)
 
 MAX_SEQS, MAX_LEN, BLOCK_SIZE = 8, 256, 16
 
@@ -116,8 +117,11 @@ def test_200_steps_of_varying_size_replay_without_a_new_capture(graphed):
     captured, before, compiled = dict(graphs.graphs), graphs.replays, graph_count()
     rng = random.Random(1)
     for _ in range(200):
-        _execute(engine, random_decode_works(rng, rng.randint(1, MAX_SEQS), 96, BLOCK_SIZE,
-                                             max_width=rng.randint(1, 16), vocab=512), True)
+        _execute(
+            engine,
+            random_decode_works(rng, rng.randint(1, MAX_SEQS), 96, BLOCK_SIZE, max_width=rng.randint(1, 16), vocab=512),
+            True,
+        )
     assert graphs.replays - before == 200 and graphs.graphs == captured and graph_count() == compiled
 
 
@@ -171,7 +175,7 @@ def test_greedy_tokens_equal_eager_and_are_transformers_argmax(graphed):
     assert with_graphs == eager
     for prompt, tokens in zip(prompts, with_graphs):
         with torch.no_grad():
-            logits = hf(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1].float()
+            logits = hf(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1].float()
         chosen = logits.gather(1, torch.tensor(tokens)[:, None])[:, 0]
         assert (logits.max(1).values - chosen).max() <= 1e-4
 
@@ -179,8 +183,10 @@ def test_greedy_tokens_equal_eager_and_are_transformers_argmax(graphed):
 def test_sampling_beams_and_n_through_graphs_equal_eager(graphed):
     """Seeded sampling with n > 1 and beam search through the engine: the same tokens either way."""
     _, _, engine = graphed
-    mix = [SamplingParams(temperature=0.9, top_p=0.9, n=3, seed=7, max_tokens=20, ignore_eos=True),
-           SamplingParams(use_beam_search=True, beam_width=3, n=2, max_tokens=12, ignore_eos=True)]
+    mix = [
+        SamplingParams(temperature=0.9, top_p=0.9, n=3, seed=7, max_tokens=20, ignore_eos=True),
+        SamplingParams(use_beam_search=True, beam_width=3, n=2, max_tokens=12, ignore_eos=True),
+    ]
 
     def outputs():
         for i, params in enumerate(mix):

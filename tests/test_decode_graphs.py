@@ -9,6 +9,7 @@ import random
 import pytest
 import torch
 
+from engine_utils import random_decode_works
 from minivllm.core.step_work import SeqWork
 from minivllm.engine.model_runner import ModelRunner
 from minivllm.loader import load_model
@@ -16,8 +17,6 @@ from minivllm.model import cuda_graphs
 from minivllm.model.attention import KVCache
 from minivllm.model.compiled import use_compilation
 from minivllm.model.cuda_graphs import DecodeGraphs, bucket_for, buckets, no_capture
-
-from engine_utils import random_decode_works
 
 BLOCKS, BLOCK_SIZE, MAX_ROWS, MAX_WIDTH = 48, 16, 8, 8
 
@@ -60,8 +59,15 @@ def tiny():
     loaded = load_model("random:tiny", device="cpu", quantization="none", max_model_len=2 * MAX_WIDTH * BLOCK_SIZE)
     use_compilation(loaded.model, "cpu", enforce_eager=True)
     cfg = loaded.config
-    kv = KVCache(cfg.num_hidden_layers, BLOCKS, BLOCK_SIZE, cfg.num_key_value_heads, cfg.head_dim, torch.float32,
-                 scratch_block=True)
+    kv = KVCache(
+        cfg.num_hidden_layers,
+        BLOCKS,
+        BLOCK_SIZE,
+        cfg.num_key_value_heads,
+        cfg.head_dim,
+        torch.float32,
+        scratch_block=True,
+    )
     gen = torch.Generator().manual_seed(0)
     for pool in (*kv.k, *kv.v):
         pool[:BLOCKS].copy_(torch.randn(pool[:BLOCKS].shape, generator=gen))
@@ -181,8 +187,9 @@ def test_a_failed_capture_leaves_decode_eager_with_one_warning(tiny, monkeypatch
 
     monkeypatch.setattr("minivllm.engine.model_runner.DecodeGraphs", broken)
     monkeypatch.setattr(loaded.model, "may_capture", True)
-    kv = KVCache(cfg.num_hidden_layers, 8, BLOCK_SIZE, cfg.num_key_value_heads, cfg.head_dim, torch.float32,
-                 scratch_block=True)
+    kv = KVCache(
+        cfg.num_hidden_layers, 8, BLOCK_SIZE, cfg.num_key_value_heads, cfg.head_dim, torch.float32, scratch_block=True
+    )
     runner = ModelRunner(loaded.model, kv).warmed_up(4, 64)
     assert runner.graphs is None and not loaded.model.may_capture
     assert "CUDA graph capture failed: RuntimeError: operation not permitted" in loaded.model.compilation()
@@ -225,8 +232,9 @@ def test_the_cuda_warm_up_compiles_then_captures_the_compiled_layers(monkeypatch
     monkeypatch.setenv("MINIVLLM_CUDA_COMPILE", "1")
     use_compilation(model, "cuda", enforce_eager=False)
     monkeypatch.setattr(cuda_graphs, "CudaGraphCapture", lambda: no_capture)
-    kv = KVCache(cfg.num_hidden_layers, 16, BLOCK_SIZE, cfg.num_key_value_heads, cfg.head_dim, torch.float32,
-                 scratch_block=True)
+    kv = KVCache(
+        cfg.num_hidden_layers, 16, BLOCK_SIZE, cfg.num_key_value_heads, cfg.head_dim, torch.float32, scratch_block=True
+    )
     runner = ModelRunner(model, kv).warmed_up(4, 64)
     assert model.compiled is not None and model.compiled.active, model.compilation()
     assert model.compilation().startswith("CUDA graphs of compiled layers (inductor")
@@ -248,13 +256,13 @@ def test_verify_steps_of_speculation_replay_graphs_sized_for_their_drafts(monkey
     """With n-gram speculation a verify step holds each sequence's last token and its drafts: the
     graphs are captured up to that many rows, verify steps replay them, and the greedy tokens are
     the eager engine's."""
+    from test_speculative import repetitive_prompts
+
+    from engine_utils import NGRAM, run
     from minivllm.engine.config import EngineConfig
     from minivllm.engine.llm_engine import LLMEngine
     from minivllm.sampling.params import SamplingParams
     from minivllm.spec_decode.config import SpeculativeConfig
-
-    from engine_utils import NGRAM, run
-    from test_speculative import repetitive_prompts
 
     monkeypatch.setattr(cuda_graphs, "CudaGraphCapture", lambda: no_capture)
     monkeypatch.delenv("MINIVLLM_CUDA_COMPILE", raising=False)
@@ -264,8 +272,11 @@ def test_verify_steps_of_speculation_replay_graphs_sized_for_their_drafts(monkey
     outputs, widest = {}, []
     for mode in ("graphs", "eager"):
         use_compilation(loaded.model, "cuda", enforce_eager=mode == "eager")
-        engine = LLMEngine(loaded, EngineConfig(max_num_seqs=4, num_blocks=64, metrics_interval_s=3600.0),
-                           speculative=SpeculativeConfig.parse(NGRAM))
+        engine = LLMEngine(
+            loaded,
+            EngineConfig(max_num_seqs=4, num_blocks=64, metrics_interval_s=3600.0),
+            speculative=SpeculativeConfig.parse(NGRAM),
+        )
         if mode == "graphs":
             graphs = engine.runner.graphs
             assert graphs.row_sizes[-1] == 4 * (1 + NGRAM["num_speculative_tokens"])

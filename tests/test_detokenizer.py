@@ -5,7 +5,6 @@ from __future__ import annotations
 import random
 
 import pytest
-
 from _tokenizers import (
     BYTE_TOKENS,
     CORPUS,
@@ -13,6 +12,7 @@ from _tokenizers import (
     sp_bpe_tokenizer,
     sp_unigram_tokenizer,
 )
+
 from minivllm.text.detokenizer import MAX_HELD_TOKENS, IncrementalDetokenizer
 
 FFFD = "\ufffd"
@@ -180,7 +180,7 @@ def test_sp_leading_space_of_first_output_token_kept(sp_tok):
     _, _, detok = stream(sp_tok, prompt, out)
     assert detok.text == " hello world"
     full, pre = sp_tok.decode(prompt + out), sp_tok.decode(prompt)
-    assert detok.text == full[len(pre):]
+    assert detok.text == full[len(pre) :]
     # without context it matches a plain decode of the output (no leading space)
     _, _, detok = stream(sp_tok, [], out)
     assert detok.text == sp_tok.decode(out) == "hello world"
@@ -239,6 +239,6 @@ def test_sp_random_token_sequences(sp_tok):
             full = sp_tok.decode(prompt + out, skip_special_tokens=skip)
             pre = sp_tok.decode(prompt, skip_special_tokens=skip)
             assert full.startswith(pre)
-            assert detok.text == full[len(pre):], (prompt, out)
+            assert detok.text == full[len(pre) :], (prompt, out)
             if not prompt:
                 assert detok.text == sp_tok.decode(out, skip_special_tokens=skip)

@@ -17,15 +17,20 @@ import openai
 import pytest
 import torch
 import torch.nn.functional as F
-from engine_utils import EventLog, assert_all_blocks_free, compare, first_part_at_a_near_tie, make_engine
 from litestar.testing import TestClient
 from test_server_support import server_of, tiny_app, tiny_engine
 from test_server_support import tiny_model as served_model
 
+from engine_utils import EventLog, assert_all_blocks_free, compare, first_part_at_a_near_tie, make_engine
 from minivllm.cli import build_parser
 from minivllm.core.request import RequestStatus
-from minivllm.engine.api import (AsyncEngine, OutputAccumulator, PoolingParams, PoolingRequestOutput,
-                                 RequestRejectedError)
+from minivllm.engine.api import (
+    AsyncEngine,
+    OutputAccumulator,
+    PoolingParams,
+    PoolingRequestOutput,
+    RequestRejectedError,
+)
 from minivllm.engine.config import EngineConfig
 from minivllm.engine.factory import create_engine
 from minivllm.engine.scoring import forward_prefills
@@ -86,17 +91,22 @@ def pool_all(engine, prompts: list[list[int]], params: PoolingParams) -> list[Po
 
 # ---- against transformers (the embedded model) -------------------------------------------
 
-TEXTS = ["Hi", "The quick brown fox jumps over the lazy dog.",
-         "A KV cache keeps the keys and values of earlier tokens so that each new token attends to them "
-         "without recomputing the whole prefix. " * 4,
-         "Embeddings map text to vectors; similar texts land close together."]
+TEXTS = [
+    "Hi",
+    "The quick brown fox jumps over the lazy dog.",
+    "A KV cache keeps the keys and values of earlier tokens so that each new token attends to them "
+    "without recomputing the whole prefix. " * 4,
+    "Embeddings map text to vectors; similar texts land close together.",
+]
 
 
-@pytest.mark.parametrize("model,min_cosine", [("embedded_model", FP32_MIN_COSINE),
-                                               ("embedded_model_q4", HF_MIN_COSINE)], ids=["fp32", "4-bit"])
+@pytest.mark.parametrize(
+    "model,min_cosine",
+    [("embedded_model", FP32_MIN_COSINE), ("embedded_model_q4", HF_MIN_COSINE)],
+    ids=["fp32", "4-bit"],
+)
 @pytest.mark.parametrize("pooling_type", ["last", "mean"])
-def test_embeddings_match_transformers(request, hf_embedded_model, embedded_tokenizer, model, min_cosine,
-                                       pooling_type):
+def test_embeddings_match_transformers(request, hf_embedded_model, embedded_tokenizer, model, min_cosine, pooling_type):
     """Several inputs of different lengths in one batch, prefilled in chunks of at most 48 tokens, by
     the engine in fp32 and at its 4-bit default (Q4_1 layers, int8 activations in our kernels)."""
     prompts = [embedded_tokenizer.encode(t) for t in TEXTS]
@@ -166,8 +176,9 @@ def test_pooling_through_a_preemption_mid_prompt(tiny_model):
 def test_pooling_through_the_native_decode_step():
     """Outside --enforce-eager, single-token rows run through the native decode step; a budget of
     one token makes every pooling chunk such a row: the states it returns are final-normed too."""
-    engine = create_engine("random:tiny", EngineConfig(num_blocks=64, max_num_batched_tokens=1, max_model_len=256),
-                           enforce_eager=False)
+    engine = create_engine(
+        "random:tiny", EngineConfig(num_blocks=64, max_num_batched_tokens=1, max_model_len=256), enforce_eager=False
+    )
     assert engine.loaded.model.native_step is not None
     prompts = [prompt_ids(n, seed=n) for n in (1, 6, 11)]
     for pooling_type in ("last", "mean"):
@@ -219,8 +230,11 @@ def test_the_event_log_folds_to_the_snapshots_with_pooling_requests(tiny_model):
 def test_pooling_requests_are_checked_all_or_none(tiny_model):
     engine = make_engine(tiny_model, max_model_len=64, num_blocks=32)
     vocab = tiny_model.config.vocab_size
-    cases = [([[5, 6], [vocab]], "prompt 1: prompt token id"), ([[5], []], "prompt 1: the prompt is empty"),
-             ([[5] * 65], "more than this model's maximum context length")]
+    cases = [
+        ([[5, 6], [vocab]], "prompt 1: prompt token id"),
+        ([[5], []], "prompt 1: the prompt is empty"),
+        ([[5] * 65], "more than this model's maximum context length"),
+    ]
     for prompts, words in cases:
         with pytest.raises(RequestRejectedError, match=words) as err:
             engine.add_pooling_requests([f"r{i}" for i in range(len(prompts))], prompts, PoolingParams())
@@ -245,8 +259,9 @@ def test_embeddings_run_beside_a_generation_stream(tiny_model):
     prompts = [prompt_ids(n, seed=n) for n in (120, 45, 3)]
 
     async def scenario():
-        stream = ae.generate(None, SamplingParams(temperature=0, max_tokens=80, ignore_eos=True), "gen",
-                             prompt_token_ids=prompt_ids(5))
+        stream = ae.generate(
+            None, SamplingParams(temperature=0, max_tokens=80, ignore_eos=True), "gen", prompt_token_ids=prompt_ids(5)
+        )
         await anext(stream)  # generating now
         outs = await ae.embed(prompts, PoolingParams("mean"), "emb")
         after = [out async for out in stream]
@@ -274,8 +289,9 @@ def test_a_cancelled_embedding_call_aborts_its_requests(tiny_model):
     ae = AsyncEngine(engine).start()
 
     async def scenario():
-        task = asyncio.ensure_future(ae.embed([prompt_ids(200, seed=1), prompt_ids(150, seed=2)], PoolingParams(),
-                                              "cancelled"))
+        task = asyncio.ensure_future(
+            ae.embed([prompt_ids(200, seed=1), prompt_ids(150, seed=2)], PoolingParams(), "cancelled")
+        )
         while not await ae.call(lambda e: any(r.seqs[0].num_computed for r in e.requests.values())):
             await asyncio.sleep(0.005)
         task.cancel()
@@ -397,8 +413,16 @@ BAD_REQUESTS = [
     ({"input": "x", "messages": []}, 400, "messages", "not both"),
     ({"model": "random:tiny"}, 400, "input", "needs `input`"),
     ({"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages", "role"),
-    ({"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": True,
-      "continue_final_message": True}, 400, "continue_final_message", "cannot both be true"),
+    (
+        {
+            "messages": [{"role": "user", "content": "hi"}],
+            "add_generation_prompt": True,
+            "continue_final_message": True,
+        },
+        400,
+        "continue_final_message",
+        "cannot both be true",
+    ),
 ]
 
 

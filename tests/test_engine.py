@@ -15,14 +15,14 @@ import resource
 
 import pytest
 import torch
-from engine_utils import EventLog, assert_all_blocks_free, chat_ids, compare, make_engine, run, step_engine
 
-from minivllm.events import types as ev
+from engine_utils import EventLog, assert_all_blocks_free, chat_ids, compare, make_engine, run, step_engine
 from minivllm.core.request import RequestStatus
 from minivllm.engine.outputs import OutputAccumulator
 from minivllm.engine.request_validation import RequestRejectedError
-from minivllm.sampling.params import SamplingParams
+from minivllm.events import types as ev
 from minivllm.events.fold import fold
+from minivllm.sampling.params import SamplingParams
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -119,8 +119,11 @@ def test_decode_step_temporaries_at_32_sequences_do_not_page_fault(embedded_mode
     for pool in (*engine.kv_cache.k, *engine.kv_cache.v):
         pool.fill_(0.0)
     for i in range(32):
-        engine.add_request(f"r{i}", prompt_token_ids=[1, 100 + i, 200, 300, 400 + i],
-                           params=SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
+        engine.add_request(
+            f"r{i}",
+            prompt_token_ids=[1, 100 + i, 200, 300, 400 + i],
+            params=SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True),
+        )
     step_until(engine, lambda: all(r.status == RequestStatus.DECODE for r in engine.requests.values()))
     for _ in range(3):  # the heap grows to the step's peak once
         step_engine(engine)
@@ -150,8 +153,12 @@ def test_abort_in_every_state_frees_everything(tiny_model):
     engine = make_engine(tiny_model, num_blocks=10, block_size=4, max_num_batched_tokens=8, max_num_seqs=2)
     bm = engine.block_manager
     ids = list(range(10, 40))
-    decode = engine.add_request("decode", prompt_token_ids=ids[:5], params=SamplingParams(max_tokens=20, ignore_eos=True))
-    prefill = engine.add_request("prefill", prompt_token_ids=ids[:22], params=SamplingParams(max_tokens=4, ignore_eos=True))
+    decode = engine.add_request(
+        "decode", prompt_token_ids=ids[:5], params=SamplingParams(max_tokens=20, ignore_eos=True)
+    )
+    prefill = engine.add_request(
+        "prefill", prompt_token_ids=ids[:22], params=SamplingParams(max_tokens=4, ignore_eos=True)
+    )
     waiting = engine.add_request("waiting", prompt_token_ids=ids[5:9], params=SamplingParams(max_tokens=4))
     seen: dict[str, list] = {}
 
@@ -178,7 +185,7 @@ def test_abort_in_every_state_frees_everything(tiny_model):
     assert outs["decode"].outputs[0].num_tokens >= 3
 
     # PREEMPTED: two growing requests in a pool that holds one of them
-    a = engine.add_request("a", prompt_token_ids=ids[:4], params=SamplingParams(max_tokens=24, ignore_eos=True))
+    engine.add_request("a", prompt_token_ids=ids[:4], params=SamplingParams(max_tokens=24, ignore_eos=True))
     b = engine.add_request("b", prompt_token_ids=ids[4:8], params=SamplingParams(max_tokens=24, ignore_eos=True))
     step_until(engine, lambda: b.status == RequestStatus.PREEMPTED)
     abort(b, RequestStatus.PREEMPTED)
@@ -188,8 +195,11 @@ def test_abort_in_every_state_frees_everything(tiny_model):
     assert engine.abort_request("a") is False  # finished
     assert engine.abort_request("nope") is False  # unknown
     assert_all_blocks_free(engine)
-    reasons = {e.request_id: e.finish_reason for e in engine.bus.history
-               if isinstance(e, ev.RequestStateChanged) and e.state == "FINISHED"}
+    reasons = {
+        e.request_id: e.finish_reason
+        for e in engine.bus.history
+        if isinstance(e, ev.RequestStateChanged) and e.state == "FINISHED"
+    }
     assert reasons == {"prefill": "abort", "waiting": "abort", "decode": "abort", "a": "length", "b": "abort"}
 
 
@@ -207,10 +217,13 @@ def test_random_mix_of_finish_abort_preempt_leaks_nothing(tiny_model, seed):
         kind = rng.choice(["greedy", "sample", "n", "beam"])
         params = {
             "greedy": SamplingParams(temperature=0, max_tokens=rng.randint(1, 20), ignore_eos=True),
-            "sample": SamplingParams(temperature=1.0, seed=i, max_tokens=rng.randint(1, 20),
-                                     stop_token_ids=[rng.randrange(3, 49152)]),
+            "sample": SamplingParams(
+                temperature=1.0, seed=i, max_tokens=rng.randint(1, 20), stop_token_ids=[rng.randrange(3, 49152)]
+            ),
             "n": SamplingParams(n=rng.randint(2, 3), temperature=1.0, seed=i, max_tokens=rng.randint(2, 10)),
-            "beam": SamplingParams(use_beam_search=True, beam_width=2, n=rng.randint(1, 2), max_tokens=rng.randint(2, 8)),
+            "beam": SamplingParams(
+                use_beam_search=True, beam_width=2, n=rng.randint(1, 2), max_tokens=rng.randint(2, 8)
+            ),
         }[kind]
         added.append((f"r{i}", prompt, params))
 
@@ -254,8 +267,9 @@ def test_preempted_parallel_samples_resume(tiny_model):
     log = EventLog(engine)
     engine.add_request("samples", prompt_token_ids=prompt, params=params, priority=1)
     step_until(engine, lambda: len(engine.requests["samples"].seqs) == 3)
-    engine.add_request("urgent", prompt_token_ids=[7, 8, 9, 10], params=SamplingParams(max_tokens=40, ignore_eos=True),
-                       priority=0)
+    engine.add_request(
+        "urgent", prompt_token_ids=[7, 8, 9, 10], params=SamplingParams(max_tokens=40, ignore_eos=True), priority=0
+    )
     done = run(engine, max_steps=300)
     assert [rid for e in log.of(ev.StepScheduled) for rid in e.preempted] == ["samples"]
     assert [o.token_ids for o in done["samples"].outputs] == ref
@@ -272,8 +286,7 @@ MULTI_SEQUENCE_PARAMS = {
 @pytest.mark.parametrize("prefix_caching", [False, True], ids=["no-prefix-cache", "prefix-cache"])
 @pytest.mark.parametrize("prompt_len", [16, 17], ids=["block-aligned-prompt", "partial-block-prompt"])
 @pytest.mark.parametrize("kind", ["samples", "beams"])
-def test_preempted_multi_sequence_request_recomputes_shared_prefix_once(tiny_model, kind, prompt_len,
-                                                                        prefix_caching):
+def test_preempted_multi_sequence_request_recomputes_shared_prefix_once(tiny_model, kind, prompt_len, prefix_caching):
     """Three samples (or beams) are preempted once they have diverged. On resume the common prefix is
     recomputed once by the first sequence and the others fork from it: without the prefix cache a
     copy per sequence (3 x 7 blocks) would exceed the 16-block pool admission validated the request
@@ -288,16 +301,24 @@ def test_preempted_multi_sequence_request_recomputes_shared_prefix_once(tiny_mod
     engine = make_engine(tiny_model, num_blocks=16, block_size=4, enable_prefix_caching=prefix_caching)
     log = EventLog(engine)
     engine.add_request("multi", prompt_token_ids=prompt, params=params, priority=1)
-    step_until(engine, lambda: len(engine.requests["multi"].seqs) == 3 and engine.requests["multi"].seqs[0].num_output_tokens >= 2)
+    step_until(
+        engine,
+        lambda: len(engine.requests["multi"].seqs) == 3 and engine.requests["multi"].seqs[0].num_output_tokens >= 2,
+    )
     # 24 + 40 tokens: the urgent request ends up needing the whole pool
-    engine.add_request("urgent", prompt_token_ids=list(range(7, 31)), params=SamplingParams(max_tokens=40, ignore_eos=True),
-                       priority=0)
+    engine.add_request(
+        "urgent", prompt_token_ids=list(range(7, 31)), params=SamplingParams(max_tokens=40, ignore_eos=True), priority=0
+    )
     shared_after_resume = []
 
     def watch(event):  # right after each schedule, before the forward
         request = engine.requests.get("multi")
-        if (not isinstance(event, ev.StepScheduled) or request is None or not request.num_preemptions
-                or request.refork_at is not None):
+        if (
+            not isinstance(event, ev.StepScheduled)
+            or request is None
+            or not request.num_preemptions
+            or request.refork_at is not None
+        ):
             return
         tables = [engine.block_manager.block_table(s.seq_id) for s in request.seqs]
         if all(tables):
@@ -313,7 +334,9 @@ def test_preempted_multi_sequence_request_recomputes_shared_prefix_once(tiny_mod
     assert [rid for e in log.of(ev.StepScheduled) for rid in e.preempted] == ["multi"]
     assert [o.token_ids for o in done["multi"].outputs] == ref
     assert len(done["urgent"].outputs[0].token_ids) == 40
-    assert shared_after_resume and all(shared_after_resume), "the resumed sequences do not share the prompt's first block"
+    assert shared_after_resume and all(shared_after_resume), (
+        "the resumed sequences do not share the prompt's first block"
+    )
     assert_all_blocks_free(engine)
 
 
@@ -345,8 +368,10 @@ def test_prefix_cache_hit_gives_identical_output(embedded_model):
     # a different question after the same system prompt reuses the system prompt's full blocks
     assert other.metrics.num_cached_tokens == shared // 16 * 16
     hits = [e for e in log.events[mark:] if isinstance(e, ev.BlocksShared) and e.prefix_hit]
-    assert [sum(len(e.block_ids) for e in hits if e.request_id == r) for r in ("again", "other")] == \
-        [(len(q1) - 1) // 16, shared // 16]
+    assert [sum(len(e.block_ids) for e in hits if e.request_id == r) for r in ("again", "other")] == [
+        (len(q1) - 1) // 16,
+        shared // 16,
+    ]
     assert engine.stats().prefix_cache_hits == again.metrics.num_cached_tokens + other.metrics.num_cached_tokens
     for got, ref in ((first, ref1), (again, ref1), (other, ref2)):
         assert got.outputs[0].token_ids == ref.outputs[0].token_ids
@@ -366,7 +391,9 @@ def test_requests_that_can_never_fit_are_rejected_at_once(tiny_model):
         engine.add_request("too-long", prompt_token_ids=list(range(100, 130)), params=SamplingParams(max_tokens=120))
     assert "128" in str(too_long.value) and "150" in str(too_long.value)  # the limit and what was asked
     with pytest.raises(RequestRejectedError) as prompt_too_long:
-        engine.add_request("prompt-too-long", prompt_token_ids=list(range(100, 300)), params=SamplingParams(max_tokens=1))
+        engine.add_request(
+            "prompt-too-long", prompt_token_ids=list(range(100, 300)), params=SamplingParams(max_tokens=1)
+        )
     assert "200" in str(prompt_too_long.value) and "128" in str(prompt_too_long.value)
     with pytest.raises(RequestRejectedError) as too_big:  # fits max_model_len, not the 4-block pool
         engine.add_request("too-big", prompt_token_ids=list(range(100, 140)), params=SamplingParams(max_tokens=40))
@@ -405,8 +432,9 @@ def test_llm_generate_with_a_bad_prompt_leaves_nothing_behind(tiny_model, monkey
         llm.generate(prompt_token_ids=[[1, 2, 3], list(range(100))], sampling_params=SamplingParams(max_tokens=4))
     assert not llm.engine.has_work(), "the good prompt of the failed call is still queued"
     assert_all_blocks_free(llm.engine)
-    outs = llm.generate(prompt_token_ids=[[4, 5, 6]], sampling_params=SamplingParams(temperature=0, max_tokens=4,
-                                                                                      ignore_eos=True))
+    outs = llm.generate(
+        prompt_token_ids=[[4, 5, 6]], sampling_params=SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    )
     assert len(outs) == 1 and len(outs[0].outputs[0].token_ids) == 4
 
 
@@ -469,12 +497,19 @@ def test_seeded_request_same_alone_and_in_a_batch(tiny_model):
     ref = run(alone_engine)["seeded"].outputs[0].token_ids
 
     engine = make_engine(tiny_model)
-    engine.add_request("other-1", prompt_token_ids=list(range(700, 740)), params=SamplingParams(temperature=1.0, max_tokens=20))
-    engine.add_request("other-2", prompt_token_ids=[9, 9, 9], params=SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True))
+    engine.add_request(
+        "other-1", prompt_token_ids=list(range(700, 740)), params=SamplingParams(temperature=1.0, max_tokens=20)
+    )
+    engine.add_request(
+        "other-2", prompt_token_ids=[9, 9, 9], params=SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+    )
     step_engine(engine)
     engine.add_request("seeded", prompt_token_ids=prompt, params=params)
-    engine.add_request("other-3", prompt_token_ids=list(range(800, 805)),
-                       params=SamplingParams(temperature=1.5, seed=99, max_tokens=30, ignore_eos=True))
+    engine.add_request(
+        "other-3",
+        prompt_token_ids=list(range(800, 805)),
+        params=SamplingParams(temperature=1.5, seed=99, max_tokens=30, ignore_eos=True),
+    )
     done = run(engine)
     assert done["seeded"].outputs[0].token_ids == ref
     assert_all_blocks_free(engine)
@@ -516,7 +551,7 @@ def test_stop_string_split_across_tokens_never_leaks(embedded_model, france):
     stop = pieces[k][-2:] + pieces[k + 1][:2]
     start = text.index(stop)
     # the token whose text completes the first occurrence of the stop string ends the generation
-    last = next(j for j in range(len(pieces)) if len("".join(pieces[:j + 1])) >= start + len(stop))
+    last = next(j for j in range(len(pieces)) if len("".join(pieces[: j + 1])) >= start + len(stop))
     engine = make_engine(embedded_model, num_blocks=16)
     log = EventLog(engine)
     out, deltas = stream(engine, "stop", ids, SamplingParams(temperature=0.0, max_tokens=40, stop=[stop, "zzzz-never"]))
@@ -524,7 +559,7 @@ def test_stop_string_split_across_tokens_never_leaks(embedded_model, france):
     assert (out.finish_reason, out.stop_reason) == ("stop", stop)
     assert "".join(deltas) == out.text
     assert "".join(e.text for e in log.of(ev.TokenGenerated)) == out.text
-    assert out.token_ids == full.token_ids[:len(out.token_ids)]
+    assert out.token_ids == full.token_ids[: len(out.token_ids)]
     # generation ended with the token that completed the stop string
     assert len(out.token_ids) == last + 1
 
@@ -535,7 +570,7 @@ def test_stop_token_ids_and_eos(embedded_model, france):
     first = full.token_ids.index(stop_token)
     engine = make_engine(embedded_model, num_blocks=16)
     out, _ = stream(engine, "stop-id", ids, SamplingParams(temperature=0.0, max_tokens=40, stop_token_ids=[stop_token]))
-    assert out.token_ids == full.token_ids[:first + 1]
+    assert out.token_ids == full.token_ids[: first + 1]
     assert (out.finish_reason, out.stop_reason) == ("stop", stop_token)
     assert full.stop_reason is None  # EOS ends with "stop" and no stop_reason
     eos_text, _ = stream(engine, "eos", ids, SamplingParams(temperature=0.0, max_tokens=40))
@@ -548,15 +583,19 @@ def test_min_tokens_and_max_tokens(embedded_model, france):
     engine = make_engine(embedded_model, num_blocks=16)
     longer, _ = stream(engine, "min", ids, SamplingParams(temperature=0.0, max_tokens=n + 4, min_tokens=n + 4))
     assert len(longer.token_ids) == n + 4 and longer.finish_reason == "length"
-    assert longer.token_ids[:n - 1] == full.token_ids[:n - 1]
+    assert longer.token_ids[: n - 1] == full.token_ids[: n - 1]
     eos = set(embedded_model.config.eos_token_ids)
     assert not eos & set(longer.token_ids)
     cut, _ = stream(engine, "max", ids, SamplingParams(temperature=0.0, max_tokens=3))
     assert cut.token_ids == full.token_ids[:3] and cut.finish_reason == "length"
     # min_tokens also holds back stop_token_ids
     stop_token = full.token_ids[1]
-    held, _ = stream(engine, "min-stop", ids, SamplingParams(temperature=0.0, max_tokens=8, min_tokens=4,
-                                                            stop_token_ids=[stop_token]))
+    held, _ = stream(
+        engine,
+        "min-stop",
+        ids,
+        SamplingParams(temperature=0.0, max_tokens=8, min_tokens=4, stop_token_ids=[stop_token]),
+    )
     assert held.token_ids[0] == full.token_ids[0] and held.token_ids[1] != stop_token
     assert len(held.token_ids) >= 4
 
@@ -567,7 +606,7 @@ def test_logprobs_match_hf(embedded_model, hf_embedded_model, france):
     out, _ = stream(engine, "lp", ids, SamplingParams(temperature=0.0, max_tokens=5, logprobs=3))
     assert len(out.logprobs) == 5
     with torch.no_grad():
-        logits = hf_embedded_model(torch.tensor([ids + out.token_ids])).logits[0, len(ids) - 1:-1].float()
+        logits = hf_embedded_model(torch.tensor([ids + out.token_ids])).logits[0, len(ids) - 1 : -1].float()
     ref = torch.log_softmax(logits, dim=-1)
     total = 0.0
     for step, (token, entry) in enumerate(zip(out.token_ids, out.logprobs)):
@@ -590,8 +629,12 @@ def test_lower_priority_value_runs_first_when_the_pool_is_tight(tiny_model):
     engine = make_engine(tiny_model, num_blocks=5, block_size=4, max_num_seqs=4)
     log = EventLog(engine)
     for rid, prio in (("late", 5), ("mid", 1), ("urgent", 0)):
-        engine.add_request(rid, prompt_token_ids=list(range(11, 24)), params=SamplingParams(max_tokens=6, ignore_eos=True),
-                           priority=prio)
+        engine.add_request(
+            rid,
+            prompt_token_ids=list(range(11, 24)),
+            params=SamplingParams(max_tokens=6, ignore_eos=True),
+            priority=prio,
+        )
     done = run(engine)
     first_token = sorted(done, key=lambda r: done[r].metrics.first_token_time)
     assert first_token == ["urgent", "mid", "late"]
@@ -603,10 +646,12 @@ def test_preemption_picks_the_lowest_priority_running_request(tiny_model):
     # both fit at first, not both to the end: the older but less urgent one must give way
     engine = make_engine(tiny_model, num_blocks=6, block_size=4)
     log = EventLog(engine)
-    engine.add_request("background", prompt_token_ids=[1, 2, 3, 4], params=SamplingParams(max_tokens=16, ignore_eos=True),
-                       priority=3)
-    engine.add_request("interactive", prompt_token_ids=[5, 6, 7, 8], params=SamplingParams(max_tokens=16, ignore_eos=True),
-                       priority=0)
+    engine.add_request(
+        "background", prompt_token_ids=[1, 2, 3, 4], params=SamplingParams(max_tokens=16, ignore_eos=True), priority=3
+    )
+    engine.add_request(
+        "interactive", prompt_token_ids=[5, 6, 7, 8], params=SamplingParams(max_tokens=16, ignore_eos=True), priority=0
+    )
     done = run(engine)
     preempted = [rid for e in log.of(ev.StepScheduled) for rid in e.preempted]
     assert preempted and set(preempted) == {"background"}

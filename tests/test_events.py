@@ -12,13 +12,13 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from engine_utils import EventLog, compare, make_engine, run, step_engine
 
+from engine_utils import EventLog, compare, make_engine, run, step_engine
 from minivllm.events import types as ev
 from minivllm.events.bus import EventBus
+from minivllm.events.fold import fold
 from minivllm.events.recording import Recorder, read_recording
 from minivllm.sampling.params import SamplingParams
-from minivllm.events.fold import fold
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,13 +34,17 @@ def eventful_workload(engine, step: int) -> None:
     """Shared prefixes, n > 1 forks with copy-on-write, beams, preemption, aborts in several states."""
     shared = list(range(100, 112))
     plans = {
-        0: [("a", shared + [5, 6], SamplingParams(temperature=0, max_tokens=6)),
+        0: [
+            ("a", shared + [5, 6], SamplingParams(temperature=0, max_tokens=6)),
             ("b", shared + [7], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)),
             ("c", [9, 8, 7, 6, 5], SamplingParams(n=2, seed=3, max_tokens=5, ignore_eos=True)),
             ("d", [1, 2, 3], SamplingParams(use_beam_search=True, beam_width=2, max_tokens=4)),
-            ("e", list(range(200, 218)), SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))],
-        3: [("f", shared + [5, 6], SamplingParams(temperature=0, max_tokens=3)),
-            ("g", list(range(300, 330)), SamplingParams(temperature=0.8, seed=1, max_tokens=6, ignore_eos=True))],
+            ("e", list(range(200, 218)), SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)),
+        ],
+        3: [
+            ("f", shared + [5, 6], SamplingParams(temperature=0, max_tokens=3)),
+            ("g", list(range(300, 330)), SamplingParams(temperature=0.8, seed=1, max_tokens=6, ignore_eos=True)),
+        ],
         7: [("h", [4, 4, 4, 4, 4], SamplingParams(n=3, temperature=1.0, seed=2, max_tokens=4, ignore_eos=True))],
     }
     for rid, ids, params in plans.get(step, []):
@@ -51,8 +55,9 @@ def eventful_workload(engine, step: int) -> None:
 
 
 def test_fold_from_any_snapshot_equals_later_snapshots(tiny_model):
-    engine = make_engine(tiny_model, num_blocks=12, block_size=4, max_num_batched_tokens=24, max_num_seqs=8,
-                         metrics_interval_s=0.0)
+    engine = make_engine(
+        tiny_model, num_blocks=12, block_size=4, max_num_batched_tokens=24, max_num_seqs=8, metrics_interval_s=0.0
+    )
     log = EventLog(engine)
     snapshots = [engine.snapshot()]
     step = 0
@@ -71,7 +76,7 @@ def test_fold_from_any_snapshot_equals_later_snapshots(tiny_model):
     assert all(50 * 2**20 < m.rss_bytes <= peak * 1.01 for m in log.of(ev.MetricsSample))  # what `ps` shows
     events = engine.bus.history
     for i, early in enumerate(snapshots):
-        for late in snapshots[i + 1:i + 4] + snapshots[-1:]:
+        for late in snapshots[i + 1 : i + 4] + snapshots[-1:]:
             between = [e for e in events if early.seq < e.seq <= late.seq]
             compare(fold(early, between), late)
 
@@ -83,7 +88,9 @@ def test_snapshot_and_fold_survive_json(tiny_model):
         step_engine(engine)
     mid = msgspec.json.decode(msgspec.json.encode(engine.snapshot()), type=ev.Snapshot)
     run(engine)
-    events = [msgspec.json.decode(msgspec.json.encode(e), type=ev.AnyEvent) for e in engine.bus.history if e.seq > mid.seq]
+    events = [
+        msgspec.json.decode(msgspec.json.encode(e), type=ev.AnyEvent) for e in engine.bus.history if e.seq > mid.seq
+    ]
     compare(fold(mid, events), engine.snapshot())
 
 
@@ -221,7 +228,9 @@ def test_raising_subscriber_is_dropped_and_the_engine_goes_on(tiny_model):
 
     good = EventLog(engine)
     engine.bus.subscribe(broken)
-    engine.add_request("r", prompt_token_ids=[1, 2, 3], params=SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
+    engine.add_request(
+        "r", prompt_token_ids=[1, 2, 3], params=SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    )
     done = run(engine)
     assert len(done["r"].outputs[0].token_ids) == 5
     assert len(calls) == 1  # dropped after its first failure

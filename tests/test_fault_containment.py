@@ -9,17 +9,19 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from engine_utils import assert_all_blocks_free, make_engine, run, whole
 
+from engine_utils import assert_all_blocks_free, make_engine, run, whole
 from minivllm.engine.async_engine import AsyncEngine
-from minivllm.errors import RequestFailedError
 from minivllm.engine.llm_engine import LLMEngine
+from minivllm.errors import RequestFailedError
 from minivllm.sampling.params import SamplingParams
 
 NEIGHBOURS = {
     "greedy": ("The paged KV cache", SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)),
-    "seeded": ("Continuous batching", SamplingParams(temperature=0.9, top_k=50, seed=7, n=2, max_tokens=12,
-                                                     ignore_eos=True)),
+    "seeded": (
+        "Continuous batching",
+        SamplingParams(temperature=0.9, top_k=50, seed=7, n=2, max_tokens=12, ignore_eos=True),
+    ),
 }
 BAD_ID = "bad"
 BAD_PARAMS = {
@@ -54,17 +56,17 @@ def inject(engine: LLMEngine, phase: str, after_tokens: int = 3) -> None:
     elif phase == "forking":
         tracker = engine.tracker
         fork = tracker.add_fork
-        tracker.add_fork = lambda request, *a: (_raise("injected fork fault") if is_bad(request)
-                                                else fork(request, *a))
+        tracker.add_fork = lambda request, *a: _raise("injected fork fault") if is_bad(request) else fork(request, *a)
     elif phase == "post-processing":
         processor = engine.output_processor
         append = processor.append
-        processor.append = lambda seq, *a: (_raise("injected detokenizer fault") if ripe(seq) else append(seq, *a))
+        processor.append = lambda seq, *a: _raise("injected detokenizer fault") if ripe(seq) else append(seq, *a)
     elif phase == "beam":
         step_sampler = engine.step_sampler
         beam_step = step_sampler.beam_step
-        step_sampler.beam_step = lambda request, logits: (_raise("injected beam fault") if is_bad(request)
-                                                          else beam_step(request, logits))
+        step_sampler.beam_step = lambda request, logits: (
+            _raise("injected beam fault") if is_bad(request) else beam_step(request, logits)
+        )
 
 
 def _raise(message: str):

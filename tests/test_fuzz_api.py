@@ -17,7 +17,6 @@ import schemathesis
 import uvicorn
 from hypothesis import HealthCheck, given, settings, strategies
 from schemathesis import GenerationMode
-
 from test_server_support import tiny_app, tiny_engine, wait_for
 
 FUZZ_EXAMPLES = int(os.environ.get("MINIVLLM_FUZZ_EXAMPLES", "40"))  # per operation, valid and invalid
@@ -28,8 +27,9 @@ def live_server(tmp_path_factory):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    app = tiny_app(tmp_path_factory.mktemp("fuzz"), engine=tiny_engine(max_model_len=64, num_blocks=128),
-                   allowed_hosts=[])
+    app = tiny_app(
+        tmp_path_factory.mktemp("fuzz"), engine=tiny_engine(max_model_len=64, num_blocks=128), allowed_hosts=[]
+    )
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -60,8 +60,14 @@ def test_generated_requests_never_get_a_server_error(live_server):
     # is not used because its collection hook does not work with pytest 9).
     checked = []
     for operation in operations(live_server):
-        @settings(max_examples=FUZZ_EXAMPLES, deadline=None, derandomize=True, database=None,
-                  suppress_health_check=list(HealthCheck))
+
+        @settings(
+            max_examples=FUZZ_EXAMPLES,
+            deadline=None,
+            derandomize=True,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
         @given(case=strategies.one_of(*(operation.as_strategy(mode) for mode in GenerationMode)))
         def no_server_error(case):
             response = case.call()
@@ -78,8 +84,11 @@ def test_generated_requests_never_get_a_server_error(live_server):
 
 def test_the_server_still_serves_after_the_fuzzing(live_server):
     # the fuzzed PUTs left some odd pool behind: put a usable one back first (it must accept it)
-    restored = httpx.put(f"{live_server}/api/config", json={"num_blocks": 128, "block_size": 16, "max_num_seqs": 8,
-                                                            "max_num_batched_tokens": 512}, timeout=30)
+    restored = httpx.put(
+        f"{live_server}/api/config",
+        json={"num_blocks": 128, "block_size": 16, "max_num_seqs": 8, "max_num_batched_tokens": 512},
+        timeout=30,
+    )
     assert restored.status_code == 200, restored.text
     r = httpx.post(f"{live_server}/v1/completions", json={"prompt": "Still here", "max_tokens": 4}, timeout=30)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4, r.text

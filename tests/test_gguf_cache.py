@@ -33,8 +33,10 @@ def write_gguf(path, tensors: dict[str, np.ndarray]):
 
 
 def reader_tensors(path):
-    return {t.name: (t.tensor_type.name, [int(s) for s in t.shape], np.asarray(t.data).tobytes())
-            for t in GGUFReader(str(path)).tensors}
+    return {
+        t.name: (t.tensor_type.name, [int(s) for s in t.shape], np.asarray(t.data).tobytes())
+        for t in GGUFReader(str(path)).tensors
+    }
 
 
 def record_tensors(path):
@@ -42,8 +44,10 @@ def record_tensors(path):
 
 
 def test_tensor_table_round_trip(cache, tmp_path):
-    path = write_gguf(tmp_path / "m.gguf", {"a": np.arange(12, dtype=np.float32).reshape(3, 4),
-                                            "b": np.linspace(-1, 1, 64, dtype=np.float16)})
+    path = write_gguf(
+        tmp_path / "m.gguf",
+        {"a": np.arange(12, dtype=np.float32).reshape(3, 4), "b": np.linspace(-1, 1, 64, dtype=np.float16)},
+    )
     first = record_tensors(path)  # read through the gguf reader, table stored
     assert (gguf_cache.entry_dir(path) / gguf_cache.TENSOR_TABLE).is_file()
     second = record_tensors(path)  # from the stored table and a memory map
@@ -90,8 +94,9 @@ def test_cached_config_and_tokenizer_equal_a_fresh_conversion(cache, embedded_pa
     """The embedded model's config and tokenizer, converted (and stored), then read back from the cache."""
     from transformers import AutoConfig, AutoTokenizer
 
-    fresh_config = LlamaConfig.from_hf(AutoConfig.from_pretrained(str(embedded_path.parent),
-                                                                  gguf_file=embedded_path.name), "smol")
+    fresh_config = LlamaConfig.from_hf(
+        AutoConfig.from_pretrained(str(embedded_path.parent), gguf_file=embedded_path.name), "smol"
+    )
     fresh_tokenizer = AutoTokenizer.from_pretrained(str(embedded_path.parent), gguf_file=embedded_path.name)
     assert gguf_cache.load_config(embedded_path, "smol") == fresh_config  # converted and stored
     gguf_cache.load_tokenizer(embedded_path)
@@ -100,15 +105,21 @@ def test_cached_config_and_tokenizer_equal_a_fresh_conversion(cache, embedded_pa
     config, tokenizer = gguf_cache.load_config(embedded_path, "other"), gguf_cache.load_tokenizer(embedded_path)
 
     assert config == dataclasses.replace(fresh_config, name="other")
-    texts = ["Hello, wörld!  \n\t  indented", "The capital of France is Paris.", "<|im_start|>user\nhi<|im_end|>",
-             "数学 123 ∑ emoji 🙂", ""]
+    texts = [
+        "Hello, wörld!  \n\t  indented",
+        "The capital of France is Paris.",
+        "<|im_start|>user\nhi<|im_end|>",
+        "数学 123 ∑ emoji 🙂",
+        "",
+    ]
     for text in texts:
         assert tokenizer.encode(text) == fresh_tokenizer.encode(text)
     ids = fresh_tokenizer.encode(texts[3])
     assert tokenizer.decode(ids) == fresh_tokenizer.decode(ids)
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"}]
-    assert tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False) == \
-        fresh_tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=False
+    ) == fresh_tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     for attr in ("eos_token_id", "bos_token_id", "pad_token_id", "all_special_ids"):
         assert getattr(tokenizer, attr) == getattr(fresh_tokenizer, attr), attr
     assert len(tokenizer) == len(fresh_tokenizer)

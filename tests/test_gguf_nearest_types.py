@@ -10,15 +10,23 @@ import torch
 from gguf import GGMLQuantizationType, GGUFWriter, quants
 
 from minivllm.loader import _dequantized_note
-from minivllm.quant.formats import Int4Weight, Int8Weight, KQuantWeight
 from minivllm.loader.gguf_tensors import read_gguf_tensors
+from minivllm.quant.formats import Int4Weight, Int8Weight, KQuantWeight
 from minivllm.quant.kquant_pack import quantize_q4_k
 
 ROWS, COLS = 48, 512
-NAMES = {"Q4_0": "blk.0.attn_q.weight", "Q5_0": "blk.0.attn_output.weight", "Q5_1": "blk.0.ffn_up.weight",
-         "Q3_K": "blk.0.ffn_gate.weight"}
-HF = {"Q4_0": "model.layers.0.self_attn.q_proj.weight", "Q5_0": "model.layers.0.self_attn.o_proj.weight",
-      "Q5_1": "model.layers.0.mlp.up_proj.weight", "Q3_K": "model.layers.0.mlp.gate_proj.weight"}
+NAMES = {
+    "Q4_0": "blk.0.attn_q.weight",
+    "Q5_0": "blk.0.attn_output.weight",
+    "Q5_1": "blk.0.ffn_up.weight",
+    "Q3_K": "blk.0.ffn_gate.weight",
+}
+HF = {
+    "Q4_0": "model.layers.0.self_attn.q_proj.weight",
+    "Q5_0": "model.layers.0.self_attn.o_proj.weight",
+    "Q5_1": "model.layers.0.mlp.up_proj.weight",
+    "Q3_K": "model.layers.0.mlp.gate_proj.weight",
+}
 
 
 def q3_k_blocks(rng) -> np.ndarray:
@@ -34,8 +42,10 @@ def q3_k_blocks(rng) -> np.ndarray:
 @pytest.fixture(scope="module")
 def mixed_file(tmp_path_factory):
     rng = np.random.default_rng(5)
-    raw = {kind: quants.quantize((rng.standard_normal((ROWS, COLS)) * 0.02).astype(np.float32),
-                                 GGMLQuantizationType[kind]) for kind in ("Q4_0", "Q5_0", "Q5_1")}
+    raw = {
+        kind: quants.quantize((rng.standard_normal((ROWS, COLS)) * 0.02).astype(np.float32), GGMLQuantizationType[kind])
+        for kind in ("Q4_0", "Q5_0", "Q5_1")
+    }
     raw["Q3_K"] = q3_k_blocks(rng)
     path = tmp_path_factory.mktemp("types") / "mixed.gguf"
     writer = GGUFWriter(str(path), "llama")
@@ -45,8 +55,10 @@ def mixed_file(tmp_path_factory):
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    exact = {kind: torch.from_numpy(quants.dequantize(data, GGMLQuantizationType[kind]).reshape(ROWS, COLS).copy())
-             for kind, data in raw.items()}
+    exact = {
+        kind: torch.from_numpy(quants.dequantize(data, GGMLQuantizationType[kind]).reshape(ROWS, COLS).copy())
+        for kind, data in raw.items()
+    }
     return path, exact
 
 

@@ -11,7 +11,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from test_openai_client import API_KEY, _start_server
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,14 +45,28 @@ def processor(tmp_path_factory) -> Path:
 
 def run_guidellm(guidellm: Path, base: str, processor: Path, out_dir: Path, request_format: str) -> dict:
     report = out_dir / "guidellm.json"
-    cmd = [str(guidellm), "run",
-           "--backend", f"kind=openai_http,target={base},api_key={API_KEY},request_format={request_format}",
-           "--profile", "kind=concurrent", "--override", "profile.streams", ",".join(map(str, STREAMS)),
-           "--constraint", f"kind=max_requests,count={REQUESTS_PER_LEVEL}",
-           "--constraint", "kind=max_duration,seconds=240",
-           "--data", f"kind=synthetic_text,prompt_tokens={PROMPT_TOKENS},output_tokens={OUTPUT_TOKENS}",
-           "--tokenizer", f"kind=huggingface_auto,model={processor}",
-           "--output", f"kind=json,path={report}", "--disable-console"]
+    cmd = [
+        str(guidellm),
+        "run",
+        "--backend",
+        f"kind=openai_http,target={base},api_key={API_KEY},request_format={request_format}",
+        "--profile",
+        "kind=concurrent",
+        "--override",
+        "profile.streams",
+        ",".join(map(str, STREAMS)),
+        "--constraint",
+        f"kind=max_requests,count={REQUESTS_PER_LEVEL}",
+        "--constraint",
+        "kind=max_duration,seconds=240",
+        "--data",
+        f"kind=synthetic_text,prompt_tokens={PROMPT_TOKENS},output_tokens={OUTPUT_TOKENS}",
+        "--tokenizer",
+        f"kind=huggingface_auto,model={processor}",
+        "--output",
+        f"kind=json,path={report}",
+        "--disable-console",
+    ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     proc = subprocess.run(cmd, cwd=out_dir, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"guidellm failed ({proc.returncode}): {proc.stdout[-3000:]}{proc.stderr[-3000:]}"
@@ -74,8 +87,12 @@ def test_guidellm_concurrent_streams_all_succeed(guidellm, server, processor, tm
         streams, requests = b["config"]["strategy"]["streams"], b["requests"]
         assert not requests["errored"], f"{streams} streams: errored requests: {failures(requests['errored'])}"
         assert not requests["incomplete"], f"{streams} streams: incomplete: {failures(requests['incomplete'])}"
-        assert b["metrics"]["request_totals"] == {"successful": REQUESTS_PER_LEVEL, "errored": 0, "incomplete": 0,
-                                                  "total": REQUESTS_PER_LEVEL}
+        assert b["metrics"]["request_totals"] == {
+            "successful": REQUESTS_PER_LEVEL,
+            "errored": 0,
+            "incomplete": 0,
+            "total": REQUESTS_PER_LEVEL,
+        }
         for r in requests["successful"]:
             assert json.loads(r["request_args"])["body"]["stream"] is True
             assert r["output_tokens"] == OUTPUT_TOKENS, "ignore_eos and the token limit must hold"

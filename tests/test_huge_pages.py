@@ -10,13 +10,14 @@ import torch
 
 from engine_utils import make_engine, run
 from minivllm.loader import huge_pages, load_model
-from minivllm.loader.weights import NO_HUGE_PAGES_ENV
 from minivllm.loader.install_quantized import weight_tensors
+from minivllm.loader.weights import NO_HUGE_PAGES_ENV
 from minivllm.quant.policy import QuantConfig
 from minivllm.sampling.params import SamplingParams
 
-needs_thp = pytest.mark.skipif(huge_pages.thp_mode() not in ("always", "madvise"),
-                               reason="this kernel offers no transparent huge pages to ask for")
+needs_thp = pytest.mark.skipif(
+    huge_pages.thp_mode() not in ("always", "madvise"), reason="this kernel offers no transparent huge pages to ask for"
+)
 
 
 def _mapping_of(address: int) -> dict[str, int]:
@@ -39,8 +40,14 @@ def _weights():
     base = torch.randn(300, 512)
     parameter = torch.nn.Parameter(torch.randn(64, 96))
     codes = torch.randint(-127, 128, (1000, 700), dtype=torch.int8)
-    return {"base": base, "view": base[10:20, 100:], "transposed": base.t(), "parameter": parameter,
-            "codes": codes, "half": torch.randn(5, 7).half()}
+    return {
+        "base": base,
+        "view": base[10:20, 100:],
+        "transposed": base.t(),
+        "parameter": parameter,
+        "codes": codes,
+        "half": torch.randn(5, 7).half(),
+    }
 
 
 @needs_thp
@@ -92,8 +99,9 @@ def test_a_loaded_model_runs_from_huge_pages_with_the_same_tokens(monkeypatch):
     def generate(loaded):
         engine = make_engine(loaded)
         for i in range(3):
-            engine.add_request(f"r{i}", prompt_token_ids=[5 + i, 17, 42, 9],
-                               params=SamplingParams(max_tokens=12, temperature=0.0))
+            engine.add_request(
+                f"r{i}", prompt_token_ids=[5 + i, 17, 42, 9], params=SamplingParams(max_tokens=12, temperature=0.0)
+            )
         return {k: v.outputs[0].token_ids for k, v in run(engine).items()}
 
     quant = QuantConfig("int4", kernel="int8x2")

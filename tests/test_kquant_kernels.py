@@ -12,18 +12,18 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, quants
+from test_native_kernels import needs_avx2, needs_vnni
 
 from engine_utils import make_engine, random_decode_works, run
 from minivllm.engine.scoring import forward_prefills
-from minivllm.loader import gguf_loader, load_model
 from minivllm.kernels.cpu import native
-from minivllm.quant import matmul_paths
+from minivllm.loader import gguf_loader, load_model
 from minivllm.model.native_step import NativeDecodeStep
+from minivllm.quant import matmul_paths
+from minivllm.quant.formats import KQUANT_BYTES, KQuantWeight, concat_rows
 from minivllm.quant.linear import QuantLinear
 from minivllm.quant.policy import QuantConfig
 from minivllm.sampling.params import SamplingParams
-from minivllm.quant.formats import KQUANT_BYTES, KQuantWeight, concat_rows
-from test_native_kernels import needs_avx2, needs_vnni
 
 CPU = torch.device("cpu")
 KINDS = list(KQUANT_BYTES)
@@ -36,8 +36,10 @@ def random_blocks(kind: str, n: int, k: int, seed: int = 0, d: float = 0.01) -> 
     rng = np.random.default_rng(seed)
     supers = k // 256
     blocks = rng.integers(0, 256, (n, supers, KQUANT_BYTES[kind]), dtype=np.uint8)
+
     def halves():
         return (rng.random((n, supers)) * d + d / 100).astype(np.float16).view(np.uint8).reshape(n, supers, 2)
+
     if kind == "Q6_K":
         blocks[..., 208:210] = halves()
     else:
@@ -105,7 +107,7 @@ def test_each_row_gets_the_same_bits_alone_and_in_any_batch(kind, acts):
     batch = run(x)
     for rows in (1, 2, 3, 5, 8, 33, 70):
         assert torch.equal(run(x[:rows]), batch[:rows])
-    assert all(torch.equal(run(x[i:i + 1]), batch[i:i + 1]) for i in range(0, 70, 9))
+    assert all(torch.equal(run(x[i : i + 1]), batch[i : i + 1]) for i in range(0, 70, 9))
 
 
 @needs_vnni
@@ -147,8 +149,11 @@ def test_a_weight_whose_header_does_not_fit_its_bytes_is_refused_with_the_reason
     with pytest.raises(RuntimeError, match="its header and K=512"):
         native.kquant_linear(torch.randn(2, 512), packed, 16, 0)  # bytes for K = 256
     header = packed[:64].clone().view(torch.int32)
-    for field, value, message in ((2, 2, "its header and K=256"),  # Q4_K bytes named Q6_K
-                                  (2, 7, "unknown K-quant type"), (0, 0, "not a K-quant weight's header")):
+    for field, value, message in (
+        (2, 2, "its header and K=256"),  # Q4_K bytes named Q6_K
+        (2, 7, "unknown K-quant type"),
+        (0, 0, "not a K-quant weight's header"),
+    ):
         damaged = packed.clone()
         changed = header.clone()
         changed[field] = value
@@ -162,9 +167,15 @@ def test_a_weight_whose_header_does_not_fit_its_bytes_is_refused_with_the_reason
 # ---- a Llama GGUF of K-quant linears, through the loader ------------------------------------------------
 
 HIDDEN, FFN, HEADS, KV_HEADS, LAYERS = 256, 768, 4, 2, 2
-SHAPE_KEYS = {"llama.block_count": LAYERS, "llama.embedding_length": HIDDEN, "llama.feed_forward_length": FFN,
-              "llama.attention.head_count": HEADS, "llama.attention.head_count_kv": KV_HEADS,
-              "llama.rope.dimension_count": HIDDEN // HEADS, "llama.context_length": 512}
+SHAPE_KEYS = {
+    "llama.block_count": LAYERS,
+    "llama.embedding_length": HIDDEN,
+    "llama.feed_forward_length": FFN,
+    "llama.attention.head_count": HEADS,
+    "llama.attention.head_count_kv": KV_HEADS,
+    "llama.rope.dimension_count": HIDDEN // HEADS,
+    "llama.context_length": 512,
+}
 # typical |w| ~ 0.05 from random codes and scales: Q4_K's d*sc*q reaches ~1000 d, Q6_K's d*sc*(q-32) ~4000 d
 D = {"Q4_K": 2e-4, "Q6_K": 5e-5}
 
@@ -194,10 +205,15 @@ def write_kquant_llama(path) -> None:
     kv = HIDDEN // HEADS * KV_HEADS
     for i in range(LAYERS):
         six = "Q6_K" if i == 0 else "Q4_K"
-        for name, kind, rows, cols in (("attn_q", "Q4_K", HIDDEN, HIDDEN), ("attn_k", "Q4_K", kv, HIDDEN),
-                                       ("attn_v", six, kv, HIDDEN), ("attn_output", "Q4_K", HIDDEN, HIDDEN),
-                                       ("ffn_gate", "Q4_K", FFN, HIDDEN), ("ffn_up", "Q4_K", FFN, HIDDEN),
-                                       ("ffn_down", six, HIDDEN, FFN)):
+        for name, kind, rows, cols in (
+            ("attn_q", "Q4_K", HIDDEN, HIDDEN),
+            ("attn_k", "Q4_K", kv, HIDDEN),
+            ("attn_v", six, kv, HIDDEN),
+            ("attn_output", "Q4_K", HIDDEN, HIDDEN),
+            ("ffn_gate", "Q4_K", FFN, HIDDEN),
+            ("ffn_up", "Q4_K", FFN, HIDDEN),
+            ("ffn_down", six, HIDDEN, FFN),
+        ):
             add(f"blk.{i}.{name}.weight", kind, rows, cols)
         for norm in ("attn_norm", "ffn_norm"):
             writer.add_tensor(f"blk.{i}.{norm}.weight", np.ones(HIDDEN, dtype=np.float32))
@@ -231,8 +247,9 @@ def test_a_q4_k_m_gguf_runs_its_own_blocks_and_answers_as_its_fp32_dequantizatio
     kl = (ref.exp() * (ref - got)).sum(-1)
     top1 = (ref.argmax(-1) == got.argmax(-1)).float().mean().item()
     assert kl.mean() < 0.02 and top1 > 0.90  # the default 4-bit GGUF's tolerance (test_quant_engine.py)
-    assert torch.equal(native_model.model.embed_tokens(torch.tensor(ids)),
-                       reference.model.embed_tokens(torch.tensor(ids)))  # the Q4_K table's rows, exactly
+    assert torch.equal(
+        native_model.model.embed_tokens(torch.tensor(ids)), reference.model.embed_tokens(torch.tensor(ids))
+    )  # the Q4_K table's rows, exactly
     greedy = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     tokens = []
     for loaded in (native_model, reference):

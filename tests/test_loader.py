@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_utils import make_engine, run
 
+from engine_utils import make_engine, run
 from minivllm.engine.request_validation import RequestRejectedError
 from minivllm.loader import (
     CorruptCheckpointError,
@@ -61,8 +61,11 @@ def test_local_hf_directory(tiny_dir):
     assert loaded.config.num_key_value_heads == 2 and loaded.config.vocab_size == 256
     assert loaded.source == str(directory) and loaded.name == directory.name
     assert loaded.tokenizer is None  # a weights-only directory serves token ids
-    q, k, v = (hf.model.layers[1].self_attn.q_proj.weight, hf.model.layers[1].self_attn.k_proj.weight,
-               hf.model.layers[1].self_attn.v_proj.weight)
+    q, k, v = (
+        hf.model.layers[1].self_attn.q_proj.weight,
+        hf.model.layers[1].self_attn.k_proj.weight,
+        hf.model.layers[1].self_attn.v_proj.weight,
+    )
     assert torch.equal(loaded.model.layers[1].self_attn.qkv_proj.weight, torch.cat([q, k, v]))
     torch.testing.assert_close(our_logits(loaded, IDS), hf_logits(hf, IDS), atol=1e-4, rtol=0)
 
@@ -185,12 +188,14 @@ def test_corrupt_safetensors(tmp_path, tiny_dir, damage):
     broken = copy_dir(tiny_dir[0], tmp_path / damage)
     weights = broken / "model.safetensors"
     data = weights.read_bytes()
-    weights.write_bytes({
-        "truncated": data[: len(data) * 2 // 3],
-        "garbage": b"\x93NUMPY not a safetensors file" * 50,
-        "empty": b"",
-        "truncated-header": data[:20],
-    }[damage])
+    weights.write_bytes(
+        {
+            "truncated": data[: len(data) * 2 // 3],
+            "garbage": b"\x93NUMPY not a safetensors file" * 50,
+            "empty": b"",
+            "truncated-header": data[:20],
+        }[damage]
+    )
     with pytest.raises(CorruptCheckpointError, match="model.safetensors"):
         load_model(str(broken), device="cpu")
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_utils import EventLog, assert_all_blocks_free, make_engine, run
 
+from engine_utils import EventLog, assert_all_blocks_free, make_engine, run
 from minivllm.events import types as ev
 from minivllm.loader import UnsupportedModelError, load_model
 from minivllm.sampling.params import SamplingParams
@@ -37,10 +37,19 @@ def make_tiny(kind: str, directory, tokenizer, seed: int = 0, **overrides):
 
     torch.manual_seed(seed)
     config = getattr(transformers, f"{kind}Config")(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=160, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6,
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-6,
         initializer_range=0.1,  # peakier logits than HF's 0.02: fewer near-ties in greedy decoding
-        bos_token_id=1, eos_token_id=2, **overrides)
+        bos_token_id=1,
+        eos_token_id=2,
+        **overrides,
+    )
     model = getattr(transformers, f"{kind}ForCausalLM")(config).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -63,17 +72,26 @@ def pair(request, tmp_path_factory, embedded_tokenizer):
 
 def hf_greedy(hf, prompt: list[int], max_new: int = GREEDY_TOKENS) -> list[int]:
     with torch.no_grad():
-        out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                          max_new_tokens=max_new, min_new_tokens=max_new, do_sample=False, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+        out = hf.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=max_new,
+            min_new_tokens=max_new,
+            do_sample=False,
+            pad_token_id=0,
+        )
+    return out[0, len(prompt) :].tolist()
 
 
 def greedy_through_engine(loaded, prompts, **config) -> tuple[dict[str, list[int]], EventLog]:
     engine = make_engine(loaded, **config)
     log = EventLog(engine)
     for i, prompt in enumerate(prompts):
-        engine.add_request(f"r{i}", prompt_token_ids=prompt,
-                           params=SamplingParams(temperature=0, max_tokens=GREEDY_TOKENS, ignore_eos=True))
+        engine.add_request(
+            f"r{i}",
+            prompt_token_ids=prompt,
+            params=SamplingParams(temperature=0, max_tokens=GREEDY_TOKENS, ignore_eos=True),
+        )
     done = run(engine)
     assert_all_blocks_free(engine)
     return {rid: out.outputs[0].token_ids for rid, out in done.items()}, log
@@ -193,10 +211,17 @@ def test_compiled_step_serves_the_family(tmp_path, embedded_tokenizer):
 # ---- the same weights through a GGUF file ---------------------------------------------------------------
 
 GGUF_LAYER_NAMES = {  # llama.cpp's tensor names (gguf-py's TENSOR_NAMES), written out here as the oracle
-    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
-    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
-    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
 }
 
 
@@ -245,8 +270,10 @@ def test_gguf_of_the_same_weights_matches_hf(pair, embedded_path, tmp_path):
     path = tmp_path / f"{name}.gguf"
     write_gguf(hf, path, embedded_path)
     loaded = load_model(str(path), dtype="float32", device="cpu")
-    assert (loaded.config.family, loaded.config.head_dim) == (hf.config.model_type, hf.config.head_dim
-                                                              if hf.config.model_type == "qwen3" else 16)
+    assert (loaded.config.family, loaded.config.head_dim) == (
+        hf.config.model_type,
+        hf.config.head_dim if hf.config.model_type == "qwen3" else 16,
+    )
     assert loaded.config.tie_word_embeddings == hf.config.tie_word_embeddings
     assert loaded.tokenizer is not None and len(loaded.tokenizer) == hf.config.vocab_size
     assert_logits_match(loaded, hf, f"{name} (GGUF)")
@@ -257,8 +284,9 @@ def test_gguf_of_the_same_weights_matches_hf(pair, embedded_path, tmp_path):
 def test_unsupported_architecture_names_the_supported_ones(tmp_path):
     from transformers import GPTNeoXConfig
 
-    GPTNeoXConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, vocab_size=100,
-                  intermediate_size=64).save_pretrained(tmp_path)
+    GPTNeoXConfig(
+        num_hidden_layers=1, hidden_size=32, num_attention_heads=2, vocab_size=100, intermediate_size=64
+    ).save_pretrained(tmp_path)
     with pytest.raises(UnsupportedModelError) as info:
         load_model(str(tmp_path), device="cpu")
     message = str(info.value)

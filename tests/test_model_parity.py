@@ -24,11 +24,18 @@ TINY_VARIANTS = {
     "gqa-untied": dict(kv_heads=2, tie=False),
     "mha-tied": dict(kv_heads=4, tie=True),
     "mqa-untied-llama3-rope": dict(
-        kv_heads=1, tie=False,
+        kv_heads=1,
+        tie=False,
         # a short original context so that the test positions cover the low, blended and high
         # frequency bands of the llama3 schedule
-        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                      "original_max_position_embeddings": 64}),
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+    ),
 }
 
 CHAT_QUESTIONS = [
@@ -52,7 +59,7 @@ def our_forward(loaded, sequences: list[list[int]], block_size: int = 16):
     logits = forward_prefills(loaded, sequences, block_size, hidden_states_out=hidden)
     out, start = [], 0
     for s, seq_logits in zip(sequences, logits):
-        out.append(([h[start:start + len(s)] for h in hidden], seq_logits))
+        out.append(([h[start : start + len(s)] for h in hidden], seq_logits))
         start += len(s)
     return out
 
@@ -80,8 +87,7 @@ def hf_forward_exact_gemms(hf, ids: list[int], monkeypatch):
 def max_diffs(ours, ref) -> tuple[list[float], float]:
     (states, logits), (ref_states, ref_logits) = ours, ref
     assert len(states) == len(ref_states), f"{len(states)} hidden states, HF has {len(ref_states)}"
-    return ([(a - b).abs().max().item() for a, b in zip(states, ref_states)],
-            (logits - ref_logits).abs().max().item())
+    return ([(a - b).abs().max().item() for a, b in zip(states, ref_states)], (logits - ref_logits).abs().max().item())
 
 
 # ---- tiny random checkpoints -------------------------------------------------------------------------
@@ -148,13 +154,16 @@ def test_embedded_hidden_states_and_logits(embedded_model, hf_embedded_model, em
     of 1e-4 held, are printed."""
     from minivllm.text.tokenizer_utils import load_chat_template_prompt
 
-    chat = load_chat_template_prompt(embedded_tokenizer, [
-        {"role": "user", "content": "Tell me a story about a dragon who learns to bake bread in a small village."}])
+    chat = load_chat_template_prompt(
+        embedded_tokenizer,
+        [{"role": "user", "content": "Tell me a story about a dragon who learns to bake bread in a small village."}],
+    )
     text = embedded_tokenizer.encode(
         "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg combined "
         "movable metal type, oil-based inks and a wooden press adapted from those used to make wine. Within "
         "fifty years, presses had spread to more than two hundred cities across Europe, and the cost of books "
-        "fell so sharply that reading became a habit of merchants and artisans as well as of clergy.")
+        "fell so sharply that reading became a habit of merchants and artisans as well as of clergy."
+    )
     sequences = [chat, text]
     ours = our_forward(embedded_model, sequences)
     hf = hf_embedded_model
@@ -186,9 +195,12 @@ def test_embedded_hidden_states_and_logits(embedded_model, hf_embedded_model, em
                 allowed = bound + RTOL_ULPS * b.abs() + 2 * (b - c).abs()
                 assert (diff <= allowed).all(), (
                     f"{part} [{i}] (HF eager vs SDPA: {floor:.2e}): {(diff > allowed).sum().item()} elements "
-                    f"outside, worst {diff.max().item():.3e} at {divmod(int(diff.argmax()), diff.shape[-1])}")
-    summary = "; ".join(f"{p} {worst[p]:.2e} (HF eager-vs-SDPA {floors[p]:.2e}, atol 1e-4 "
-                        f"{'held' if worst[p] <= ATOL else 'exceeded'})" for p in parts)
+                    f"outside, worst {diff.max().item():.3e} at {divmod(int(diff.argmax()), diff.shape[-1])}"
+                )
+    summary = "; ".join(
+        f"{p} {worst[p]:.2e} (HF eager-vs-SDPA {floors[p]:.2e}, atol 1e-4 {'held' if worst[p] <= ATOL else 'exceeded'})"
+        for p in parts
+    )
     report(capsys, f"embedded SmolLM2 ({len(chat)} + {len(text)} tokens) max abs diff: {summary}")
 
 
@@ -204,23 +216,32 @@ def test_embedded_greedy_generation_matches_hf(embedded_model, hf_embedded_model
     eos = set(embedded_model.config.eos_token_ids)
     assert eos == {hf_embedded_model.generation_config.eos_token_id}
 
-    outs = llm.chat([[{"role": "user", "content": q}] for q in CHAT_QUESTIONS],
-                    SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=False))
+    outs = llm.chat(
+        [[{"role": "user", "content": q}] for q in CHAT_QUESTIONS],
+        SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=False),
+    )
     matched = 0
     for q, out in zip(CHAT_QUESTIONS, outs):
         prompt = out.prompt_token_ids
         with torch.no_grad():
-            generated = hf_embedded_model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                                                   max_new_tokens=64, do_sample=False)
-        expected = generated[0, len(prompt):].tolist()
+            generated = hf_embedded_model.generate(
+                torch.tensor([prompt]),
+                attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                max_new_tokens=64,
+                do_sample=False,
+            )
+        expected = generated[0, len(prompt) :].tolist()
         stop = next((i for i, t in enumerate(expected) if t in eos), None)
         if stop is not None:
-            expected = expected[:stop + 1]  # up to and including EOS (HF pads after it)
+            expected = expected[: stop + 1]  # up to and including EOS (HF pads after it)
         got = out.outputs[0]
         assert got.token_ids == expected, f"{q!r}: ours {got.token_ids} != HF {expected}"
         assert got.finish_reason == ("stop" if stop is not None else "length")
         assert got.text == tok.decode(expected, skip_special_tokens=True, clean_up_tokenization_spaces=False)
         matched += 1
     assert llm.engine.block_manager.num_free_blocks == llm.engine.block_manager.num_blocks
-    report(capsys, f"greedy: {matched}/{len(CHAT_QUESTIONS)} chat prompts token-identical to HF generate "
-                   f"(lengths {[len(o.outputs[0].token_ids) for o in outs]})")
+    report(
+        capsys,
+        f"greedy: {matched}/{len(CHAT_QUESTIONS)} chat prompts token-identical to HF generate "
+        f"(lengths {[len(o.outputs[0].token_ids) for o in outs]})",
+    )

@@ -1,7 +1,7 @@
-"""Our native kernels (kernels/cpu/native.py), with int8, int8x2 and fp32 activations: built here, not skipped on a capable
-CPU, each row computed alone, the fp32 ones exact, the VNNI loops equal to the AVX2 ones, the GGUF Q4_1
-block carried over exactly, inside torch.compile, and a build that fails leaves torch's kernels in charge. Also
-the greedy pick's fused argmax + log-sum-exp and the int8 embedding lookup."""
+"""Our native kernels (kernels/cpu/native.py), with int8, int8x2 and fp32 activations: built here, not
+skipped on a capable CPU, each row computed alone, the fp32 ones exact, the VNNI loops equal to the AVX2 ones,
+the GGUF Q4_1 block carried over exactly, inside torch.compile, and a build that fails leaves torch's kernels
+in charge. Also the greedy pick's fused argmax + log-sum-exp and the int8 embedding lookup."""
 
 from __future__ import annotations
 
@@ -15,13 +15,16 @@ import pytest
 import torch
 
 from minivllm.kernels.cpu import native
+from minivllm.loader.gguf_tensors import q4_1_blocks
 from minivllm.quant import matmul_paths
 from minivllm.quant.formats import quantize_int4, quantize_int8
-from minivllm.loader.gguf_tensors import q4_1_blocks
 
 CPU = torch.device("cpu")
-needs_avx2 = pytest.mark.skipif(not native.cpu_has_avx2(), reason=f"CPU capability {torch.backends.cpu.get_cpu_capability()} "
-                                                     "has no AVX2: the native kernels are not offered here")
+needs_avx2 = pytest.mark.skipif(
+    not native.cpu_has_avx2(),
+    reason=f"CPU capability {torch.backends.cpu.get_cpu_capability()} "
+    "has no AVX2: the native kernels are not offered here",
+)
 
 
 def _cpu_has_vnni() -> bool:
@@ -29,8 +32,10 @@ def _cpu_has_vnni() -> bool:
     return all(f in flags.split() for f in ("avx512_vnni", "avx512vl", "avx512bw"))
 
 
-needs_vnni = pytest.mark.skipif(not _cpu_has_vnni(), reason="this CPU has no AVX512-VNNI: the kernels run their AVX2 "
-                                                            "loops only, nothing to compare them with")
+needs_vnni = pytest.mark.skipif(
+    not _cpu_has_vnni(),
+    reason="this CPU has no AVX512-VNNI: the kernels run their AVX2 loops only, nothing to compare them with",
+)
 
 
 def _int4(n: int, k: int, group: int = 32, seed: int = 0):
@@ -43,7 +48,9 @@ def test_the_native_kernels_build_and_are_candidates_on_an_avx2_cpu():
     int4 = matmul_paths.candidates(_int4(64, 128), CPU, torch.float32)
     assert [k.name for k in int4[:3]] == ["int4avx2/int8", "int4avx2/int8x2", "int4avx2/fp32"]
     assert int4[0].packed is int4[1].packed is int4[2].packed  # one packed copy serves every activation precision
-    head = [k.name for k in matmul_paths.lm_head_candidates(quantize_int8("h", torch.randn(256, 96)), CPU, torch.float32)]
+    head = [
+        k.name for k in matmul_paths.lm_head_candidates(quantize_int8("h", torch.randn(256, 96)), CPU, torch.float32)
+    ]
     assert "int8avx2+exact64/int8" in head and "int8avx2/fp32" in head  # an exact kernel needs no exact-top pass
 
 
@@ -65,7 +72,7 @@ def test_each_row_gets_the_same_bits_alone_and_in_any_batch(kind, k, acts):
     batch = kernel(x)
     for rows in (1, 2, 3, 4, 5, 9, 33, 70):
         assert torch.equal(kernel(x[:rows]), batch[:rows])
-    assert all(torch.equal(kernel(x[i:i + 1]), batch[i:i + 1]) for i in range(0, 70, 7))
+    assert all(torch.equal(kernel(x[i : i + 1]), batch[i : i + 1]) for i in range(0, 70, 7))
 
 
 # int8 weights pair their blocks too; an odd count (9, 5, 3 blocks) ends in a block paired with nothing
@@ -113,8 +120,9 @@ def test_the_fp32_activation_kernels_compute_the_dequantized_product(kind, shape
 @needs_vnni
 @pytest.mark.parametrize("acts", ["int8", "int8x2"])
 # pairs: 9, 7, 24, 2 (a last group of 1 or 3 pairs, none, one); int8 also 4.5 and 2.5 (a block alone)
-@pytest.mark.parametrize("kind,k", [(kind, k) for kind in ("int4", "int8") for k in (576, 448, 1536, 128)] +
-                         [("int8", 288), ("int8", 160)])
+@pytest.mark.parametrize(
+    "kind,k", [(kind, k) for kind in ("int4", "int8") for k in (576, 448, 1536, 128)] + [("int8", 288), ("int8", 160)]
+)
 def test_the_vnni_loops_give_the_avx2_loops_bits(kind, acts, k):
     kernel = _native(kind, acts, 200, k)
     x = torch.randn(7, k)
@@ -199,11 +207,18 @@ def test_our_fp32_kernel_serves_a_linear_at_every_row_count_each_row_summed_alon
             x = torch.randn(rows, 96)
             torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, layer.weight), atol=1e-5, rtol=1e-5)
         x = torch.randn(130, 96)
-        assert all(torch.equal(layer(x)[i], layer(x[i:i + 1])[0]) for i in (0, 3, 77, 129))
+        assert all(torch.equal(layer(x)[i], layer(x[i : i + 1])[0]) for i in (0, 3, 77, 129))
 
 
-@pytest.mark.parametrize("wins, chosen", [((True, True, True), True), ((False, True, True), False),
-                                          ((True, False, True), False), ((True, True, False), False)])
+@pytest.mark.parametrize(
+    "wins, chosen",
+    [
+        ((True, True, True), True),
+        ((False, True, True), False),
+        ((True, False, True), False),
+        ((True, True, False), False),
+    ],
+)
 def test_the_fp32_kernel_choice_follows_the_timings(monkeypatch, tmp_path, wins, chosen):
     """Our kernel serves every row count (and nothing is packed) only where it beats MKL at one row
     and at 8 rows and stays within PREFILL_SLOWDOWN of it at a prefill chunk; else MKL as before. The
@@ -212,7 +227,9 @@ def test_the_fp32_kernel_choice_follows_the_timings(monkeypatch, tmp_path, wins,
 
     monkeypatch.setenv("MINIVLLM_CACHE_DIR", str(tmp_path))
 
-    model = torch.nn.Sequential(packed_linear.PackedLinear(64, 96, bias=False), packed_linear.PackedLinear(64, 96, bias=False))
+    model = torch.nn.Sequential(
+        packed_linear.PackedLinear(64, 96, bias=False), packed_linear.PackedLinear(64, 96, bias=False)
+    )
     if not packed_linear.packing_supported(model[0].weight) or not packed_linear.native_fp32_usable(list(model)):
         pytest.skip("needs torch with MKL and our native kernels (AVX2)")
     ours = torch.ops.minivllm_native.f32_linear
@@ -242,7 +259,7 @@ def test_argmax_logsumexp_is_torchs_argmax_and_logsumexp(vocab):
     native.available()  # builds / loads the operators: run alone, no earlier test has
     x = torch.randn(9, vocab, generator=torch.Generator().manual_seed(vocab)) * 4
     x[1] = x[1].max()  # a tie across the whole row: the first index
-    x[2, vocab // 2:] = x[2].max() + 1  # ties in the second half, some in the scalar tail
+    x[2, vocab // 2 :] = x[2].max() + 1  # ties in the second half, some in the scalar tail
     x[3] = float("-inf")  # a fully masked row: index 0, -inf
     x[4, vocab // 3] = float("nan")  # NaN wins, as in torch.argmax, and poisons the sum
     x[5, -1] = float("inf")
@@ -252,9 +269,9 @@ def test_argmax_logsumexp_is_torchs_argmax_and_logsumexp(vocab):
     torch.testing.assert_close(logprob, x.gather(1, ids[:, None])[:, 0] - lse, rtol=0, atol=0, equal_nan=True)
     assert logprob[[3, 4, 5]].isnan().all()  # -inf - -inf, a NaN row, inf - inf: as torch's subtraction
     for i in range(9):
-        alone = native.argmax_logsumexp(x[i:i + 1].contiguous())
+        alone = native.argmax_logsumexp(x[i : i + 1].contiguous())
         for value, batched in zip(alone, (ids, lse, logprob)):
-            torch.testing.assert_close(value, batched[i:i + 1], rtol=0, atol=0, equal_nan=True)  # the same bits
+            torch.testing.assert_close(value, batched[i : i + 1], rtol=0, atol=0, equal_nan=True)  # the same bits
 
 
 @needs_avx2
@@ -274,8 +291,9 @@ def test_the_native_embedding_lookup_is_the_torch_forms_bits(hidden, group):
     torch_rows = embedding(ids)
     assert native_rows.shape == (2, 3, hidden) and torch.equal(native_rows, torch_rows)
     assert torch.equal(native_rows, table.dequantize()[ids])
-    assert torch.equal(native.int8_embedding(torch.tensor([], dtype=torch.long), table.q, table.scale),
-                       torch.empty(0, hidden))
+    assert torch.equal(
+        native.int8_embedding(torch.tensor([], dtype=torch.long), table.q, table.scale), torch.empty(0, hidden)
+    )
     for bad in (50, -1):
         with pytest.raises(RuntimeError, match=f"token id {bad} is outside the embedding table's 50 rows"):
             native.int8_embedding(torch.tensor([1, bad]), table.q, table.scale)
@@ -286,9 +304,13 @@ def test_minivllm_no_vnni_runs_the_avx2_loops_and_times_its_kernels_apart():
     """MINIVLLM_NO_VNNI=1 (with ATEN_CPU_CAPABILITY=avx2 and MKL_ENABLE_INSTRUCTIONS=AVX2: an AVX2 box's
     code paths on this one): the int8 kernels start on their AVX2 loops, and the kernel choices are kept
     under another machine key than the VNNI loops' timings."""
-    code = ("from minivllm.kernels.cpu import native; from minivllm.quant import choice_cache; import torch; assert native.available() is None; "
-            "print(native.vnni_running(), choice_cache.machine(torch.device('cpu')).endswith('no-vnni'))")
+    code = (
+        "from minivllm.kernels.cpu import native; from minivllm.quant import choice_cache; import torch; "
+        "assert native.available() is None; "
+        "print(native.vnni_running(), choice_cache.machine(torch.device('cpu')).endswith('no-vnni'))"
+    )
     for env, expected in (({"MINIVLLM_NO_VNNI": "1"}, "False True"), ({}, "True False")):
-        out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True,
-                             timeout=300)
+        out = subprocess.run(
+            [sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True, timeout=300
+        )
         assert out.returncode == 0 and out.stdout.split() == expected.split(), out.stderr

@@ -14,23 +14,34 @@ import sys
 import pytest
 import torch
 
-from engine_utils import (EARLY_EXIT, NGRAM, assert_all_blocks_free, chat_ids, first_part_at_a_near_tie, make_engine,
-                          random_decode_works, run, sampling_mix_outputs)
+from engine_utils import (
+    EARLY_EXIT,
+    NGRAM,
+    assert_all_blocks_free,
+    chat_ids,
+    first_part_at_a_near_tie,
+    make_engine,
+    random_decode_works,
+    run,
+    sampling_mix_outputs,
+)
+from minivllm.core.step_work import SeqWork
 from minivllm.engine.config import EngineConfig
 from minivllm.engine.factory import create_engine
 from minivllm.engine.llm_engine import LLMEngine
-from minivllm.core.step_work import SeqWork
+from minivllm.kernels.cpu import native
 from minivllm.loader import load_model
 from minivllm.model.native_step import WEIGHTS_PER_LAYER, NativeDecodeStep, product_kinds
-from minivllm.kernels.cpu import native
 from minivllm.model.packed_linear import PackedLinear
 from minivllm.quant.matmul_paths import Kernel
 from minivllm.quant.policy import QuantConfig
 from minivllm.sampling.params import SamplingParams
 from minivllm.spec_decode.config import SpeculativeConfig
 
-pytestmark = pytest.mark.skipif(not native.cpu_has_avx2(), reason=f"CPU capability "
-                                f"{torch.backends.cpu.get_cpu_capability()} has no AVX2: no native kernels")
+pytestmark = pytest.mark.skipif(
+    not native.cpu_has_avx2(),
+    reason=f"CPU capability {torch.backends.cpu.get_cpu_capability()} has no AVX2: no native kernels",
+)
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +151,7 @@ def test_a_sequence_gets_the_same_bits_alone_and_in_a_batch(tiny_q4):
     works = random_decode_works(random.Random(3), 4, engine.block_manager.num_blocks, max_width=6)
     batched = _step(loaded, engine, step, works)
     for i, work in enumerate(works):
-        assert torch.equal(_step(loaded, engine, step, [work]), batched[i:i + 1])
+        assert torch.equal(_step(loaded, engine, step, [work]), batched[i : i + 1])
 
 
 def test_a_mixed_step_runs_its_single_rows_natively_with_their_bits_alone(tiny_q4, native_calls):
@@ -255,12 +266,15 @@ def test_a_position_past_the_rotary_tables_is_refused_before_anything_is_written
     loaded, step, engine = tiny_q4
     table_rows = loaded.model.rotary.cos.shape[0]
     real = torch.ops.minivllm_native.decode_layers
-    monkeypatch.setattr(torch.ops.minivllm_native, "decode_layers",
-                        lambda x, positions, *rest: real(x, positions + table_rows, *rest))
+    monkeypatch.setattr(
+        torch.ops.minivllm_native, "decode_layers", lambda x, positions, *rest: real(x, positions + table_rows, *rest)
+    )
     works = random_decode_works(random.Random(8), 2, engine.block_manager.num_blocks, max_width=4)
     pools = [pool.clone() for pool in (*engine.kv_cache.k, *engine.kv_cache.v)]
-    with pytest.raises(RuntimeError, match=f"position {table_rows + works[0].num_computed} outside the rotary "
-                                           f"tables' {table_rows} positions"):
+    with pytest.raises(
+        RuntimeError,
+        match=f"position {table_rows + works[0].num_computed} outside the rotary tables' {table_rows} positions",
+    ):
         _step(loaded, engine, step, works)
     assert all(torch.equal(a, b) for a, b in zip(pools, (*engine.kv_cache.k, *engine.kv_cache.v)))
 
@@ -311,8 +325,9 @@ def test_mkl_products_and_enforce_eager_have_no_native_step(tiny_model):
 
 def test_the_default_engine_runs_it_and_says_so(monkeypatch, capfd):
     monkeypatch.setenv("MINIVLLM_ENFORCE_EAGER", "0")  # the test session's default is eager (conftest)
-    engine = create_engine("random:tiny", EngineConfig(max_num_seqs=2),
-                           quantization=QuantConfig("int4", kernel="int8x2"))
+    engine = create_engine(
+        "random:tiny", EngineConfig(max_num_seqs=2), quantization=QuantConfig("int4", kernel="int8x2")
+    )
     info = engine.info().compilation
     # every decode step up to max_num_seqs runs natively: no compiled step is built
     assert info == NativeDecodeStep.describe() and engine.loaded.model.compiled is None, info
@@ -324,11 +339,13 @@ def test_the_default_engine_imports_no_compiler(embedded_model):
     """The embedded model at its defaults in a fresh process (the session's loads have filled the
     cache): the native step runs every decode step, so torch's compiler is never imported, and neither
     are transformers' config classes (the cached config is ours); either costs ~50-70 MiB of RSS."""
-    script = ("import sys; from minivllm import LLM, SamplingParams; llm = LLM(); "
-              "out = llm.generate(['Hi'], SamplingParams(max_tokens=4)); "
-              "print(llm.engine.info().compilation); "
-              "print(sorted(m for m in ('torch._dynamo', 'torch._inductor', 'sympy', "
-              "'transformers.core_model_loading') if m in sys.modules))")
+    script = (
+        "import sys; from minivllm import LLM, SamplingParams; llm = LLM(); "
+        "out = llm.generate(['Hi'], SamplingParams(max_tokens=4)); "
+        "print(llm.engine.info().compilation); "
+        "print(sorted(m for m in ('torch._dynamo', 'torch._inductor', 'sympy', "
+        "'transformers.core_model_loading') if m in sys.modules))"
+    )
     env = {**os.environ, "MINIVLLM_ENFORCE_EAGER": "0"}
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -376,5 +393,6 @@ def test_embedded_model_in_fp32_decodes_the_eager_greedy_tokens(embedded_model):
     finally:
         for m, native_chosen in zip(linears, chosen):
             m.native = native_chosen
-    assert {r: o.outputs[0].token_ids for r, o in native_run.items()} == \
-        {r: o.outputs[0].token_ids for r, o in eager.items()}
+    assert {r: o.outputs[0].token_ids for r, o in native_run.items()} == {
+        r: o.outputs[0].token_ids for r, o in eager.items()
+    }

@@ -20,14 +20,22 @@ import msgspec
 import openai  # these tests must run, never skip: both come with `make setup`
 import pytest
 import websockets.sync.client as websockets_sync
-
-from minivllm.events import types as ev
-from engine_utils import NEAR_TIE_NATS
 from test_server_support import wait_for
 
+from engine_utils import NEAR_TIE_NATS
+from minivllm.events import types as ev
+
 API_KEY = "test-key"
-PROMPTS = ["What is a KV cache?", "Name three colors.", "Write a haiku about the sea.", "Count to five.",
-           "Why is the sky blue?", "Say hello in French.", "What is 2 + 2?", "Describe a cat in one sentence."]
+PROMPTS = [
+    "What is a KV cache?",
+    "Name three colors.",
+    "Write a haiku about the sea.",
+    "Count to five.",
+    "Why is the sky blue?",
+    "Say hello in French.",
+    "What is 2 + 2?",
+    "Describe a cat in one sentence.",
+]
 
 
 def _free_port() -> int:
@@ -38,9 +46,29 @@ def _free_port() -> int:
 
 def _start_server(tmp_path_factory, *model_args: str):
     port = _free_port()
-    cmd = [sys.executable, "-m", "minivllm.cli", "serve", "--port", str(port), "--device", "cpu",
-           "--num-blocks", "160", *model_args, "--max-num-seqs", "16", "--max-model-len", "1024", "--api-key", API_KEY,
-           "--recordings-dir", str(tmp_path_factory.mktemp("recordings")), "--log-level", "warning"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "minivllm.cli",
+        "serve",
+        "--port",
+        str(port),
+        "--device",
+        "cpu",
+        "--num-blocks",
+        "160",
+        *model_args,
+        "--max-num-seqs",
+        "16",
+        "--max-model-len",
+        "1024",
+        "--api-key",
+        API_KEY,
+        "--recordings-dir",
+        str(tmp_path_factory.mktemp("recordings")),
+        "--log-level",
+        "warning",
+    ]
     env = {**os.environ, "MINIVLLM_API_KEY": ""}
     log = tmp_path_factory.mktemp("server") / "server.log"
     with log.open("wb") as out:
@@ -83,18 +111,36 @@ def tiny_server(tmp_path_factory):
     """random:tiny: steps are short, so events come fast and a stuck client's cost would show. Its
     many (one-token) blocks make every snapshot ~4 MB, more than the kernel buffers (~3 MB on
     loopback) of a client that never reads, so that the server's sends to it really block."""
-    yield from _start_server(tmp_path_factory, "--model", "random:tiny", "--block-size", "1",
-                             "--num-blocks", "80000", "--ws-queue-limit", "256")
+    yield from _start_server(
+        tmp_path_factory,
+        "--model",
+        "random:tiny",
+        "--block-size",
+        "1",
+        "--num-blocks",
+        "80000",
+        "--ws-queue-limit",
+        "256",
+    )
 
 
 def _chat_stream(client, prompt: str, max_tokens: int = 10) -> list[tuple[str, dict[str, float]]]:
     """The streamed answer as (token, {top-5 token: logprob}) pairs."""
-    stream = client.chat.completions.create(model=client.models.list().data[0].id, stream=True, temperature=0,
-                                            max_tokens=max_tokens, messages=[{"role": "user", "content": prompt}],
-                                            logprobs=True, top_logprobs=5)
-    return [(t.token, {alt.token: alt.logprob for alt in t.top_logprobs})
-            for chunk in stream if chunk.choices and chunk.choices[0].logprobs
-            for t in chunk.choices[0].logprobs.content]
+    stream = client.chat.completions.create(
+        model=client.models.list().data[0].id,
+        stream=True,
+        temperature=0,
+        max_tokens=max_tokens,
+        messages=[{"role": "user", "content": prompt}],
+        logprobs=True,
+        top_logprobs=5,
+    )
+    return [
+        (t.token, {alt.token: alt.logprob for alt in t.top_logprobs})
+        for chunk in stream
+        if chunk.choices and chunk.choices[0].logprobs
+        for t in chunk.choices[0].logprobs.content
+    ]
 
 
 def _assert_parts_only_at_a_near_tie(alone, batched) -> None:
@@ -129,11 +175,17 @@ def test_eight_concurrent_streaming_chats_match_sequential_greedy_up_to_near_tie
 def test_client_sees_usage_logprobs_and_errors(client):
     model = client.models.list().data[0]
     assert model.id == "SmolLM2-135M-Instruct" or model.id
-    out = client.completions.create(model=model.id, prompt="The capital of France is", max_tokens=5, temperature=0,
-                                    logprobs=2)
+    out = client.completions.create(
+        model=model.id, prompt="The capital of France is", max_tokens=5, temperature=0, logprobs=2
+    )
     assert out.usage.completion_tokens == 5 and len(out.choices[0].logprobs.tokens) == 5
-    stream = client.chat.completions.create(model=model.id, messages=[{"role": "user", "content": "Hi"}],
-                                            max_tokens=4, stream=True, stream_options={"include_usage": True})
+    stream = client.chat.completions.create(
+        model=model.id,
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=4,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 4
     with pytest.raises(openai.NotFoundError):
@@ -152,15 +204,24 @@ def _metric(server, name: str) -> float:
 
 
 def test_dropped_stream_is_aborted_and_its_blocks_freed(server, client):
-    stream = client.completions.create(model=client.models.list().data[0].id, prompt="Tell a very long story",
-                                       max_tokens=900, stream=True, extra_body={"ignore_eos": True})
+    stream = client.completions.create(
+        model=client.models.list().data[0].id,
+        prompt="Tell a very long story",
+        max_tokens=900,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
     for i, _ in enumerate(stream):
         if i == 1:
             break
     assert _metric(server, "num_requests_running") == 1
     stream.close()
-    wait_for(lambda: _metric(server, "num_requests_running") == 0 and _metric(server, "kv_cache_usage_perc") == 0,
-             timeout=30, interval=0.05, what="the abort")
+    wait_for(
+        lambda: _metric(server, "num_requests_running") == 0 and _metric(server, "kv_cache_usage_perc") == 0,
+        timeout=30,
+        interval=0.05,
+        what="the abort",
+    )
 
 
 class StuckWebSocket:
@@ -171,9 +232,13 @@ class StuckWebSocket:
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         self.sock.connect(("127.0.0.1", port))
         key = base64.b64encode(os.urandom(16)).decode()
-        self.sock.sendall((f"GET /ws/events?api_key={API_KEY} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-                           "Upgrade: websocket\r\nConnection: Upgrade\r\n"
-                           f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n").encode())
+        self.sock.sendall(
+            (
+                f"GET /ws/events?api_key={API_KEY} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                "Upgrade: websocket\r\nConnection: Upgrade\r\n"
+                f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
+            ).encode()
+        )
         head = b""
         while b"\r\n\r\n" not in head:
             head += self.sock.recv(1)
@@ -195,8 +260,8 @@ class StuckWebSocket:
                 if len(buf) < start + length:
                     break
                 if buf[0] & 0x0F == 1:  # a text frame (the server does not fragment)
-                    messages.append(msgspec.json.decode(buf[start:start + length], type=ev.WsMessage))
-                buf = buf[start + length:]
+                    messages.append(msgspec.json.decode(buf[start : start + length], type=ev.WsMessage))
+                buf = buf[start + length :]
         return messages
 
     def close(self):
@@ -205,8 +270,13 @@ class StuckWebSocket:
 
 def _throughput(client, n: int = 4, max_tokens: int = 100) -> float:
     def one(i: int) -> int:
-        out = client.completions.create(model=client.models.list().data[0].id, prompt=f"Story number {i}:",
-                                        max_tokens=max_tokens, temperature=0, extra_body={"ignore_eos": True})
+        out = client.completions.create(
+            model=client.models.list().data[0].id,
+            prompt=f"Story number {i}:",
+            max_tokens=max_tokens,
+            temperature=0,
+            extra_body={"ignore_eos": True},
+        )
         return out.usage.completion_tokens
 
     start = time.perf_counter()
@@ -259,11 +329,22 @@ def test_a_stuck_websocket_client_does_not_slow_generation(tiny_server):
 
 # ---- structured outputs and tools through the official client (the embedded model) -------------
 
-WEATHER_TOOL = {"type": "function", "function": {
-    "name": "get_weather", "description": "Get the current weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40},
-                                                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-                   "required": ["city", "unit"], "additionalProperties": False}}}
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 40},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
 WEATHER_QUESTION = [{"role": "user", "content": "What's the weather like in Paris today?"}]
 
 
@@ -277,8 +358,13 @@ def test_parse_returns_a_pydantic_object(client):
         is_capital: bool
 
     model = client.models.list().data[0].id
-    out = client.chat.completions.parse(model=model, response_format=City, max_tokens=120, temperature=0,
-                                        messages=[{"role": "user", "content": "Give me facts about Paris as JSON."}])
+    out = client.chat.completions.parse(
+        model=model,
+        response_format=City,
+        max_tokens=120,
+        temperature=0,
+        messages=[{"role": "user", "content": "Give me facts about Paris as JSON."}],
+    )
     parsed = out.choices[0].message.parsed
     assert isinstance(parsed, City) and out.choices[0].finish_reason == "stop"
     assert parsed.city  # the model's own words, in the schema's shape
@@ -307,21 +393,38 @@ def test_a_tool_call_round_trip_streaming_and_not(client):
 
     model = client.models.list().data[0].id
     named = {"type": "function", "function": {"name": "get_weather"}}
-    out = client.chat.completions.create(model=model, messages=WEATHER_QUESTION, tools=[WEATHER_TOOL],
-                                         tool_choice=named, max_tokens=80, temperature=0)
+    out = client.chat.completions.create(
+        model=model, messages=WEATHER_QUESTION, tools=[WEATHER_TOOL], tool_choice=named, max_tokens=80, temperature=0
+    )
     message = out.choices[0].message
     assert out.choices[0].finish_reason == "tool_calls" and message.content is None
     (call,) = message.tool_calls
     assert call.function.name == "get_weather"
     jsonschema.validate(json.loads(call.function.arguments), WEATHER_TOOL["function"]["parameters"])
 
-    streamed, finish, content = _stream_tool_calls(client.chat.completions.create(
-        model=model, messages=WEATHER_QUESTION, tools=[WEATHER_TOOL], tool_choice=named, max_tokens=80,
-        temperature=0, stream=True))
+    streamed, finish, content = _stream_tool_calls(
+        client.chat.completions.create(
+            model=model,
+            messages=WEATHER_QUESTION,
+            tools=[WEATHER_TOOL],
+            tool_choice=named,
+            max_tokens=80,
+            temperature=0,
+            stream=True,
+        )
+    )
     assert finish == "tool_calls" and not content.strip()
     assert [(c["name"], c["arguments"]) for c in streamed] == [(call.function.name, call.function.arguments)]
 
-    answer = client.chat.completions.create(model=model, tools=[WEATHER_TOOL], max_tokens=60, temperature=0, messages=[
-        *WEATHER_QUESTION, message.model_dump(exclude_none=True),
-        {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature": 18, "sky": "sunny"})}])
+    answer = client.chat.completions.create(
+        model=model,
+        tools=[WEATHER_TOOL],
+        max_tokens=60,
+        temperature=0,
+        messages=[
+            *WEATHER_QUESTION,
+            message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature": 18, "sky": "sunny"})},
+        ],
+    )
     assert answer.choices[0].message.content and not answer.choices[0].message.tool_calls

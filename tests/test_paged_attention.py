@@ -21,9 +21,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from minivllm.kernels.cpu import native
 from minivllm.model import attention
 from minivllm.model.attention import AttentionMetadata, PrefillChunk, paged_attention
-from minivllm.kernels.cpu import native
 
 HEADS, KV_HEADS, HEAD_DIM = 6, 2, 16
 SCALE = HEAD_DIM**-0.5
@@ -110,14 +110,19 @@ def run_step(pool: Pool, decodes: list[Seq], prefills: list[tuple[Seq, int, int]
         # pad with block 0, which holds another sequence's data or garbage: it must be masked
         tables = torch.tensor([s.table + [0] * (width - len(s.table)) for s in decodes])
         lens = torch.tensor([s.length for s in decodes])
-    meta = AttentionMetadata(slot_mapping=torch.tensor(slots), num_decode_tokens=len(decodes),
-                             decode_block_tables=tables, decode_context_lens=lens, prefills=chunks,
-                             block_size=pool.block_size)
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(slots),
+        num_decode_tokens=len(decodes),
+        decode_block_tables=tables,
+        decode_context_lens=lens,
+        prefills=chunks,
+        block_size=pool.block_size,
+    )
     out = paged_attention(q, k, v, pool.k, pool.v, meta, SCALE)
     assert out.shape == (q.shape[0], HEADS * HEAD_DIM)
     parts, row = [], 0
-    for s, a, b in work:
-        parts.append(out[row:row + b - a])
+    for _, a, b in work:
+        parts.append(out[row : row + b - a])
         row += b - a
     return parts
 
@@ -194,7 +199,7 @@ def test_decode_steps_follow_the_sequence(block_size, decode_path):
         view = Seq.__new__(Seq)  # the same sequence cut at n tokens
         view.q, view.k, view.v, view.length, view.table = full.q[:n], full.k[:n], full.v[:n], n, full.table
         (out,) = run_step(pool, [view], [])
-        torch.testing.assert_close(out.double(), full.expected[n - 1:n], atol=ATOL, rtol=0)
+        torch.testing.assert_close(out.double(), full.expected[n - 1 : n], atol=ATOL, rtol=0)
 
 
 @pytest.mark.parametrize("block_size", [1, 16, 32])
@@ -236,8 +241,9 @@ def test_a_narrow_pool_rounds_keys_and_values_once(dtype, decode_path):
     assert pool.k.dtype == dtype
 
 
-@pytest.mark.parametrize("heads,kv_heads,dim", [(4, 4, 16), (4, 2, 24), (9, 3, 64), (8, 2, 40), (5, 1, 8),
-                                                (16, 2, 64), (6, 2, 72)])
+@pytest.mark.parametrize(
+    "heads,kv_heads,dim", [(4, 4, 16), (4, 2, 24), (9, 3, 64), (8, 2, 40), (5, 1, 8), (16, 2, 64), (6, 2, 72)]
+)
 def test_native_decode_matches_float64_for_every_group_size_and_head_dim(heads, kv_heads, dim):
     """The kernel takes a KV head's query heads up to three at a time, four tokens at a time and 32 dims
     at a time: groups of 1-8 heads, dims that leave 8, 16 or 24 over, contexts that end mid-tile and
@@ -258,8 +264,13 @@ def test_native_decode_matches_float64_for_every_group_size_and_head_dim(heads, 
             group = heads // kv_heads
             scores = torch.einsum("hd,thd->ht", q[s].double(), ks.repeat_interleave(group, 1)) * dim**-0.5
             expected = torch.einsum("ht,thd->hd", scores.softmax(-1), vs.repeat_interleave(group, 1))
-            torch.testing.assert_close(out[s].double(), expected, atol=1e-5, rtol=1e-5,
-                                       msg=lambda m: f"sequence {s} ({n} tokens, {dtype}): {m}")
+            torch.testing.assert_close(
+                out[s].double(),
+                expected,
+                atol=1e-5,
+                rtol=1e-5,
+                msg=lambda m: f"sequence {s} ({n} tokens, {dtype}): {m}",
+            )
 
 
 def test_native_decode_rejects_a_table_that_points_outside_the_pool():
@@ -304,8 +315,10 @@ def hf_logits(hf, ids: list[int]) -> torch.Tensor:
 KV_DTYPE_ATOL = {torch.float32: 1e-4, torch.float16: 1e-4, torch.bfloat16: 1e-3}
 
 
-@pytest.mark.parametrize("block_size,kv_dtype", [(1, torch.float32), (16, torch.float32), (32, torch.float32),
-                                                 (16, torch.float16), (16, torch.bfloat16)])
+@pytest.mark.parametrize(
+    "block_size,kv_dtype",
+    [(1, torch.float32), (16, torch.float32), (32, torch.float32), (16, torch.float16), (16, torch.bfloat16)],
+)
 def test_runner_mixed_batch_matches_hf(tiny, block_size, kv_dtype):
     """Several sequences at different stages share each forward pass; every logits row equals HF's
     logits for that sequence alone at that position (within the rounding of a narrower KV pool)."""
@@ -333,7 +346,7 @@ def test_runner_mixed_batch_matches_hf(tiny, block_size, kv_dtype):
     def work(name: str, n: int, logits: bool = True) -> SeqWork:
         start = done[name]
         done[name] += n
-        return SeqWork(seqs[name][start:start + n], start, tables[name], num_logits=int(logits))
+        return SeqWork(seqs[name][start : start + n], start, tables[name], num_logits=int(logits))
 
     def check(name: str, row: torch.Tensor) -> None:
         torch.testing.assert_close(row, expected[name][done[name] - 1], atol=KV_DTYPE_ATOL[kv_dtype], rtol=0)
@@ -383,8 +396,13 @@ class DecodeCase:
 
     block_size, heads, dim = 16, 9, 64
 
-    def __init__(self, blocks: int = 40, kv_heads: int = 3, lens: tuple[int, ...] = (37, 150, 5, 96, 64, 121, 17, 80),
-                 width: int = 12):
+    def __init__(
+        self,
+        blocks: int = 40,
+        kv_heads: int = 3,
+        lens: tuple[int, ...] = (37, 150, 5, 96, 64, 121, 17, 80),
+        width: int = 12,
+    ):
         torch.manual_seed(0)
         shape = (blocks, self.block_size, kv_heads, self.dim)
         self.k_pool, self.v_pool = torch.randn(shape), torch.randn(shape)
@@ -396,16 +414,23 @@ class DecodeCase:
         return attention.decode_context_mask(context_lens, block_tables.shape[1] * self.block_size, torch.float32)
 
     def attend(self, queries: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor) -> torch.Tensor:
-        return attention.decode_attention(queries, self.k_pool, self.v_pool, block_tables, context_lens,
-                                          self.mask(block_tables, context_lens), self.dim ** -0.5)
+        return attention.decode_attention(
+            queries,
+            self.k_pool,
+            self.v_pool,
+            block_tables,
+            context_lens,
+            self.mask(block_tables, context_lens),
+            self.dim**-0.5,
+        )
 
 
 def test_compiled_decode_attention_equals_sdpa_and_a_row_keeps_its_bits_in_any_batch_and_padding(monkeypatch):
-    """The portable path (no native kernels). Inside the compiled step decode attention is products and sums (attention_by_sums), fused by
-    inductor; eagerly it is SDPA. Both agree; a sequence's output is bit-identical in any batch of 2+
-    rows (one dynamic graph) and with its block table padded wider (the masked tail adds exact
-    zeros). A single row has a graph of its own (dynamo specialises a size of 1), whose loops may sum
-    in another order: last-bit differences only."""
+    """The portable path (no native kernels). Inside the compiled step decode attention is products and
+    sums (attention_by_sums), fused by inductor; eagerly it is SDPA. Both agree; a sequence's output is
+    bit-identical in any batch of 2+ rows (one dynamic graph) and with its block table padded wider (the
+    masked tail adds exact zeros). A single row has a graph of its own (dynamo specialises a size of 1), whose
+    loops may sum in another order: last-bit differences only."""
     monkeypatch.setattr(attention, "USE_NATIVE_DECODE", False)
     case = DecodeCase()
     q, tables, lens, attend, block_size = case.q, case.tables, case.lens, case.attend, case.block_size
@@ -417,8 +442,8 @@ def test_compiled_decode_attention_equals_sdpa_and_a_row_keeps_its_bits_in_any_b
         if lens[rows].max() <= 10 * block_size:  # the same real keys in a narrower table
             assert torch.equal(compiled(q[rows], tables[rows, :10], lens[rows]), batch[rows])
     for row in range(len(lens)):
-        alone = compiled(q[row:row + 1], tables[row:row + 1], lens[row:row + 1])
-        assert torch.allclose(alone, batch[row:row + 1], rtol=0, atol=2e-6)
+        alone = compiled(q[row : row + 1], tables[row : row + 1], lens[row : row + 1])
+        assert torch.allclose(alone, batch[row : row + 1], rtol=0, atol=2e-6)
 
 
 def test_native_decode_in_the_compiled_step_keeps_a_rows_bits_in_any_batch_and_padding():
@@ -439,7 +464,8 @@ def test_native_decode_in_the_compiled_step_keeps_a_rows_bits_in_any_batch_and_p
     rows_with_gaps[:, :heads] = q
     assert torch.equal(attend(rows_with_gaps[:, :heads], tables, lens), batch)
     portable = attention.gathered_decode_attention(
-        q, case.k_pool, case.v_pool, tables, case.mask(tables, lens), dim ** -0.5)
+        q, case.k_pool, case.v_pool, tables, case.mask(tables, lens), dim**-0.5
+    )
     torch.testing.assert_close(batch, portable, atol=1e-5, rtol=0)
 
 
@@ -454,7 +480,8 @@ def test_native_decode_of_long_contexts_in_parts_keeps_a_rows_bits_in_any_batch(
     q, tables, lens, attend, dim = case.q, case.tables, case.lens, case.attend, case.dim
     batch = attend(q, tables, lens)
     portable = attention.gathered_decode_attention(
-        q, case.k_pool, case.v_pool, tables, case.mask(tables, lens), dim ** -0.5)
+        q, case.k_pool, case.v_pool, tables, case.mask(tables, lens), dim**-0.5
+    )
     torch.testing.assert_close(batch, portable, atol=1e-5, rtol=0)
     for rows in ([0], [1], [2, 7], [0, 3, 5], [6]):
         assert torch.equal(attend(q[rows], tables[rows], lens[rows]), batch[rows])
@@ -475,7 +502,9 @@ def test_a_fresh_kv_pool_takes_memory_only_as_its_blocks_are_written():
     assert kv.num_bytes == 256 * 2**20
     assert _resident_mib() - before < 16
     kv.k[3][7] = 1.0
-    assert float(kv.k[3][7].sum()) == 16 * 4 * 64 and float(kv.k[3][6].abs().sum()) == 0 == float(kv.v[3][7].abs().sum())
+    assert float(kv.k[3][7].sum()) == 16 * 4 * 64 and float(kv.k[3][6].abs().sum()) == 0 == float(
+        kv.v[3][7].abs().sum()
+    )
     assert _resident_mib() - before < 16  # a block is 16 KiB
     untouched = _resident_mib()
     kv.v[5].fill_(2.0)  # a whole pool of one layer, 16 MiB: now it is resident (it was not before)

@@ -136,8 +136,9 @@ def test_evictions_report_the_hashes_that_left_the_cache():
 # ---- outputs --------------------------------------------------------------------------------------
 
 
-def delta(index: int, text: str, tokens: list[int], num_tokens: int, finish: str | None = None,
-          logprobs: list | None = None) -> CompletionOutput:
+def delta(
+    index: int, text: str, tokens: list[int], num_tokens: int, finish: str | None = None, logprobs: list | None = None
+) -> CompletionOutput:
     return CompletionOutput(index, text, tokens, -1.0, logprobs, finish, None, num_tokens)
 
 
@@ -150,11 +151,15 @@ def test_deltas_fold_back_into_the_whole_output():
     first = fold.add(output(delta(0, "Hel", [5], 1, logprobs=[{5: -0.1}])))
     assert first.outputs[0].text == "Hel"
     fold.add(output(delta(0, "lo", [6], 2, logprobs=[{6: -0.2}]), delta(1, "Hi", [7, 8], 2)))  # a sample forks
-    final = fold.add(output(delta(1, "!", [9], 3, finish="stop"), delta(0, "", [], 2, finish="length"),
-                            finished=True))
+    final = fold.add(output(delta(1, "!", [9], 3, finish="stop"), delta(0, "", [], 2, finish="length"), finished=True))
     a, b = final.outputs
-    assert (a.index, a.text, a.token_ids, a.logprobs, a.finish_reason) == (0, "Hello", [5, 6], [{5: -0.1}, {6: -0.2}],
-                                                                           "length")
+    assert (a.index, a.text, a.token_ids, a.logprobs, a.finish_reason) == (
+        0,
+        "Hello",
+        [5, 6],
+        [{5: -0.1}, {6: -0.2}],
+        "length",
+    )
     assert (b.index, b.text, b.token_ids, b.finish_reason) == (1, "Hi!", [7, 8, 9], "stop")
     assert final.finished and final.num_generated_tokens == 5
     again = fold.add(output(delta(0, "x", [1], 1)))

@@ -11,8 +11,8 @@ import random
 
 import pytest
 import torch
-from engine_utils import assert_all_blocks_free, make_engine, run
 
+from engine_utils import assert_all_blocks_free, make_engine, run
 from minivllm.core.request import RequestStatus
 from minivllm.engine.scoring import forward_prefills
 from minivllm.sampling.params import SamplingParams
@@ -69,8 +69,9 @@ def test_prompt_logprobs_equal_a_full_forward_pass(tiny_model, budget, top_n):
 def test_prompt_logprobs_come_with_the_first_output_only(tiny_model):
     ids = prompt_ids(10)
     engine = make_engine(tiny_model, block_size=4, max_num_batched_tokens=4)
-    engine.add_request("r", prompt_token_ids=ids, params=SamplingParams(max_tokens=4, prompt_logprobs=1,
-                                                                        ignore_eos=True))
+    engine.add_request(
+        "r", prompt_token_ids=ids, params=SamplingParams(max_tokens=4, prompt_logprobs=1, ignore_eos=True)
+    )
     deltas = []
     while engine.has_work():
         deltas += engine.step()
@@ -112,9 +113,10 @@ def test_prompt_logprobs_through_preemption_mid_prompt_and_after(tiny_model):
     prompt is half done and again while it decodes; no entry is lost or doubled."""
     ids_a, ids_b = prompt_ids(4, seed=3), prompt_ids(26, seed=4)
     engine = make_engine(tiny_model, num_blocks=9, block_size=4, max_num_batched_tokens=6)
-    a = engine.add_request("a", prompt_token_ids=ids_a, params=SamplingParams(max_tokens=28, ignore_eos=True))
-    b = engine.add_request("b", prompt_token_ids=ids_b, params=SamplingParams(max_tokens=6, ignore_eos=True,
-                                                                              prompt_logprobs=2))
+    engine.add_request("a", prompt_token_ids=ids_a, params=SamplingParams(max_tokens=28, ignore_eos=True))
+    b = engine.add_request(
+        "b", prompt_token_ids=ids_b, params=SamplingParams(max_tokens=6, ignore_eos=True, prompt_logprobs=2)
+    )
     preempted_while = []
 
     def watch(_):
@@ -160,10 +162,12 @@ def test_prompt_logprobs_with_several_samples_and_beams(tiny_model):
     ids = prompt_ids(13, seed=5)
     ref = reference(tiny_model, ids)
     engine = make_engine(tiny_model, block_size=4, max_num_batched_tokens=5)
-    engine.add_request("n", prompt_token_ids=ids, params=SamplingParams(n=3, temperature=1.0, seed=1, max_tokens=4,
-                                                                        prompt_logprobs=1))
-    engine.add_request("beam", prompt_token_ids=ids, params=SamplingParams(n=2, use_beam_search=True, max_tokens=4,
-                                                                           prompt_logprobs=1))
+    engine.add_request(
+        "n", prompt_token_ids=ids, params=SamplingParams(n=3, temperature=1.0, seed=1, max_tokens=4, prompt_logprobs=1)
+    )
+    engine.add_request(
+        "beam", prompt_token_ids=ids, params=SamplingParams(n=2, use_beam_search=True, max_tokens=4, prompt_logprobs=1)
+    )
     outs = run(engine)
     for name in ("n", "beam"):
         assert len(outs[name].outputs) in (2, 3)
@@ -176,14 +180,23 @@ def test_prompt_logprob_tokens_count_for_their_cost_in_the_step_budget(tiny_mode
     reductions: on random:tiny (layers of ~100k multiply-adds, a 49,152 x 64 head) 49 plain tokens, on
     SmolLM2-135M's shape 2. Its chunk shrinks to fit; the rest of the budget goes to the others."""
     from types import SimpleNamespace
+
     from minivllm.engine.prompt_logprob_pass import token_cost
 
-    smollm2 = SimpleNamespace(num_attention_heads=9, num_key_value_heads=3, head_dim=64, hidden_size=576,
-                              num_hidden_layers=30, intermediate_size=1536, vocab_size=49152)
+    smollm2 = SimpleNamespace(
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=64,
+        hidden_size=576,
+        num_hidden_layers=30,
+        intermediate_size=1536,
+        vocab_size=49152,
+    )
     assert token_cost(smollm2) == 2 and token_cost(tiny_model.config) == 49
     engine = make_engine(tiny_model, max_num_batched_tokens=128)
-    engine.add_request("scored", prompt_token_ids=prompt_ids(300, seed=1),
-                       params=SamplingParams(max_tokens=1, prompt_logprobs=1))
+    engine.add_request(
+        "scored", prompt_token_ids=prompt_ids(300, seed=1), params=SamplingParams(max_tokens=1, prompt_logprobs=1)
+    )
     engine.add_request("plain", prompt_token_ids=prompt_ids(300, seed=2), params=SamplingParams(max_tokens=1))
     chunks = {s.seq.request.request_id: s.num_tokens for s in engine.scheduler.schedule().scheduled}
     assert chunks == {"scored": 128 // 49, "plain": 128 - 49 * (128 // 49)}
@@ -243,8 +256,18 @@ def streamed_choices(chunks: list[dict]) -> dict[int, dict]:
     out: dict[int, dict] = {}
     for chunk in chunks:
         for c in chunk["choices"]:
-            whole = out.setdefault(c["index"], {"text": "", "tokens": [], "token_logprobs": [], "top_logprobs": [],
-                                                "text_offset": [], "finish_reason": None, "chunks": 0})
+            whole = out.setdefault(
+                c["index"],
+                {
+                    "text": "",
+                    "tokens": [],
+                    "token_logprobs": [],
+                    "top_logprobs": [],
+                    "text_offset": [],
+                    "finish_reason": None,
+                    "chunks": 0,
+                },
+            )
             whole["text"] += c["text"]
             whole["chunks"] += 1
             for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
@@ -339,8 +362,9 @@ def test_a_list_of_prompts_runs_one_request_each(client):
     alone = [post(client, prompt=p, **GREEDY) for p in prompts]
     body = post(client, prompt=prompts, n=2, **GREEDY)
     assert [c["index"] for c in body["choices"]] == [0, 1, 2, 3]
-    assert [c["text"] for c in body["choices"]] == [alone[0]["choices"][0]["text"]] * 2 + \
-        [alone[1]["choices"][0]["text"]] * 2
+    assert [c["text"] for c in body["choices"]] == [alone[0]["choices"][0]["text"]] * 2 + [
+        alone[1]["choices"][0]["text"]
+    ] * 2
     usage = body["usage"]
     assert usage["prompt_tokens"] == sum(a["usage"]["prompt_tokens"] for a in alone)
     assert usage["completion_tokens"] == 4 * 5 and usage["total_tokens"] == usage["prompt_tokens"] + 20
@@ -363,21 +387,27 @@ def test_a_list_of_prompts_runs_one_request_each(client):
 def test_a_prompt_that_fails_aborts_the_others(client):
     """The second prompt cannot fit the context: a 400, and the first one's request (if it was
     added before the second was refused) ends as aborted, not by running to its end."""
-    from minivllm.events import types as ev
     from test_server_support import wait_for
+
+    from minivllm.events import types as ev
 
     engine = engine_of(client)
     for streaming in (False, True):
         rid = f"fails-{streaming}"
-        r = client.post("/v1/completions", headers={"X-Request-Id": rid},
-                        json={"prompt": ["fine", "word " * 600], "max_tokens": 400, "ignore_eos": True,
-                              "stream": streaming})
+        r = client.post(
+            "/v1/completions",
+            headers={"X-Request-Id": rid},
+            json={"prompt": ["fine", "word " * 600], "max_tokens": 400, "ignore_eos": True, "stream": streaming},
+        )
         assert r.status_code == 400, r.text
         assert r.json()["error"]["param"] in ("prompt", "max_tokens")
         wait_for(lambda: not engine.requests, what="the other prompt's request to be aborted")
         arrived = [e for e in engine.bus.history if isinstance(e, ev.RequestArrived) and e.request_id == f"{rid}-0"]
-        ends = [e.finish_reason for e in engine.bus.history
-                if isinstance(e, ev.RequestStateChanged) and e.request_id == f"{rid}-0" and e.state == "FINISHED"]
+        ends = [
+            e.finish_reason
+            for e in engine.bus.history
+            if isinstance(e, ev.RequestStateChanged) and e.request_id == f"{rid}-0" and e.state == "FINISHED"
+        ]
         assert ends == (["abort"] if arrived else [])
 
 
@@ -387,15 +417,20 @@ def test_a_list_of_prompts_is_aborted_when_the_client_goes_away(tmp_path, stream
     import time
 
     from litestar.testing import AsyncTestClient
-
-    from minivllm.events import types as ev
     from test_server_disconnect import _call_and_disconnect
     from test_server_support import server_of, tiny_app, tiny_engine
 
+    from minivllm.events import types as ev
+
     app = tiny_app(tmp_path, engine=tiny_engine())
     log: list = []
-    payload = {"prompt": ["A long story", "Another long story"], "n": 2, "max_tokens": 400, "ignore_eos": True,
-               "stream": streaming}
+    payload = {
+        "prompt": ["A long story", "Another long story"],
+        "n": 2,
+        "max_tokens": 400,
+        "ignore_eos": True,
+        "stream": streaming,
+    }
     ids = ("leaver-0", "leaver-1")
 
     def both_generating(chunks) -> bool:
@@ -415,7 +450,9 @@ def test_a_list_of_prompts_is_aborted_when_the_client_goes_away(tmp_path, stream
             return chunks, free
 
     chunks, (free, total) = asyncio.run(scenario())
-    ends = {e.request_id: e.finish_reason for e in log if isinstance(e, ev.RequestStateChanged) and e.state == "FINISHED"}
+    ends = {
+        e.request_id: e.finish_reason for e in log if isinstance(e, ev.RequestStateChanged) and e.state == "FINISHED"
+    }
     assert ends == {i: "abort" for i in ids}
     assert free == total
     if streaming:

@@ -8,12 +8,18 @@ import pytest
 import torch
 
 from minivllm.kernels.cpu import native
-from minivllm.quant import matmul_paths
-from minivllm.quant import chooser
-from minivllm.quant.chooser import choose_kernels
-from minivllm.quant.formats import (Int4Weight, Int8Weight, QuantizationError, concat_rows, quantize_int4,
-                                    quantize_int8, to_per_channel, weight_bytes)
 from minivllm.loader.gguf_tensors import q4_1_blocks, q8_0_blocks, read_gguf_tensors, rotary_unpermute_index
+from minivllm.quant import chooser, matmul_paths
+from minivllm.quant.chooser import choose_kernels
+from minivllm.quant.formats import (
+    Int4Weight,
+    QuantizationError,
+    concat_rows,
+    quantize_int4,
+    quantize_int8,
+    to_per_channel,
+    weight_bytes,
+)
 from minivllm.quant.linear import QuantEmbedding, QuantLinear
 from minivllm.quant.policy import QuantConfig
 
@@ -64,8 +70,10 @@ def test_every_int8_kernel_matches_the_dequantized_weight(shape, rows):
     assert names == ours * native_fits + ["int8pack/bf16", "int8pack/fp32"]
 
 
-@pytest.mark.skipif(native.available() is not None, reason="our kernels are not built on this CPU (no AVX2): "
-                    "torch's int8 kernels take one scale per row only")
+@pytest.mark.skipif(
+    native.available() is not None,
+    reason="our kernels are not built on this CPU (no AVX2): torch's int8 kernels take one scale per row only",
+)
 def test_a_q8_0_table_runs_in_its_own_blocks_in_the_head_and_the_lookup():
     """GGUF's Q8_0 (int8 with a scale per block of 32) is not re-rounded to one scale per row: our
     kernels and the embedding lookup take the file's values as they are."""
@@ -196,8 +204,9 @@ def test_embedded_gguf_tensors_equal_transformers_dequantized_reading(embedded_p
 
     cfg = load_gguf_config(embedded_path, "x")
     ours = read_gguf_tensors(embedded_path, cfg.num_attention_heads, cfg.num_key_value_heads)
-    theirs = load_gguf_checkpoint(str(embedded_path), return_tensors=True, model_to_load=_name_map_source(cfg),
-                                  torch_dtype=torch.float32)["tensors"]
+    theirs = load_gguf_checkpoint(
+        str(embedded_path), return_tensors=True, model_to_load=_name_map_source(cfg), torch_dtype=torch.float32
+    )["tensors"]
     assert set(ours.tensors) == set(theirs)
     assert {ours.types[n] for n in ours.tensors if "_proj" in n} == {"Q4_1"}
     assert ours.types["model.embed_tokens.weight"] == "Q8_0" and not ours.dequantized
@@ -233,8 +242,9 @@ def test_our_4bit_kernels_read_the_stored_rows_without_a_copy(embedded_path):
     from minivllm.loader.gguf_loader import load_gguf_config
 
     cfg = load_gguf_config(embedded_path, "x")
-    weight = read_gguf_tensors(embedded_path, cfg.num_attention_heads,
-                               cfg.num_key_value_heads).tensors["model.layers.0.mlp.down_proj.weight"]
+    weight = read_gguf_tensors(embedded_path, cfg.num_attention_heads, cfg.num_key_value_heads).tensors[
+        "model.layers.0.mlp.down_proj.weight"
+    ]
     layer = QuantLinear("down", weight, CPU, torch.float32)
     ours = [k for k in layer.candidates if k.name.startswith("int4avx2/")]
     assert ours and all(k.packed.data_ptr() == weight.packed.data_ptr() for k in ours)
@@ -266,11 +276,13 @@ def test_rounding_4bit_weights_again_at_another_group_is_said_at_load(capfd):
 
     _, twice = build_model(cfg, stored_in_4_bits(), torch.float32, CPU, quant=QuantConfig("int4", group_size=64))
     layers = cfg.num_hidden_layers * 4  # fused: q|k|v, o, gate|up, down
-    assert twice.requantized_note.startswith(f"warning: {layers} weight(s) stored in 4 bits (groups of 32) "
-                                             "re-quantized to int4 g64")
+    assert twice.requantized_note.startswith(
+        f"warning: {layers} weight(s) stored in 4 bits (groups of 32) re-quantized to int4 g64"
+    )
     _, kept = build_model(cfg, stored_in_4_bits(), torch.float32, CPU, quant=QuantConfig("int4", group_size=32))
-    _, from_floats = build_model(cfg, random_tensors(cfg, 0, torch.float32), torch.float32, CPU,
-                                 quant=QuantConfig("int4", group_size=64))
+    _, from_floats = build_model(
+        cfg, random_tensors(cfg, 0, torch.float32), torch.float32, CPU, quant=QuantConfig("int4", group_size=64)
+    )
     assert kept.requantized_note is None and from_floats.requantized_note is None
 
 
@@ -299,8 +311,13 @@ def test_embedding_lookup_and_tied_head_share_one_int8_table():
     emb = QuantEmbedding(table, CPU, torch.float32)
     ids = torch.tensor([0, 5, 79, 5])
     assert torch.allclose(emb(ids), table.dequantize()[ids], atol=1e-6)
-    head = QuantLinear("lm_head", emb.as_weight(), CPU, torch.float32,
-                       kernels=matmul_paths.lm_head_candidates(emb.as_weight(), CPU, torch.float32))
+    head = QuantLinear(
+        "lm_head",
+        emb.as_weight(),
+        CPU,
+        torch.float32,
+        kernels=matmul_paths.lm_head_candidates(emb.as_weight(), CPU, torch.float32),
+    )
     assert all(k.q.data_ptr() == emb.q.data_ptr() for k in head.candidates)
 
 
@@ -316,22 +333,40 @@ def test_chooser_times_every_candidate_and_keeps_only_the_chosen(tmp_path, monke
         assert [k.name for k in layer.candidates] == [layer.plan[0][1].name]  # the others were dropped
 
 
-@pytest.mark.skipif(native.available() is not None, reason="our kernels are not built on this CPU (no AVX2): "
-                    "torch's two kernels are 10x apart, nothing close to choose between")
+@pytest.mark.skipif(
+    native.available() is not None,
+    reason="our kernels are not built on this CPU (no AVX2): "
+    "torch's two kernels are 10x apart, nothing close to choose between",
+)
 def test_the_chooser_takes_the_precise_kernel_fastest_over_all_buckets_and_exact_within_the_margin():
     layer = QuantLinear("l", random_int4(96, 64), CPU, torch.float32)
     fast, precise, exact, torchs = "int4avx2/int8", "int4avx2/int8x2", "int4avx2/fp32", "int4pack/bf16"
-    timings = {1: {fast: 1.0, precise: 1.1, exact: 2.5, torchs: 0.95}, 8: {fast: 2.0, precise: 3.0, exact: 3.3, torchs: 4.0}}
+    timings = {
+        1: {fast: 1.0, precise: 1.1, exact: 2.5, torchs: 0.95},
+        8: {fast: 2.0, precise: 3.0, exact: 3.3, torchs: 4.0},
+    }
     assert chooser._plan_from(timings, layer) == [(8, precise)]  # 1.1-1.5x for 15-bit activations: paid
-    assert chooser._plan_from(timings, layer, prefer_precise=False) == [(8, fast)]  # torch's: 5% faster at 1, 2x slower at 8
-    close = {1: {fast: 1.0, precise: 1.1, exact: 1.15, torchs: 2.0}, 8: {fast: 2.0, precise: 2.2, exact: 2.3, torchs: 4.0}}
+    assert chooser._plan_from(timings, layer, prefer_precise=False) == [
+        (8, fast)
+    ]  # torch's: 5% faster at 1, 2x slower at 8
+    close = {
+        1: {fast: 1.0, precise: 1.1, exact: 1.15, torchs: 2.0},
+        8: {fast: 2.0, precise: 2.2, exact: 2.3, torchs: 4.0},
+    }
     assert chooser._plan_from(close, layer) == [(8, exact)]  # within 10% of the fastest precise one
-    dear = {1: {fast: 1.0, precise: 2.5, exact: 3.0, torchs: 2.0}, 8: {fast: 2.0, precise: 5.0, exact: 6.0, torchs: 4.0}}
+    dear = {
+        1: {fast: 1.0, precise: 2.5, exact: 3.0, torchs: 2.0},
+        8: {fast: 2.0, precise: 5.0, exact: 6.0, torchs: 4.0},
+    }
     assert chooser._plan_from(dear, layer) == [(8, fast)]  # precision past PRECISION_MARGIN is not bought
     # the LM head as timed on an AVX-512 box: exact wins on the mean over buckets, but is 2.3x slower
     # than int8x2 at one row (single-stream decode); int8x2's worst bucket is 2.05x, exact's 2.35x
-    head = {1: {fast: 1.4, precise: 1.7, exact: 4.0}, 4: {fast: 2.8, precise: 3.8, exact: 2.1},
-            16: {fast: 10.4, precise: 14.3, exact: 9.1}, 64: {fast: 49.6, precise: 68.9, exact: 33.6}}
+    head = {
+        1: {fast: 1.4, precise: 1.7, exact: 4.0},
+        4: {fast: 2.8, precise: 3.8, exact: 2.1},
+        16: {fast: 10.4, precise: 14.3, exact: 9.1},
+        64: {fast: 49.6, precise: 68.9, exact: 33.6},
+    }
     assert chooser._plan_from(head, layer) == [(64, precise)]
 
 
@@ -363,8 +398,8 @@ def test_cuda_kernels_match_the_dequantized_weight(rows):
 def test_the_weight_memory_counts_an_mkl_packed_copy_at_its_weights_size():
     """An MKL-packed copy is an opaque tensor whose numel() overstates what it holds ~2.7x (the fp32
     model read 7,097 MiB instead of ~2.1 GB): each copy counts as its weight, as RSS grows."""
-    from minivllm.model.packed_linear import PackedLinear, packing_supported
     from minivllm.loader.install_quantized import stored_bytes
+    from minivllm.model.packed_linear import PackedLinear, packing_supported
 
     layer = PackedLinear(576, 3072, bias=False)
     if not packing_supported(layer.weight):
@@ -383,8 +418,11 @@ def test_torchs_packed_copies_are_built_only_when_used():
     x = torch.randn(3, 128)
     # torch's int8 kernel takes one scale per row: a grouped weight is re-rounded to that form first
     for weight, built, form in ((w4, "packed", w4), (w8, "q", to_per_channel(w8))):
-        theirs = [k for k in matmul_paths.candidates(weight, CPU, torch.float32)
-                  if k.name.startswith(("int4pack/", "int8pack/"))]
+        theirs = [
+            k
+            for k in matmul_paths.candidates(weight, CPU, torch.float32)
+            if k.name.startswith(("int4pack/", "int8pack/"))
+        ]
         assert len(theirs) == 2 and not any(built in vars(k) for k in theirs)
         exact = next(k for k in theirs if k.name.endswith("/fp32"))
         torch.testing.assert_close(exact(x), x @ form.dequantize(torch.float32).T, atol=1e-4, rtol=1e-4)

@@ -18,14 +18,19 @@ import torch
 
 from engine_utils import assert_all_blocks_free, chat_ids, first_part_at_a_near_tie, make_engine, run
 from minivllm.engine.scoring import forward_prefills
-from minivllm.loader import load_model
 from minivllm.kernels.cpu import native
+from minivllm.loader import load_model
 from minivllm.quant.linear import QuantLinear
 from minivllm.quant.policy import QuantConfig
 from minivllm.sampling.params import SamplingParams
 
-QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.",
-             "Explain photosynthesis in one sentence.", "List three primary colors.", "How do I boil an egg?"]
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain photosynthesis in one sentence.",
+    "List three primary colors.",
+    "How do I boil an egg?",
+]
 GREEDY_64 = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
 
 
@@ -53,8 +58,10 @@ def test_default_runs_the_gguf_in_4_bits_within_30_percent_of_fp32_memory(embedd
 
 def test_default_4_bit_logits_stay_close_to_fp32_dequantized(embedded_model, embedded_model_q4, capsys):
     tok = embedded_model.tokenizer
-    text = tok.encode("The history of the present King of Great Britain is a history of repeated injuries "
-                      "and usurpations, all having in direct object the establishment of an absolute Tyranny.")
+    text = tok.encode(
+        "The history of the present King of Great Britain is a history of repeated injuries "
+        "and usurpations, all having in direct object the establishment of an absolute Tyranny."
+    )
     seqs = [text, chat_ids(tok, QUESTIONS[0])]
     ref = torch.cat(forward_prefills(embedded_model, seqs)).log_softmax(-1)
     got = torch.cat(forward_prefills(embedded_model_q4, seqs)).log_softmax(-1)
@@ -75,8 +82,12 @@ def greedy_first_differences(reference, loaded, prompts) -> list[int | None]:
             engine = make_engine(model, num_blocks=64)
             engine.add_request("g", prompt_token_ids=ids, params=params)
             outs.append(run(engine)["g"].outputs[0].token_ids)
-        firsts.append(next((i for i, (a, b) in enumerate(zip(*outs)) if a != b),
-                           None if len(outs[0]) == len(outs[1]) else min(map(len, outs))))
+        firsts.append(
+            next(
+                (i for i, (a, b) in enumerate(zip(*outs)) if a != b),
+                None if len(outs[0]) == len(outs[1]) else min(map(len, outs)),
+            )
+        )
     return firsts
 
 
@@ -90,8 +101,10 @@ def test_4_bit_greedy_tracks_fp32_on_chat_prompts(embedded_model, capsys):
     exact = load_model(None, quantization=QuantConfig("auto", kernel="exact"))
     exact_firsts = greedy_first_differences(embedded_model, exact, prompts)
     with capsys.disabled():  # the default kernels' agreement is in `minivllm bench quality`
-        print(f"\n[quant] first greedy difference vs fp32 over 64 tokens (None = identical), exact kernels: "
-              f"{exact_firsts}")
+        print(
+            f"\n[quant] first greedy difference vs fp32 over 64 tokens (None = identical), exact kernels: "
+            f"{exact_firsts}"
+        )
     assert sum(f is None for f in exact_firsts) >= 3
     assert all(f is None or f >= 4 for f in exact_firsts)
 
@@ -105,8 +118,11 @@ def test_torchs_bf16_kernels_answer_as_fp32_where_bf16_logits_used_to_tie(embedd
     bf16 = load_model(None, quantization=QuantConfig("auto", kernel="bf16"))
     for loaded in (embedded_model, bf16):
         engine = make_engine(loaded, num_blocks=64)
-        engine.add_request("q", prompt_token_ids=chat_ids(loaded.tokenizer, QUESTIONS[0]),
-                           params=SamplingParams(temperature=0.0, max_tokens=12))
+        engine.add_request(
+            "q",
+            prompt_token_ids=chat_ids(loaded.tokenizer, QUESTIONS[0]),
+            params=SamplingParams(temperature=0.0, max_tokens=12),
+        )
         answers.append(loaded.tokenizer.decode(run(engine)["q"].outputs[0].token_ids, skip_special_tokens=True))
     assert answers[1] == answers[0] and "Paris" in answers[0], answers
 
@@ -116,11 +132,13 @@ def test_one_kernel_for_every_row_count_makes_batch_and_alone_identical(forced):
     """Each kernel computes each row independently, so when one kernel serves 1 row and 5 rows the
     greedy output of a request alone equals the same request in a batch, token for token."""
     loaded = load_model(None, quantization=QuantConfig("auto", kernel=forced))
-    assert {k.name.split("/")[1] for m in loaded.model.modules() if isinstance(m, QuantLinear)
-            for _, k in m.plan} == {forced}
+    assert {k.name.split("/")[1] for m in loaded.model.modules() if isinstance(m, QuantLinear) for _, k in m.plan} == {
+        forced
+    }
     prompts = [chat_ids(loaded.tokenizer, q) for q in QUESTIONS[:3]]
-    alone, batched = greedy_alone_and_batched(loaded, prompts, SamplingParams(temperature=0.0, max_tokens=16,
-                                                                              ignore_eos=True))
+    alone, batched = greedy_alone_and_batched(
+        loaded, prompts, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    )
     assert [o.token_ids for o in alone] == [o.token_ids for o in batched]
 
 
@@ -133,15 +151,19 @@ def test_int8_activation_kernels_part_batch_from_alone_only_at_near_ties(capsys)
     if native.available() is not None:
         pytest.skip(f"the native kernels are not available here: {native.available()}")
     loaded = load_model(None, quantization=QuantConfig("auto", kernel="int8"))
-    assert {k.name.split("/")[1] for m in loaded.model.modules() if isinstance(m, QuantLinear)
-            for _, k in m.plan} == {"int8"}
+    assert {k.name.split("/")[1] for m in loaded.model.modules() if isinstance(m, QuantLinear) for _, k in m.plan} == {
+        "int8"
+    }
     prompts = [chat_ids(loaded.tokenizer, q) for q in QUESTIONS]
-    alone, batched = greedy_alone_and_batched(loaded, prompts, SamplingParams(temperature=0.0, max_tokens=32,
-                                                                              ignore_eos=True, logprobs=2))
+    alone, batched = greedy_alone_and_batched(
+        loaded, prompts, SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, logprobs=2)
+    )
     parted = [j for a, b in zip(alone, batched) if (j := first_part_at_a_near_tie(a, b)) is not None]
     with capsys.disabled():
-        print(f"\n[quant] int8 activations: {len(parted)}/{len(prompts)} batched runs part from alone "
-              f"(at tokens {parted}) over 32 tokens")
+        print(
+            f"\n[quant] int8 activations: {len(parted)}/{len(prompts)} batched runs part from alone "
+            f"(at tokens {parted}) over 32 tokens"
+        )
 
 
 @pytest.fixture(scope="module", params=["int8", "int4"])
@@ -192,10 +214,16 @@ def test_quantized_engine_preemption_keeps_outputs(tiny_quantized):
 
 def test_quantized_engine_runs_beams_and_parallel_samples(tiny_quantized):
     engine = make_engine(tiny_quantized, num_blocks=64, block_size=8)
-    engine.add_request("beams", prompt_token_ids=list(range(4, 20)),
-                       params=SamplingParams(use_beam_search=True, n=3, beam_width=3, max_tokens=8))
-    engine.add_request("samples", prompt_token_ids=list(range(4, 20)),
-                       params=SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=8, ignore_eos=True))
+    engine.add_request(
+        "beams",
+        prompt_token_ids=list(range(4, 20)),
+        params=SamplingParams(use_beam_search=True, n=3, beam_width=3, max_tokens=8),
+    )
+    engine.add_request(
+        "samples",
+        prompt_token_ids=list(range(4, 20)),
+        params=SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=8, ignore_eos=True),
+    )
     outs = run(engine)
     beams = outs["beams"].outputs
     assert len(beams) == 3 and all(o.token_ids and o.finish_reason for o in beams)
@@ -211,7 +239,9 @@ def test_quantized_weights_shrink_the_model(tiny_quantized):
 
 
 def test_int4_with_a_group_that_does_not_divide_a_layer_names_it(tiny_dir):
-    with pytest.raises(ValueError, match=r"layers\.0\.self_attn\.qkv_proj\.weight of shape \(\d+, 64\) with group size 128"):
+    with pytest.raises(
+        ValueError, match=r"layers\.0\.self_attn\.qkv_proj\.weight of shape \(\d+, 64\) with group size 128"
+    ):
         load_model(str(tiny_dir), quantization=QuantConfig("int4", group_size=128))
 
 
@@ -219,6 +249,7 @@ def test_auto_keeps_a_quantized_models_kv_in_fp16_on_a_cpu_and_an_fp32_models_in
     """`--kv-cache-dtype auto`: quantized weights on a CPU get llama.cpp's K/V precision (fp16: twice the
     tokens in the pool's memory, half the bytes attention reads); an fp32 model, the HF-parity
     reference, keeps fp32; an explicit dtype wins either way."""
+
     def pool_dtype(loaded, **config):
         return make_engine(loaded, num_blocks=8, **config).kv_cache.k[0].dtype
 

@@ -18,9 +18,20 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def tiny_file(tmp_path_factory):
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_random_gguf.py"), "tiny", "--quant", "F16",
-                          "--cache", str(tmp_path_factory.mktemp("models"))],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "make_random_gguf.py"),
+            "tiny",
+            "--quant",
+            "F16",
+            "--cache",
+            str(tmp_path_factory.mktemp("models")),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     path = Path(out.stdout.strip())  # stdout holds only the path: the Makefile passes it to --model
     assert path.is_file() and path.name == "random-tiny-F16.gguf"
     return path
@@ -32,8 +43,11 @@ def test_the_file_loads_as_its_named_shape_with_the_embedded_tokenizer(tiny_file
     shape = random_gguf.SHAPES["tiny"]
     loaded = load_model(str(tiny_file))
     cfg = loaded.config
-    assert (cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers) == (shape.hidden, shape.intermediate,
-                                                                              shape.layers)
+    assert (cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers) == (
+        shape.hidden,
+        shape.intermediate,
+        shape.layers,
+    )
     assert (cfg.num_attention_heads, cfg.num_key_value_heads) == (shape.heads, shape.kv_heads)
     assert cfg.tie_word_embeddings == shape.tied_embeddings
     embedded = load_gguf_tokenizer(embedded_path)  # the tokenizer alone: no second model to build
@@ -48,8 +62,11 @@ def test_the_file_loads_as_its_named_shape_with_the_embedded_tokenizer(tiny_file
 
 
 def test_a_shape_that_does_not_exist_is_a_usage_error_naming_the_shapes(tmp_path):
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_random_gguf.py"), "llama-9b",
-                          "--cache", str(tmp_path)], capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "make_random_gguf.py"), "llama-9b", "--cache", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 2 and "tinyllama-1.1b" in out.stderr and not list(tmp_path.iterdir())
 
 

@@ -11,7 +11,9 @@ from minivllm.engine.memory_budget import process_rss_bytes
 MIB = 2**20
 
 
-@pytest.mark.skipif(malloc_tuning._libc_function("malloc_trim") is None, reason="this C library has no malloc_trim (not glibc)")
+@pytest.mark.skipif(
+    malloc_tuning._libc_function("malloc_trim") is None, reason="this C library has no malloc_trim (not glibc)"
+)
 def test_freed_heap_pages_are_handed_back():
     # 64 KiB blocks come from the heap (below glibc's mmap threshold); 1 KiB objects kept between them
     # (past pymalloc's 512 bytes, so from the heap too) pin its top: freeing the blocks alone leaves

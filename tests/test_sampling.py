@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from minivllm.sampling.params import SamplingParams
 from minivllm.sampling import filters
 from minivllm.sampling.filters import apply_min_p, apply_top_k_top_p, apply_top_k_top_p_min_p, inverse_cdf_draw
+from minivllm.sampling.params import SamplingParams
 from minivllm.sampling.sampler import Sampler, SamplingRow, apply_penalties, pad_token_lists
 
 V = 32
@@ -397,8 +397,16 @@ def test_sampler_penalties_against_naive_reference_greedy_batch():
         rep = float(torch.empty(()).uniform_(0.5, 2.0)) if i % 3 else 1.0
         freq = float(torch.empty(()).uniform_(-1, 1)) if i % 2 else 0.0
         pres = float(torch.empty(()).uniform_(-1, 1)) if i % 4 else 0.0
-        rows.append(row(temperature=0.0, prompt=prompt, output=output, repetition_penalty=rep,
-                        frequency_penalty=freq, presence_penalty=pres))
+        rows.append(
+            row(
+                temperature=0.0,
+                prompt=prompt,
+                output=output,
+                repetition_penalty=rep,
+                frequency_penalty=freq,
+                presence_penalty=pres,
+            )
+        )
         refs.append(naive_penalties(logits[i], prompt, output, rep, freq, pres))
     out = Sampler()(logits.clone(), rows)
     assert out.token_ids == [int(r.argmax()) for r in refs]
@@ -449,8 +457,9 @@ def test_logprobs_match_raw_log_softmax():
         vals, ids = ref[i].topk(n)
         assert [t for t, _ in out.top_logprobs[i]] == ids.tolist()
         assert [lp for _, lp in out.top_logprobs[i]] == pytest.approx(vals.tolist(), abs=1e-5)
-    assert math.isclose(sum(math.exp(lp) for _, lp in out.top_logprobs[2]), float(ref[2].exp().topk(20).values.sum()),
-                        rel_tol=1e-5)
+    assert math.isclose(
+        sum(math.exp(lp) for _, lp in out.top_logprobs[2]), float(ref[2].exp().topk(20).values.sum()), rel_tol=1e-5
+    )
 
 
 def test_an_all_greedy_batch_takes_the_fused_pick_with_torchs_tokens_and_logprobs(monkeypatch):
@@ -473,7 +482,9 @@ def test_an_all_greedy_batch_takes_the_fused_pick_with_torchs_tokens_and_logprob
     assert [lp for _, lp in out.top_logprobs[1]] == pytest.approx(ref[1].topk(3).values.tolist(), abs=1e-5)
     calls.clear()
     low = int(logits[0].argmin())
-    biased = Sampler()(logits.clone(), [row(temperature=0.0, logit_bias={low: 100.0})] + [row(temperature=0.0) for _ in range(5)])
+    biased = Sampler()(
+        logits.clone(), [row(temperature=0.0, logit_bias={low: 100.0})] + [row(temperature=0.0) for _ in range(5)]
+    )
     assert calls == [] and biased.token_ids[0] == low
     assert biased.logprobs[0] == pytest.approx(float(ref[0, low]), abs=1e-5)  # of the raw distribution
 
@@ -542,8 +553,11 @@ def test_allowed_token_ids_leave_only_those_tokens_per_row():
     torch.manual_seed(0)
     logits = torch.randn(3, 50)
     allowed = SamplingParams(temperature=0.0, allowed_token_ids=[7, 9])
-    rows = [SamplingRow(allowed, [1], []), SamplingRow(SamplingParams(temperature=0.0), [1], []),
-            SamplingRow(SamplingParams(temperature=1.0, allowed_token_ids=[3], seed=1), [1], [])]
+    rows = [
+        SamplingRow(allowed, [1], []),
+        SamplingRow(SamplingParams(temperature=0.0), [1], []),
+        SamplingRow(SamplingParams(temperature=1.0, allowed_token_ids=[3], seed=1), [1], []),
+    ]
     processed = Sampler().processed(logits, rows)
     assert torch.isfinite(processed[0]).nonzero().flatten().tolist() == [7, 9]
     assert torch.equal(processed[1], logits[1])  # a row that asks for nothing is untouched
@@ -563,12 +577,15 @@ def test_bad_words_ban_a_words_last_token_only_after_the_rest_of_it():
     assert params.reads_output_tokens  # the engine hands the sampler each row's output for this
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(allowed_token_ids=[]), "allowed_token_ids must be a non-empty list"),
-    (dict(allowed_token_ids=[-1]), "allowed_token_ids must be a non-empty list"),
-    (dict(bad_words=[" "]), "bad_words must hold non-blank strings"),
-    (dict(bad_words=["w"] * 1025), "bad_words must be a list of at most 1024"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(allowed_token_ids=[]), "allowed_token_ids must be a non-empty list"),
+        (dict(allowed_token_ids=[-1]), "allowed_token_ids must be a non-empty list"),
+        (dict(bad_words=[" "]), "bad_words must hold non-blank strings"),
+        (dict(bad_words=["w"] * 1025), "bad_words must be a list of at most 1024"),
+    ],
+)
 def test_token_list_fields_are_validated(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SamplingParams(**kwargs)

@@ -8,17 +8,17 @@ import threading
 import time
 
 import msgspec
-import torch
 import pytest
+import torch
 from litestar.testing import TestClient
+from test_server_support import server_of, sse_events, tiny_app, tiny_engine, wait_for
 
 from minivllm.events import types as ev
+from minivllm.events.fold import fold
 from minivllm.events.recording import parse_lines, read_recording
 from minivllm.server.app import create_app
 from minivllm.server.config import ServerConfig
 from minivllm.server.recordings import RecordingLimits
-from minivllm.events.fold import fold
-from test_server_support import server_of, sse_events, tiny_app, tiny_engine, wait_for
 
 GREEDY = {"temperature": 0, "max_tokens": 6}
 
@@ -51,8 +51,9 @@ def test_models_lists_the_served_model(client):
 
 
 def test_completion_with_logprobs_usage_and_timings(client):
-    r = client.post("/v1/completions", json={"prompt": "Hello there", "logprobs": 2, **GREEDY},
-                    headers={"X-Request-Id": "my-id-1"})
+    r = client.post(
+        "/v1/completions", json={"prompt": "Hello there", "logprobs": 2, **GREEDY}, headers={"X-Request-Id": "my-id-1"}
+    )
     assert r.status_code == 200, r.text
     assert r.headers["x-request-id"] == "my-id-1"
     body = r.json()
@@ -109,16 +110,21 @@ def test_chat_non_streaming_uses_the_chat_template(client):
     assert choice["message"]["role"] == "assistant" and choice["logprobs"] is None
     assert body["usage"]["completion_tokens"] == 4  # max_completion_tokens wins over max_tokens
     tokenizer = server_of(client.app).async_engine.engine.tokenizer
-    templated = tokenizer.apply_chat_template([{"role": "user", "content": "Tell me about KV caches."}],
-                                              add_generation_prompt=True, tokenize=True, return_dict=False)
+    templated = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Tell me about KV caches."}],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
+    )
     assert body["usage"]["prompt_tokens"] == len(templated)
 
 
 def test_chat_streaming_matches_non_streaming_and_follows_openai_framing(client):
     full = client.post("/v1/chat/completions", json=chat_body(n=2, logprobs=True, top_logprobs=2)).json()
-    r = client.post("/v1/chat/completions",
-                    json=chat_body(n=2, logprobs=True, top_logprobs=2, stream=True,
-                                   stream_options={"include_usage": True}))
+    r = client.post(
+        "/v1/chat/completions",
+        json=chat_body(n=2, logprobs=True, top_logprobs=2, stream=True, stream_options={"include_usage": True}),
+    )
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
     events = sse_events(r.text)
     assert events[-1] == "[DONE]"
@@ -179,13 +185,25 @@ def test_token_id_prompt_stop_strings_and_extra_fields(client):
     assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "some_unknown_field"
     assert unknown.json()["error"]["message"] == "Unrecognized request argument supplied: some_unknown_field"
     text = by_text["choices"][0]["text"]
-    stop = text[len(text) // 2:len(text) // 2 + 3]
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
     stopped = client.post("/v1/completions", json={"prompt": "Hello there", "stop": [stop], **GREEDY}).json()
     assert stopped["choices"][0]["finish_reason"] == "stop"
-    assert stopped["choices"][0]["text"] == text[:text.index(stop)]
-    extras = {"top_k": 5, "min_p": 0.05, "repetition_penalty": 1.2, "min_tokens": 2, "ignore_eos": True,
-              "stop_token_ids": [2], "priority": 1, "seed": 7, "presence_penalty": 0.5, "frequency_penalty": 0.5,
-              "user": "someone", "temperature": 0.8, "top_p": 0.9}
+    assert stopped["choices"][0]["text"] == text[: text.index(stop)]
+    extras = {
+        "top_k": 5,
+        "min_p": 0.05,
+        "repetition_penalty": 1.2,
+        "min_tokens": 2,
+        "ignore_eos": True,
+        "stop_token_ids": [2],
+        "priority": 1,
+        "seed": 7,
+        "presence_penalty": 0.5,
+        "frequency_penalty": 0.5,
+        "user": "someone",
+        "temperature": 0.8,
+        "top_p": 0.9,
+    }
     r = client.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 4, **extras})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
     again = client.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 4, **extras})
@@ -193,14 +211,27 @@ def test_token_id_prompt_stop_strings_and_extra_fields(client):
 
 
 def test_beam_search(client):
-    r = client.post("/v1/completions", json={"prompt": "The cache", "n": 2, "use_beam_search": True,
-                                             "length_penalty": 1.0, "max_tokens": 4, "temperature": 0})
+    r = client.post(
+        "/v1/completions",
+        json={
+            "prompt": "The cache",
+            "n": 2,
+            "use_beam_search": True,
+            "length_penalty": 1.0,
+            "max_tokens": 4,
+            "temperature": 0,
+        },
+    )
     assert r.status_code == 200, r.text
     choices = r.json()["choices"]
     assert [c["index"] for c in choices] == [0, 1]
     assert all(c["text"] for c in choices) and choices[0]["text"] != choices[1]["text"]
-    events = sse_events(client.post("/v1/completions", json={"prompt": "The cache", "n": 2, "use_beam_search": True,
-                                                             "max_tokens": 4, "stream": True}).text)
+    events = sse_events(
+        client.post(
+            "/v1/completions",
+            json={"prompt": "The cache", "n": 2, "use_beam_search": True, "max_tokens": 4, "stream": True},
+        ).text
+    )
     streamed = {c["choices"][0]["index"]: c["choices"][0]["text"] for c in events[:-1]}
     assert streamed == {c["index"]: c["text"] for c in choices}
 
@@ -223,59 +254,128 @@ BAD_INPUT = [
     ("/v1/completions", {"prompt": "x", "stop": [""]}, "stop", "empty"),
     ("/v1/completions", {"prompt": "x", "n": 8, "stop": [f"stop {i}" for i in range(20_000)]}, "stop", "at most 64"),
     # each of these once aborted every running request from inside a step
-    ("/v1/completions", {"prompt": "x", "seed": 2**64 - 1, "n": 2, "temperature": 1}, "seed", "[0, 9223372036854775806]"),
+    (
+        "/v1/completions",
+        {"prompt": "x", "seed": 2**64 - 1, "n": 2, "temperature": 1},
+        "seed",
+        "[0, 9223372036854775806]",
+    ),
     ("/v1/completions", {"prompt": "x", "seed": -5}, "seed", "[0, 9223372036854775807]"),
     ("/v1/completions", {"prompt": "x", "top_k": 2**70}, "top_k", "vocabulary size"),
     ("/v1/completions", {"prompt": "x", "top_k": 10**6}, "top_k", "vocabulary size"),
-    ("/v1/completions", {"prompt": "x", "use_beam_search": True, "n": 2, "length_penalty": 1e308}, "length_penalty",
-     "[-10, 10]"),
+    (
+        "/v1/completions",
+        {"prompt": "x", "use_beam_search": True, "n": 2, "length_penalty": 1e308},
+        "length_penalty",
+        "[-10, 10]",
+    ),
     ("/v1/completions", b'{"prompt": "x", "temperature": 1e999}', "temperature", "out of range"),
     ("/v1/completions", {"prompt": ["a"] * 9}, "prompt", "at most 8 per request"),
     ("/v1/completions", {"prompt": [1, 99999999]}, "prompt", "out of range"),
     ("/v1/completions", {"prompt": "x", "prompt_logprobs": 2, "stream": True}, "prompt_logprobs", "stream=True"),
     ("/v1/completions", {"prompt": "word " * 600, "max_tokens": 4}, "prompt", "512 tokens"),
     ("/v1/completions", {"prompt": "x" * 40_000}, "prompt", "cannot hold more than about 32768 characters"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "y" * 20_000}] * 2}, "messages",
-     "cannot hold more than about 32768 characters"),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "y" * 20_000}] * 2},
+        "messages",
+        "cannot hold more than about 32768 characters",
+    ),
     ("/v1/completions", {"prompt": "word " * 300, "max_tokens": 400}, "max_tokens", "512"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "top_logprobs",
-     "requires logprobs"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 30},
-     "top_logprobs", "[0, 20]"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0},
-     "max_completion_tokens", ">= 1"),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
+        "top_logprobs",
+        "requires logprobs",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 30},
+        "top_logprobs",
+        "[0, 20]",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0},
+        "max_completion_tokens",
+        ">= 1",
+    ),
     ("/v1/chat/completions", {"messages": []}, "messages", "at least one"),
     ("/v1/chat/completions", {"messages": "hello"}, "messages", "Expected `array"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages",
-     "only text"),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+        "messages",
+        "only text",
+    ),
     ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, "messages", "role must be one of"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 0}, "n", ">= 1"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, "temperature",
-     "Expected `float"),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}], "temperature": "hot"},
+        "temperature",
+        "Expected `float",
+    ),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_k": -7}, "top_k", ">= 1"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "min_p": 2}, "min_p", "[0, 1]"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "frequency_penalty": -9},
-     "frequency_penalty", "[-2, 2]"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "repetition_penalty": 0},
-     "repetition_penalty", "> 0"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "seed": 2**63}, "seed",
-     "[0, 9223372036854775807]"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "stop": "x" * 5000}, "stop",
-     "at most 4096"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "stop_token_ids": [-1]},
-     "stop_token_ids", "non-negative"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "min_tokens": 9, "max_tokens": 3},
-     "min_tokens", "<= max_tokens"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "use_beam_search": True, "n": 9},
-     "n", "max_num_seqs"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 10**9}, "max_tokens",
-     "maximum context length"),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}], "frequency_penalty": -9},
+        "frequency_penalty",
+        "[-2, 2]",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}], "repetition_penalty": 0},
+        "repetition_penalty",
+        "> 0",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}], "seed": 2**63},
+        "seed",
+        "[0, 9223372036854775807]",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}], "stop": "x" * 5000},
+        "stop",
+        "at most 4096",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}], "stop_token_ids": [-1]},
+        "stop_token_ids",
+        "non-negative",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}], "min_tokens": 9, "max_tokens": 3},
+        "min_tokens",
+        "<= max_tokens",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}], "use_beam_search": True, "n": 9},
+        "n",
+        "max_num_seqs",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}], "max_tokens": 10**9},
+        "max_tokens",
+        "maximum context length",
+    ),
     ("/v1/chat/completions", [1, 2, 3], None, "Expected `object"),
     ("/v1/chat/completions", b"\xff\xfe", None, "malformed JSON"),
     ("/v1/completions", {"prompt": "x", "logprobs": -1}, "logprobs", "[0, 20]"),
     ("/v1/completions", {"prompt": "x", "min_tokens": -1}, "min_tokens", ">= 0"),
-    ("/v1/completions", {"prompt": "x", "length_penalty": float("1e308"), "use_beam_search": True}, "length_penalty",
-     "[-10, 10]"),
+    (
+        "/v1/completions",
+        {"prompt": "x", "length_penalty": float("1e308"), "use_beam_search": True},
+        "length_penalty",
+        "[-10, 10]",
+    ),
     ("/v1/completions", {"prompt": []}, "prompt", "empty"),
     ("/v1/completions", {"prompt": [[1, 2], "x", 3]}, "prompt", "list of strings or of token-id lists"),
     ("/v1/completions", {"prompt": "x", "prompt_logprobs": 21}, "prompt_logprobs", "[0, 20]"),
@@ -296,12 +396,17 @@ BAD_INPUT = [
 def send(client, route: str, body):
     """POST (or the method written before the path) `body` as JSON, or raw bytes sent as JSON."""
     method, _, path = route.rpartition(" ")
-    kwargs = {"content": body, "headers": {"content-type": "application/json"}} if isinstance(body, bytes) else {"json": body}
+    kwargs = (
+        {"content": body, "headers": {"content-type": "application/json"}}
+        if isinstance(body, bytes)
+        else {"json": body}
+    )
     return client.request(method or "POST", path, **kwargs)
 
 
-@pytest.mark.parametrize("route,body,param,words", BAD_INPUT,
-                         ids=[f"{i}-{c[0].rpartition('/')[2]}-{c[2]}" for i, c in enumerate(BAD_INPUT)])
+@pytest.mark.parametrize(
+    "route,body,param,words", BAD_INPUT, ids=[f"{i}-{c[0].rpartition('/')[2]}-{c[2]}" for i, c in enumerate(BAD_INPUT)]
+)
 def test_bad_input_gets_a_400_in_openai_shape(client, route, body, param, words):
     r = send(client, route, body)
     assert r.status_code == 400, r.text
@@ -339,8 +444,12 @@ def test_a_reused_request_id_runs_under_a_suffixed_id_and_both_finish(client):
     first: list = []
 
     def stream() -> None:
-        with client.stream("POST", "/v1/completions", headers={"X-Request-Id": "retry-me"},
-                           json={"prompt": "First", "max_tokens": 480, "ignore_eos": True, "stream": True}) as r:
+        with client.stream(
+            "POST",
+            "/v1/completions",
+            headers={"X-Request-Id": "retry-me"},
+            json={"prompt": "First", "max_tokens": 480, "ignore_eos": True, "stream": True},
+        ) as r:
             first.append((r.headers["x-request-id"], "".join(r.iter_text())))
 
     thread = threading.Thread(target=stream)
@@ -426,10 +535,15 @@ def test_api_key_guards_v1_api_and_ws_but_not_health(tmp_path):
 
 def test_cors(tmp_path):
     with TestClient(tiny_app(tmp_path, cors_origins=["http://dash.example"])) as c:
-        r = c.options("/v1/completions", headers={"Origin": "http://dash.example", "Access-Control-Request-Method": "POST"})
+        r = c.options(
+            "/v1/completions", headers={"Origin": "http://dash.example", "Access-Control-Request-Method": "POST"}
+        )
         assert r.status_code in (200, 204)
         assert r.headers["access-control-allow-origin"] == "http://dash.example"
-        assert c.get("/v1/models", headers={"Origin": "http://other.example"}).headers.get("access-control-allow-origin") != "http://other.example"
+        assert (
+            c.get("/v1/models", headers={"Origin": "http://other.example"}).headers.get("access-control-allow-origin")
+            != "http://other.example"
+        )
 
 
 # ---- operations ------------------------------------------------------------------------------
@@ -489,8 +603,13 @@ def test_metrics_prometheus_text(client):
     label = '{model_name="random:tiny"}'
     for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc"):
         assert f"minivllm:{name}{label} 0.0" in text
-    for name in ("prefix_cache_queries_total", "prefix_cache_hits_total", "num_preemptions_total",
-                 "prompt_tokens_total", "generation_tokens_total"):
+    for name in (
+        "prefix_cache_queries_total",
+        "prefix_cache_hits_total",
+        "num_preemptions_total",
+        "prompt_tokens_total",
+        "generation_tokens_total",
+    ):
         assert f"minivllm:{name}{label}" in text
     assert f"minivllm:generation_tokens_total{label} 12.0" in text
     rss = float(re.search(r"^process_resident_memory_bytes (\S+)$", text, re.M).group(1))
@@ -498,8 +617,12 @@ def test_metrics_prometheus_text(client):
     assert 50 * 2**20 < rss <= peak * 1.01, (rss, peak)
     hits = float(text.split(f"minivllm:prefix_cache_hits_total{label} ")[1].split()[0])
     assert hits > 0  # the second identical prompt reused the first one's full blocks
-    for name in ("time_to_first_token_seconds", "time_per_output_token_seconds", "e2e_request_latency_seconds",
-                 "request_queue_time_seconds"):
+    for name in (
+        "time_to_first_token_seconds",
+        "time_per_output_token_seconds",
+        "e2e_request_latency_seconds",
+        "request_queue_time_seconds",
+    ):
         assert f"# TYPE minivllm:{name} histogram" in text
         assert f"minivllm:{name}_count{label} 2.0" in text
 
@@ -520,9 +643,13 @@ def test_state_and_config(client):
     assert client.get("/api/state").json()["requests"] == []
     assert client.post("/v1/completions", json={"prompt": "Hello", **GREEDY}).status_code == 200
 
-    for bad, param in (({"num_blocks": 0}, "num_blocks"), ({"max_num_seqs": "many"}, "max_num_seqs"),
-                       ({"block_size": -1}, "block_size"), ({"num_blocks": 10**12}, "num_blocks"),
-                       ({"num_blocks": 10**9, "block_size": 16}, "num_blocks")):
+    for bad, param in (
+        ({"num_blocks": 0}, "num_blocks"),
+        ({"max_num_seqs": "many"}, "max_num_seqs"),
+        ({"block_size": -1}, "block_size"),
+        ({"num_blocks": 10**12}, "num_blocks"),
+        ({"num_blocks": 10**9, "block_size": 16}, "num_blocks"),
+    ):
         r = client.put("/api/config", json=bad)
         assert r.status_code == 400 and error_of(r)["param"] == param, r.text
     assert "GiB" in error_of(client.put("/api/config", json={"num_blocks": 10**12}))["message"]
@@ -557,7 +684,11 @@ def test_the_kv_pool_cap_bounds_what_the_settings_may_ask_for(tmp_path):
         fits = 2**20 // per_block
         assert c.put("/api/config", json={"num_blocks": fits}).json()["num_blocks"] == fits
         r = c.put("/api/config", json={"num_blocks": fits + 1})
-        assert r.status_code == 400 and error_of(r)["param"] == "num_blocks" and "--max-kv-cache-memory" in error_of(r)["message"]
+        assert (
+            r.status_code == 400
+            and error_of(r)["param"] == "num_blocks"
+            and "--max-kv-cache-memory" in error_of(r)["message"]
+        )
         assert c.get("/api/config").json()["num_blocks"] == fits
 
 
@@ -630,7 +761,9 @@ def test_recordings_lifecycle_download_trace_and_upload(client):
     assert max(e["args"]["used"] for e in kv) > 0 and kv[-1]["args"]["used"] == 0
     assert all(e["ts"] >= 0 for e in events if "ts" in e)
 
-    uploaded = client.post("/api/recordings", content=download.content, headers={"content-type": "application/x-ndjson"})
+    uploaded = client.post(
+        "/api/recordings", content=download.content, headers={"content-type": "application/x-ndjson"}
+    )
     assert uploaded.status_code == 201 and uploaded.json()["num_events"] == stopped["num_events"]
     assert client.get(f"/api/recordings/{uploaded.json()['id']}").content == download.content
     assert len(client.get("/api/recordings").json()) == 2
@@ -687,12 +820,17 @@ def test_servers_sharing_a_recordings_folder_name_their_own_recordings(tmp_path)
         _record(first)
     with TestClient(tiny_app(tmp_path, recordings_dir=folder, server_name="127.0.0.1:8001")) as second:
         _record(second)
-        upload = second.post("/api/recordings", content=_record(second),
-                             headers={"content-type": "application/x-ndjson"}).json()
+        upload = second.post(
+            "/api/recordings", content=_record(second), headers={"content-type": "application/x-ndjson"}
+        ).json()
         listed = second.get("/api/recordings").json()
     by_server = {r["id"]: (r["server"], r["mine"]) for r in listed}
-    assert sorted(by_server.values()) == [("127.0.0.1-8000", False), ("127.0.0.1-8001", True),
-                                          ("127.0.0.1-8001", True), ("upload", False)]
+    assert sorted(by_server.values()) == [
+        ("127.0.0.1-8000", False),
+        ("127.0.0.1-8001", True),
+        ("127.0.0.1-8001", True),
+        ("upload", False),
+    ]
     assert by_server[upload["id"]] == ("upload", False)
     assert all(rid.startswith(f"rec-{server}-") for rid, (server, _) in by_server.items() if server != "upload")
 

@@ -12,20 +12,34 @@ import json
 import time
 
 from litestar.testing import AsyncTestClient
+from test_server_support import server_of, tiny_app, tiny_engine
 
 from minivllm.events import types as ev
 from minivllm.sampling.params import SamplingParams
-from test_server_support import server_of, tiny_app, tiny_engine
 
 TIMEOUT = 30
 
 
 def _scope(path: str, body: bytes, request_id: str) -> dict:
-    return {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-            "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                        (b"x-request-id", request_id.encode()), (b"host", b"testserver")],
-            "client": ("127.0.0.1", 5000), "server": ("testserver", 80)}
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"x-request-id", request_id.encode()),
+            (b"host", b"testserver"),
+        ],
+        "client": ("127.0.0.1", 5000),
+        "server": ("testserver", 80),
+    }
 
 
 async def _call_and_disconnect(app, path: str, payload: dict, request_id: str, disconnect_when) -> list[bytes]:
@@ -66,7 +80,9 @@ def _run_scenario(tmp_path, payload: dict, path: str, disconnect_when, occupy: b
             ae = server_of(app).async_engine
             ae.submit(lambda e: e.bus.subscribe(log.append)).result()
             if occupy:  # one long request holds the only running slot: ours must wait in the queue
-                ae.submit(lambda e: e.add_request("occupier", "Hello", SamplingParams(max_tokens=300, ignore_eos=True))).result()
+                ae.submit(
+                    lambda e: e.add_request("occupier", "Hello", SamplingParams(max_tokens=300, ignore_eos=True))
+                ).result()
 
             def when(chunks):
                 if disconnect_when(chunks, log) and "at" not in marks:
@@ -76,8 +92,10 @@ def _run_scenario(tmp_path, payload: dict, path: str, disconnect_when, occupy: b
 
             chunks = await _call_and_disconnect(app, path, payload, "leaver", when)
             deadline = time.monotonic() + TIMEOUT
-            while not any(isinstance(e, ev.RequestStateChanged) and e.request_id == "leaver" and e.state == "FINISHED"
-                          for e in list(log)):
+            while not any(
+                isinstance(e, ev.RequestStateChanged) and e.request_id == "leaver" and e.state == "FINISHED"
+                for e in list(log)
+            ):
                 assert time.monotonic() < deadline, "the request was never aborted"
                 await asyncio.sleep(0.005)
             if occupy:
@@ -89,8 +107,9 @@ def _run_scenario(tmp_path, payload: dict, path: str, disconnect_when, occupy: b
             return chunks, free
 
     chunks, (free, total) = asyncio.run(scenario())
-    finish = next(e for e in log if isinstance(e, ev.RequestStateChanged) and e.request_id == "leaver"
-                  and e.state == "FINISHED")
+    finish = next(
+        e for e in log if isinstance(e, ev.RequestStateChanged) and e.request_id == "leaver" and e.state == "FINISHED"
+    )
     assert finish.finish_reason == "abort"
     steps_after = [e for e in log if isinstance(e, ev.StepFinished) and marks["at"] < e.seq < finish.seq]
     assert len(steps_after) <= 1, f"aborted only after {len(steps_after)} more steps"
@@ -110,8 +129,13 @@ def test_streaming_client_disconnect_aborts_and_frees_blocks(tmp_path):
 
 
 def test_streaming_chat_disconnect(tmp_path):
-    payload = {"messages": [{"role": "user", "content": "Talk forever"}], "max_tokens": 400, "ignore_eos": True,
-               "stream": True, "n": 2}
+    payload = {
+        "messages": [{"role": "user", "content": "Talk forever"}],
+        "max_tokens": 400,
+        "ignore_eos": True,
+        "stream": True,
+        "n": 2,
+    }
     _, log = _run_scenario(tmp_path, payload, "/v1/chat/completions", lambda chunks, log: len(chunks) >= 6)
     assert _tokens(log) < 800
 

@@ -9,9 +9,9 @@ import logging
 import pytest
 from litestar.exceptions import WebSocketDisconnect
 from litestar.testing import TestClient
+from test_server_support import tiny_app
 
 from minivllm.server.exposure import allowed_hosts_for, redact_api_keys
-from test_server_support import tiny_app
 
 BODY = {"prompt": "Hello", "max_tokens": 2, "temperature": 0}
 SELF = "http://testserver.local"  # TestClient's own origin
@@ -42,9 +42,11 @@ def test_a_star_allows_every_host_name(tmp_path):
 
 def test_foreign_origin_cannot_generate_or_change_the_engine(client):
     evil = {"origin": "https://evil.example"}
-    for method, path, kwargs in (("POST", "/v1/completions", {"json": BODY}),
-                                 ("PUT", "/api/config", {"json": {"num_blocks": 8}}),
-                                 ("POST", "/api/recordings/start", {})):
+    for method, path, kwargs in (
+        ("POST", "/v1/completions", {"json": BODY}),
+        ("PUT", "/api/config", {"json": {"num_blocks": 8}}),
+        ("POST", "/api/recordings/start", {}),
+    ):
         r = client.request(method, path, headers=evil, **kwargs)
         assert r.status_code == 403 and error(r)["code"] == "origin_not_allowed", (path, r.text)
     assert client.get("/api/config").json()["num_blocks"] == 64
@@ -63,13 +65,17 @@ def test_foreign_origin_cannot_open_the_event_stream(client):
 
 
 def test_request_bodies_must_be_json(client):
-    r = client.post("/v1/completions", content=b'{"prompt": "Hello", "max_tokens": 2}',
-                    headers={"content-type": "text/plain"})
+    r = client.post(
+        "/v1/completions", content=b'{"prompt": "Hello", "max_tokens": 2}', headers={"content-type": "text/plain"}
+    )
     assert r.status_code == 415 and error(r)["code"] == "unsupported_media_type" and "text/plain" in error(r)["message"]
     r = client.post("/v1/completions", content=b'{"prompt": "Hello", "max_tokens": 2}')
     assert r.status_code == 415 and "no Content-Type" in error(r)["message"]
-    ok = client.post("/v1/completions", content=b'{"prompt": "Hello", "max_tokens": 2}',
-                     headers={"content-type": "application/json; charset=utf-8"})
+    ok = client.post(
+        "/v1/completions",
+        content=b'{"prompt": "Hello", "max_tokens": 2}',
+        headers={"content-type": "application/json; charset=utf-8"},
+    )
     assert ok.status_code == 200, ok.text
     assert client.post("/api/recordings/start").status_code == 201  # no body, no type needed
 
@@ -81,7 +87,14 @@ def test_loopback_binding_turns_the_host_check_on():
 
 
 def test_api_keys_never_reach_the_access_log():
-    record = logging.LogRecord("uvicorn.access", logging.INFO, "", 0, '%s - "%s %s HTTP/%s" %d',
-                               ("127.0.0.1:5000", "GET", "/ws/events?format=json&api_key=sesame", "1.1", 101), None)
+    record = logging.LogRecord(
+        "uvicorn.access",
+        logging.INFO,
+        "",
+        0,
+        '%s - "%s %s HTTP/%s" %d',
+        ("127.0.0.1:5000", "GET", "/ws/events?format=json&api_key=sesame", "1.1", 101),
+        None,
+    )
     assert redact_api_keys(record) and "sesame" not in record.getMessage()
     assert "api_key=***" in record.getMessage()

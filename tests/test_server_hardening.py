@@ -16,9 +16,9 @@ import time
 
 import pytest
 from litestar.testing import AsyncTestClient, TestClient
+from test_server_support import server_of, sse_events, tiny_app, tiny_engine
 
 from minivllm.structured.params import MAX_CONSTRAINT_CHARS
-from test_server_support import server_of, sse_events, tiny_app, tiny_engine
 
 MARGIN_S = 0.5  # the largest victim gap may exceed its baseline by this much (the issue's bound)
 
@@ -30,8 +30,13 @@ def client(tmp_path_factory):
 
 
 def chat(client, **fields):
-    body = {"messages": [{"role": "user", "content": "Pick one."}], "max_tokens": 16, "temperature": 1.0, "seed": 5,
-            **fields}
+    body = {
+        "messages": [{"role": "user", "content": "Pick one."}],
+        "max_tokens": 16,
+        "temperature": 1.0,
+        "seed": 5,
+        **fields,
+    }
     return client.post("/v1/chat/completions", json=body)
 
 
@@ -47,35 +52,47 @@ def assert_still_serving(client) -> None:
     engine = server_of(client.app).async_engine.engine
     assert not engine.requests and engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
     assert chat(client, guided_choice=["still", "serving"]).json()["choices"][0]["message"]["content"] in (
-        "still", "serving")
+        "still",
+        "serving",
+    )
 
 
-@pytest.mark.parametrize("grammar, rules", [
-    ('start: a\na: "x" a', "rule start, a can never finish"),  # right-recursive, no base case
-    ('start: "x" start', "rule start can never finish"),  # every token forced, forever
-    ('start: item\nitem: ("x" | "y") item', "rule start, item can never finish"),
-    ('root ::= "a" root', "rule root can never finish"),  # GBNF: named as the client wrote it
-])
+@pytest.mark.parametrize(
+    "grammar, rules",
+    [
+        ('start: a\na: "x" a', "rule start, a can never finish"),  # right-recursive, no base case
+        ('start: "x" start', "rule start can never finish"),  # every token forced, forever
+        ('start: item\nitem: ("x" | "y") item', "rule start, item can never finish"),
+        ('root ::= "a" root', "rule root can never finish"),  # GBNF: named as the client wrote it
+    ],
+)
 def test_a_grammar_that_can_never_finish_is_a_400(client, grammar, rules):
     assert_error(chat(client, guided_grammar=grammar), "guided_grammar", "invalid grammar", rules, "base case")
     assert_still_serving(client)
 
 
 def test_grammars_that_can_finish_still_run(client):
-    for grammar in ('start: a\na: "x" a | "x"', 'start: a\na: "x" a?', 'root ::= "a" root | "b"',
-                    'start: "x"+ end\nend: "!"'):
+    for grammar in (
+        'start: a\na: "x" a | "x"',
+        'start: a\na: "x" a?',
+        'root ::= "a" root | "b"',
+        'start: "x"+ end\nend: "!"',
+    ):
         r = chat(client, guided_grammar=grammar, max_tokens=8)
         assert r.status_code == 200, (grammar, r.text)
 
 
-@pytest.mark.parametrize("grammar, words", [
-    ('root ::= "a"\nroot ::= "b"', ("rule root is defined more than once",)),  # the converter kept the last
-    ('root ::= x\nx ::= "a"\nx ::= "b"', ("rule x is defined more than once",)),
-    ('root ::= [z-a]', ("invalid grammar", "character class range")),
-    ('root ::= "a" {99999999999}', ("invalid grammar", "too large")),
-    ('root ::= "a" undefined-rule', ("invalid grammar", "undefined-rule")),
-    ('root ::= ("a" | "b"', ("invalid grammar", "Expected ')'")),
-])
+@pytest.mark.parametrize(
+    "grammar, words",
+    [
+        ('root ::= "a"\nroot ::= "b"', ("rule root is defined more than once",)),  # the converter kept the last
+        ('root ::= x\nx ::= "a"\nx ::= "b"', ("rule x is defined more than once",)),
+        ("root ::= [z-a]", ("invalid grammar", "character class range")),
+        ('root ::= "a" {99999999999}', ("invalid grammar", "too large")),
+        ('root ::= "a" undefined-rule', ("invalid grammar", "undefined-rule")),
+        ('root ::= ("a" | "b"', ("invalid grammar", "Expected ')'")),
+    ],
+)
 def test_invalid_gbnf_is_a_400_naming_the_error(client, grammar, words):
     assert_error(chat(client, guided_grammar=grammar), "guided_grammar", *words)
     assert_still_serving(client)
@@ -92,11 +109,16 @@ def test_ten_thousand_choices_answer_one_of_them(client):
 def test_a_constraint_over_the_bound_is_a_400_naming_it(client):
     choices = [f"option-{i}" for i in range(100_000)]
     assert_error(chat(client, guided_choice=choices), "guided_choice", f"{MAX_CONSTRAINT_CHARS:,}")
-    schema = {"type": "object", "properties": {f"field_{i:05}": {"type": "string", "description": "x" * 40}
-                                               for i in range(5_000)}}
+    schema = {
+        "type": "object",
+        "properties": {f"field_{i:05}": {"type": "string", "description": "x" * 40} for i in range(5_000)},
+    }
     assert len(json.dumps(schema)) > MAX_CONSTRAINT_CHARS
-    assert_error(chat(client, response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}),
-                 "response_format", f"{MAX_CONSTRAINT_CHARS:,}")
+    assert_error(
+        chat(client, response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}),
+        "response_format",
+        f"{MAX_CONSTRAINT_CHARS:,}",
+    )
     assert_still_serving(client)
 
 
@@ -105,13 +127,19 @@ def _nested(depth: int) -> str:
     return '{"type": "object", "properties": {"a": ' * depth + '{"type": "string"}' + "}}" * depth
 
 
-@pytest.mark.parametrize("field, wrap, param", [
-    ("response_format", '{{"type": "json_schema", "json_schema": {{"name": "d", "schema": {}, "strict": true}}}}',
-     "response_format"),
-    ("guided_json", "{}", "guided_json"),
-    ("structured_outputs", '{{"json": {}}}', "structured_outputs"),
-    ("tools", '[{{"type": "function", "function": {{"name": "f", "parameters": {}}}}}]', "tools"),
-])
+@pytest.mark.parametrize(
+    "field, wrap, param",
+    [
+        (
+            "response_format",
+            '{{"type": "json_schema", "json_schema": {{"name": "d", "schema": {}, "strict": true}}}}',
+            "response_format",
+        ),
+        ("guided_json", "{}", "guided_json"),
+        ("structured_outputs", '{{"json": {}}}', "structured_outputs"),
+        ("tools", '[{{"type": "function", "function": {{"name": "f", "parameters": {}}}}}]', "tools"),
+    ],
+)
 def test_deep_schemas_are_400s_naming_the_field(client, field, wrap, param):
     """Whatever walks a schema recursively (strict mode's closing, Python's json, the chat template)
     would exhaust Python's recursion: a bound on nesting, and a body too deep to decode at all."""
@@ -149,12 +177,26 @@ def test_a_parser_limit_reached_mid_stream_is_an_error_event_naming_the_field(cl
 
 # ---- streams beside an attack ----------------------------------------------------------------------
 
+
 def _scope(path: str, body: bytes) -> dict:
-    return {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-            "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                        (b"host", b"testserver")],
-            "client": ("127.0.0.1", 5000), "server": ("testserver", 80)}
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"host", b"testserver"),
+        ],
+        "client": ("127.0.0.1", 5000),
+        "server": ("testserver", 80),
+    }
 
 
 async def _asgi_post(app, path: str, payload: dict, times: list[float] | None = None) -> tuple[int, bytes]:
@@ -212,6 +254,7 @@ def _run(app, scenario):
     async def main():
         async with AsyncTestClient(app):  # the lifespan: the engine starts and stops
             return await scenario()
+
     return asyncio.run(main())
 
 
@@ -221,11 +264,21 @@ def test_a_5000_property_schema_does_not_stall_a_streaming_neighbour(tmp_path):
     once with the compilation, and each request copies it."""
     app = tiny_app(tmp_path)
     schema = {"type": "object", "properties": {f"f{i}": {"type": "string"} for i in range(5_000)}}
-    attack = {"messages": [{"role": "user", "content": "Fill it."}], "max_tokens": 4, "temperature": 0,
-              "response_format": {"type": "json_schema", "json_schema": {"name": "big", "schema": schema}}}
-    plain = {"messages": [{"role": "user", "content": "Fill it."}], "max_tokens": 4, "temperature": 0,
-             "response_format": {"type": "json_schema", "json_schema": {"name": "small", "schema": {
-                 "type": "object", "properties": {"f0": {"type": "string"}}}}}}
+    attack = {
+        "messages": [{"role": "user", "content": "Fill it."}],
+        "max_tokens": 4,
+        "temperature": 0,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "big", "schema": schema}},
+    }
+    plain = {
+        "messages": [{"role": "user", "content": "Fill it."}],
+        "max_tokens": 4,
+        "temperature": 0,
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "small", "schema": {"type": "object", "properties": {"f0": {"type": "string"}}}},
+        },
+    }
 
     async def scenario():
         for warm in (attack, plain):  # compiled and cached first: what stalled was each request's matcher
@@ -265,10 +318,13 @@ def test_prompt_logprobs_on_a_long_prompt_do_not_stall_a_streaming_neighbour(tmp
     assert status == 200, response
     entries = response["choices"][0]["prompt_logprobs"]
     assert len(entries) == len(prompt) and entries[0] is None and all(len(e) >= 20 for e in entries[1:])
-    assert gap < baseline + MARGIN_S, f"victim's largest gap {gap:.3f} s beside prompt_logprobs, {baseline:.3f} s without"
+    assert gap < baseline + MARGIN_S, (
+        f"victim's largest gap {gap:.3f} s beside prompt_logprobs, {baseline:.3f} s without"
+    )
 
 
 # ---- issue 48: the prompt bound covers the template's every input, logit_bias keys, config fields -------
+
 
 def test_the_prompt_bound_covers_tools_and_template_variables_before_tokenizing(client, monkeypatch):
     """random:tiny's context is 512 tokens: at most 512 x 64 characters reach its template. Three tools
@@ -296,11 +352,14 @@ def test_a_logit_bias_key_that_is_not_a_token_id_names_the_field(client):
         assert "invalid literal" not in r.json()["error"]["message"]
 
 
-@pytest.mark.parametrize("update, param, words", [
-    ({"max_model_len": 1_000_000_000}, "max_model_len", ("max_model_len (read-only",)),
-    ({"num_blocks": 64, "colour": "red"}, "colour", ("colour (unknown)", "num_blocks")),
-    ({"x" * 100: "y" * 3_000_000}, "x" * 100, ("(unknown)",)),
-])
+@pytest.mark.parametrize(
+    "update, param, words",
+    [
+        ({"max_model_len": 1_000_000_000}, "max_model_len", ("max_model_len (read-only",)),
+        ({"num_blocks": 64, "colour": "red"}, "colour", ("colour (unknown)", "num_blocks")),
+        ({"x" * 100: "y" * 3_000_000}, "x" * 100, ("(unknown)",)),
+    ],
+)
 def test_put_config_refuses_fields_it_cannot_change_by_name(client, update, param, words):
     before = client.get("/api/config").json()
     assert_error(client.put("/api/config", json=update), param, "PUT /api/config cannot change", *words)

@@ -56,7 +56,7 @@ def sse_events(text: str) -> list[Any]:
     out = []
     for frame in frames:
         assert frame.startswith("data: "), f"not an SSE data frame: {frame!r}"
-        payload = frame[len("data: "):]
+        payload = frame[len("data: ") :]
         out.append(payload if payload == "[DONE]" else json.loads(payload))
     return out
 

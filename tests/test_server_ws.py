@@ -8,15 +8,15 @@ import asyncio
 import msgspec
 import pytest
 from litestar.testing import TestClient
+from test_server_support import server_of, tiny_app, tiny_model, wait_for
 
-from minivllm.events import types as ev
-from minivllm.events.bus import EventBus
 from minivllm.engine.config import EngineConfig
 from minivllm.engine.llm_engine import LLMEngine
+from minivllm.events import types as ev
+from minivllm.events.bus import EventBus
+from minivllm.events.fold import StateFolder
 from minivllm.sampling.params import SamplingParams
 from minivllm.server.client_feed import MAX_HOLD_TICKS, ClientFeed
-from minivllm.events.fold import StateFolder
-from test_server_support import server_of, tiny_app, tiny_model, wait_for
 
 _decode = msgspec.json.Decoder(ev.WsMessage).decode
 TIMEOUT = 20
@@ -40,8 +40,13 @@ def receive_until(ws, done, limit: int = 10_000):
 
 def finished(request_id: str):
     def check(messages) -> bool:
-        return any(isinstance(e, ev.RequestStateChanged) and e.request_id == request_id and e.state == "FINISHED"
-                   for m in messages if isinstance(m, ev.EventBatch) for e in m.events)
+        return any(
+            isinstance(e, ev.RequestStateChanged) and e.request_id == request_id and e.state == "FINISHED"
+            for m in messages
+            if isinstance(m, ev.EventBatch)
+            for e in m.events
+        )
+
     return check
 
 
@@ -55,8 +60,11 @@ def test_snapshot_then_live_batches_fold_to_the_engine_state(client):
     with client.websocket_connect("/ws/events") as ws:
         snapshot = receive(ws)
         assert isinstance(snapshot, ev.Snapshot) and snapshot.config.num_blocks == 64
-        r = client.post("/v1/completions", json={"prompt": "Hello there", "n": 2, "max_tokens": 6},
-                        headers={"X-Request-Id": "live-1"})
+        r = client.post(
+            "/v1/completions",
+            json={"prompt": "Hello there", "n": 2, "max_tokens": 6},
+            headers={"X-Request-Id": "live-1"},
+        )
         assert r.status_code == 200
         messages = receive_until(ws, finished("live-1"))
     assert all(isinstance(m, ev.EventBatch) for m in messages)
@@ -87,8 +95,9 @@ def test_msgpack_format(client):
 def test_resume_with_since_replays_missed_events(client):
     with client.websocket_connect("/ws/events") as ws:
         seen = receive(ws).seq
-    client.post("/v1/completions", json={"prompt": "While you were away", "max_tokens": 3},
-                headers={"X-Request-Id": "missed"})
+    client.post(
+        "/v1/completions", json={"prompt": "While you were away", "max_tokens": 3}, headers={"X-Request-Id": "missed"}
+    )
     with client.websocket_connect(f"/ws/events?since={seen}") as ws:
         first = receive(ws)
         assert isinstance(first, ev.EventBatch), "a resumable client gets events, not a snapshot"
@@ -105,7 +114,7 @@ def test_resume_when_the_events_are_gone_sends_resync_and_snapshot(tmp_path):
                 resync, snapshot = receive(ws), receive(ws)
                 assert isinstance(resync, ev.Resync) and str(since) in resync.reason
                 assert isinstance(snapshot, ev.Snapshot) and snapshot.requests[0].state == "FINISHED"
-        with pytest.raises(Exception):
+        with pytest.raises(Exception):  # noqa: B017 - a refused handshake: the client's class varies by version
             with c.websocket_connect("/ws/events?since=abc") as ws:
                 ws.receive_text(timeout=TIMEOUT)
 
@@ -131,7 +140,8 @@ def test_overflowing_client_gets_resync_then_a_fresh_snapshot_and_recovers(tmp_p
                     assert message.events[0].seq == state.seq + 1, "no gap after a snapshot"
                     state.apply_all(message.events)
                 if state is not None and all(
-                        state.requests.get(i) is not None and state.requests[i].state == "FINISHED" for i in ids):
+                    state.requests.get(i) is not None and state.requests[i].state == "FINISHED" for i in ids
+                ):
                     break
             else:
                 raise AssertionError("the client never caught up")
@@ -152,11 +162,31 @@ def test_config_change_is_followed_by_a_snapshot(client):
 
 
 def _step_events(step: int, seq: int) -> list[ev.Event]:
-    scheduled = ev.StepScheduled(step=step, prefill=[], decode=[], budget_used=1, budget=8, num_running=1,
-                                 num_waiting=0, preempted=[], queue_head=None, queue_head_reason=None, seq=seq)
+    scheduled = ev.StepScheduled(
+        step=step,
+        prefill=[],
+        decode=[],
+        budget_used=1,
+        budget=8,
+        num_running=1,
+        num_waiting=0,
+        preempted=[],
+        queue_head=None,
+        queue_head_reason=None,
+        seq=seq,
+    )
     token = ev.TokenGenerated(request_id="r", seq_id=0, token_id=1, text="a", logprob=None, seq=seq + 1)
-    done = ev.StepFinished(step=step, duration_ms=1, num_tokens=1, num_generated=1, schedule_ms=0, forward_ms=1,
-                           sample_ms=0, postprocess_ms=0, seq=seq + 2)
+    done = ev.StepFinished(
+        step=step,
+        duration_ms=1,
+        num_tokens=1,
+        num_generated=1,
+        schedule_ms=0,
+        forward_ms=1,
+        sample_ms=0,
+        postprocess_ms=0,
+        seq=seq + 2,
+    )
     return [scheduled, token, done]
 
 
@@ -164,8 +194,9 @@ def test_feed_holds_a_running_step_until_it_finishes():
     loop = asyncio.new_event_loop()
     try:
         feed = ClientFeed(loop, limit=100)
-        arrived = ev.RequestArrived(request_id="r", prompt_tokens=1, max_tokens=1, n=1, priority=0, sampling={},
-                                    prompt_preview="", seq=1)
+        arrived = ev.RequestArrived(
+            request_id="r", prompt_tokens=1, max_tokens=1, n=1, priority=0, sampling={}, prompt_preview="", seq=1
+        )
         first, second = _step_events(1, 2), _step_events(2, 5)
         for e in [arrived, *first, *second[:2]]:
             feed(e)

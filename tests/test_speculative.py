@@ -10,8 +10,8 @@ from collections import Counter
 
 import pytest
 import torch
-from engine_utils import EARLY_EXIT, NGRAM, EventLog, assert_all_blocks_free, compare, run, step_engine
 
+from engine_utils import EARLY_EXIT, NGRAM, EventLog, assert_all_blocks_free, compare, run, step_engine
 from minivllm.core.block_manager import hash_block_tokens
 from minivllm.engine.config import ConfigError, EngineConfig
 from minivllm.engine.llm_engine import LLMEngine
@@ -20,14 +20,19 @@ from minivllm.events.fold import fold
 from minivllm.loader import load_model
 from minivllm.sampling.params import SamplingParams
 from minivllm.spec_decode.config import SpeculativeConfig
+from minivllm.spec_decode.factory import check_same_vocabulary
 from minivllm.spec_decode.ngram import propose_ngram
 from minivllm.spec_decode.planner import EMA, Acceptance, StepCosts, plan_drafts
 from minivllm.spec_decode.rejection import accept_greedy, rejection_sample
-from minivllm.spec_decode.factory import check_same_vocabulary
 
 # drafts whenever possible (adaptive: false), so every test exercises verification (NGRAM, EARLY_EXIT: engine_utils)
-DRAFT = {"method": "draft_model", "model": "random:tiny", "num_speculative_tokens": 3,
-         "disable_by_batch_size": None, "adaptive": False}
+DRAFT = {
+    "method": "draft_model",
+    "model": "random:tiny",
+    "num_speculative_tokens": 3,
+    "disable_by_batch_size": None,
+    "adaptive": False,
+}
 
 
 def spec_engine(loaded, spec: dict | None, draft=None, **config) -> LLMEngine:
@@ -65,18 +70,21 @@ def draft_other(tiny_model):
 # ---- configuration ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("value, words", [
-    ('{"method": "medusa"}', "unknown speculative method 'medusa'"),
-    ('{"method": "ngram", "num_speculative_tokens": 0}', "num_speculative_tokens must be an integer >= 1"),
-    ('{"method": "ngram", "prompt_lookup_min": 4, "prompt_lookup_max": 2}', "prompt_lookup_min (4) exceeds"),
-    ('{"method": "draft_model"}', 'needs "model"'),
-    ('{"method": "early_exit"}', "exit_layer must be an integer >= 1"),
-    ('{"method": "ngram", "k": 3}', "unknown speculative config field(s) ['k']"),
-    ('{"method": "ngram", "adaptive": "yes"}', "adaptive must be true or false"),
-    ('{"num_speculative_tokens": 3}', "needs a method"),
-    ("{method: ngram}", "not valid JSON"),
-    ('["ngram"]', "must be a JSON object"),
-])
+@pytest.mark.parametrize(
+    "value, words",
+    [
+        ('{"method": "medusa"}', "unknown speculative method 'medusa'"),
+        ('{"method": "ngram", "num_speculative_tokens": 0}', "num_speculative_tokens must be an integer >= 1"),
+        ('{"method": "ngram", "prompt_lookup_min": 4, "prompt_lookup_max": 2}', "prompt_lookup_min (4) exceeds"),
+        ('{"method": "draft_model"}', 'needs "model"'),
+        ('{"method": "early_exit"}', "exit_layer must be an integer >= 1"),
+        ('{"method": "ngram", "k": 3}', "unknown speculative config field(s) ['k']"),
+        ('{"method": "ngram", "adaptive": "yes"}', "adaptive must be true or false"),
+        ('{"num_speculative_tokens": 3}', "needs a method"),
+        ("{method: ngram}", "not valid JSON"),
+        ('["ngram"]', "must be a JSON object"),
+    ],
+)
 def test_a_bad_config_says_what_is_wrong(value, words):
     with pytest.raises(ConfigError) as info:
         SpeculativeConfig.parse(value)
@@ -92,8 +100,11 @@ def test_a_draft_with_another_vocabulary_is_refused_naming_both(tiny_model):
     other = load_model("random:tiny", dtype="float32", device="cpu")
     other.config = dataclasses.replace(other.config, vocab_size=32000)
     other.name = "other-draft"
-    with pytest.raises(ConfigError, match=r"draft model other-draft has a vocabulary of 32000 tokens but the "
-                                          rf"target {tiny_model.name} has 49152"):
+    with pytest.raises(
+        ConfigError,
+        match=r"draft model other-draft has a vocabulary of 32000 tokens but the "
+        rf"target {tiny_model.name} has 49152",
+    ):
         check_same_vocabulary(tiny_model, other)
 
 
@@ -101,9 +112,22 @@ def test_the_cli_refuses_a_bad_config_before_loading(tmp_path):
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "minivllm.cli", "generate", "--model", "random:tiny",
-                           "--speculative-config", '{"method": "lookahead"}', "hello"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "minivllm.cli",
+            "generate",
+            "--model",
+            "random:tiny",
+            "--speculative-config",
+            '{"method": "lookahead"}',
+            "hello",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode != 0
     assert "unknown speculative method 'lookahead'" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -149,18 +173,33 @@ def test_rejection_sampling_preserves_the_target_distribution(one_hot):
 
 def greedy_requests() -> list[tuple[list[int], SamplingParams]]:
     prompts = repetitive_prompts()
-    return [(prompts[0], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)),
-            (prompts[1], SamplingParams(temperature=0, max_tokens=33, ignore_eos=True, logprobs=2)),
-            (prompts[2], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, repetition_penalty=1.3,
-                                        frequency_penalty=0.4, presence_penalty=0.2)),
-            (prompts[3], SamplingParams(temperature=0, max_tokens=25, min_tokens=10, ignore_eos=True)),
-            (prompts[0], SamplingParams(temperature=0, max_tokens=7, ignore_eos=True))]
+    return [
+        (prompts[0], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)),
+        (prompts[1], SamplingParams(temperature=0, max_tokens=33, ignore_eos=True, logprobs=2)),
+        (
+            prompts[2],
+            SamplingParams(
+                temperature=0,
+                max_tokens=30,
+                ignore_eos=True,
+                repetition_penalty=1.3,
+                frequency_penalty=0.4,
+                presence_penalty=0.2,
+            ),
+        ),
+        (prompts[3], SamplingParams(temperature=0, max_tokens=25, min_tokens=10, ignore_eos=True)),
+        (prompts[0], SamplingParams(temperature=0, max_tokens=7, ignore_eos=True)),
+    ]
 
 
 @pytest.mark.parametrize("method", ["ngram", "early_exit", "draft_model_same", "draft_model_other"])
 def test_greedy_output_is_identical_with_every_method(tiny_model, draft_other, method):
-    spec, draft = {"ngram": (NGRAM, None), "early_exit": (EARLY_EXIT, None),
-                   "draft_model_same": (DRAFT, tiny_model), "draft_model_other": (DRAFT, draft_other)}[method]
+    spec, draft = {
+        "ngram": (NGRAM, None),
+        "early_exit": (EARLY_EXIT, None),
+        "draft_model_same": (DRAFT, tiny_model),
+        "draft_model_other": (DRAFT, draft_other),
+    }[method]
     baseline = outputs_of(spec_engine(tiny_model, None), greedy_requests())
     engine = spec_engine(tiny_model, spec, draft)
     log = EventLog(engine)
@@ -200,10 +239,12 @@ def test_stop_strings_and_tokens_inside_an_accepted_run_end_the_request_there(ti
     base = spec_engine(tiny_model, None)
     base.add_request("x", prompt_token_ids=ids, params=SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
     free = run(base)["x"].outputs[0]
-    stop_token, stop_text = free.token_ids[12], free.text[len(free.text) // 2:len(free.text) // 2 + 3]
-    requests = [(ids, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, stop_token_ids=[stop_token])),
-                (ids, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, stop=[stop_text])),
-                (ids, SamplingParams(temperature=0, max_tokens=9, ignore_eos=True))]
+    stop_token, stop_text = free.token_ids[12], free.text[len(free.text) // 2 : len(free.text) // 2 + 3]
+    requests = [
+        (ids, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, stop_token_ids=[stop_token])),
+        (ids, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, stop=[stop_text])),
+        (ids, SamplingParams(temperature=0, max_tokens=9, ignore_eos=True)),
+    ]
     baseline = outputs_of(spec_engine(tiny_model, None), requests)
     engine = spec_engine(tiny_model, NGRAM)
     got = outputs_of(engine, requests)
@@ -227,8 +268,9 @@ def test_aborts_mid_speculation_free_everything(tiny_model, draft_other):
     for spec, draft in ((NGRAM, None), (EARLY_EXIT, None), (DRAFT, draft_other)):
         engine = spec_engine(tiny_model, spec, draft)
         for i, ids in enumerate(repetitive_prompts()):
-            engine.add_request(f"r{i}", prompt_token_ids=ids,
-                               params=SamplingParams(temperature=0, max_tokens=60, ignore_eos=True))
+            engine.add_request(
+                f"r{i}", prompt_token_ids=ids, params=SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
+            )
         for _ in range(6):
             step_engine(engine)
         assert any(s.draft_token_ids for r in engine.requests.values() for s in r.seqs), "nothing drafted"
@@ -238,8 +280,10 @@ def test_aborts_mid_speculation_free_everything(tiny_model, draft_other):
         assert_all_blocks_free(engine)
         if spec["method"] == "draft_model":
             engine.speculator.propose([])  # the draft pool lets go of sequences that left
-            assert engine.speculator.proposer.block_manager.num_free_blocks == \
-                engine.speculator.proposer.block_manager.num_blocks
+            assert (
+                engine.speculator.proposer.block_manager.num_free_blocks
+                == engine.speculator.proposer.block_manager.num_blocks
+            )
 
 
 def test_rejected_tail_blocks_are_freed_and_only_verified_blocks_cached(tiny_model):
@@ -259,8 +303,8 @@ def test_rejected_tail_blocks_are_freed_and_only_verified_blocks_cached(tiny_mod
         for request in engine.requests.values():
             seq = request.seqs[0]
             done = seq.num_output_tokens
-            right = expected[done:done + 1] if step % 3 == 0 else []
-            seq.draft_token_ids = right + [7, 8, 9][:3 - len(right)]
+            right = expected[done : done + 1] if step % 3 == 0 else []
+            seq.draft_token_ids = right + [7, 8, 9][: 3 - len(right)]
         engine.block_manager.check_invariants()
         for request in engine.requests.values():
             seq = request.seqs[0]
@@ -276,7 +320,7 @@ def test_rejected_tail_blocks_are_freed_and_only_verified_blocks_cached(tiny_mod
     tokens = repetitive_prompts()[3] + final.outputs[0].token_ids
     chain, parent = set(), None
     for i in range(len(tokens) // 4):
-        parent = hash_block_tokens(parent, tuple(tokens[i * 4:(i + 1) * 4]))
+        parent = hash_block_tokens(parent, tuple(tokens[i * 4 : (i + 1) * 4]))
         chain.add(ev.hash_hex(parent))
     cached = [h for e in log.of(ev.BlocksCached) for h in e.hashes]
     assert len(cached) >= 8 and set(cached) <= chain
@@ -294,8 +338,10 @@ def small_vocab_models(tmp_path_factory):
     root = tmp_path_factory.mktemp("small-vocab")
     make_tiny_llama(root / "target", seed=0, vocab=12, init_std=0.6)
     make_tiny_llama(root / "draft", seed=5, vocab=12, init_std=0.6)
-    return (load_model(str(root / "target"), dtype="float32", device="cpu"),
-            load_model(str(root / "draft"), dtype="float32", device="cpu"))
+    return (
+        load_model(str(root / "target"), dtype="float32", device="cpu"),
+        load_model(str(root / "draft"), dtype="float32", device="cpu"),
+    )
 
 
 def exact_next(loaded, ids: list[int]) -> torch.Tensor:
@@ -312,16 +358,26 @@ def test_sampling_with_drafts_follows_the_target_distribution(small_vocab_models
     verification) against the target's exact conditional distributions, by chi-square."""
     target, draft = small_vocab_models
     prompt = [3, 4, 5, 3, 4, 5, 3, 4] + list(range(12))  # every token recurs: n-gram lookup always proposes
-    spec = {"draft_model": {**DRAFT, "num_speculative_tokens": 2},
-            "ngram": {**NGRAM, "num_speculative_tokens": 2}}[method]
-    engine = spec_engine(target, spec, draft if method == "draft_model" else None, num_blocks=2048,
-                         max_num_seqs=256, max_num_batched_tokens=4096)
+    spec = {"draft_model": {**DRAFT, "num_speculative_tokens": 2}, "ngram": {**NGRAM, "num_speculative_tokens": 2}}[
+        method
+    ]
+    engine = spec_engine(
+        target,
+        spec,
+        draft if method == "draft_model" else None,
+        num_blocks=2048,
+        max_num_seqs=256,
+        max_num_batched_tokens=4096,
+    )
     log = EventLog(engine)
     samples = []
     for batch in range(8):
         for i in range(250):
-            engine.add_request(f"b{batch}-{i}", prompt_token_ids=prompt,
-                               params=SamplingParams(temperature=1.0, max_tokens=3, ignore_eos=True))
+            engine.add_request(
+                f"b{batch}-{i}",
+                prompt_token_ids=prompt,
+                params=SamplingParams(temperature=1.0, max_tokens=3, ignore_eos=True),
+            )
         samples += [tuple(o.outputs[0].token_ids) for o in run(engine, check_every_step=False).values()]
     verified = log.of(ev.SpecVerified)
     assert sum(len(v.proposed) - v.accepted for v in verified) > 500, "too few rejections to test the residual"
@@ -348,8 +404,9 @@ def check_chi_square(observed: list[int], p: torch.Tensor) -> None:
         cells.append((pooled_obs, pooled_exp))
     stat = sum((o - e) ** 2 / e for o, e in cells)
     dof = len(cells) - 1
-    p_value = float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64),
-                                            torch.tensor(stat / 2, dtype=torch.float64)))
+    p_value = float(
+        torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64))
+    )
     assert p_value > 1e-3, (stat, p_value, cells)
 
 
@@ -365,9 +422,11 @@ def test_seeded_sampled_requests_are_reproducible_with_drafts(tiny_model, draft_
 
 
 def test_n_and_beam_requests_run_without_drafts(tiny_model):
-    requests = [(repetitive_prompts()[0], SamplingParams(n=2, temperature=0.8, seed=4, max_tokens=20, ignore_eos=True)),
-                (repetitive_prompts()[1], SamplingParams(use_beam_search=True, beam_width=2, max_tokens=10)),
-                (repetitive_prompts()[2], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))]
+    requests = [
+        (repetitive_prompts()[0], SamplingParams(n=2, temperature=0.8, seed=4, max_tokens=20, ignore_eos=True)),
+        (repetitive_prompts()[1], SamplingParams(use_beam_search=True, beam_width=2, max_tokens=10)),
+        (repetitive_prompts()[2], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)),
+    ]
     baseline = outputs_of(spec_engine(tiny_model, None), requests)
     engine = spec_engine(tiny_model, NGRAM)
     log = EventLog(engine)
@@ -376,8 +435,10 @@ def test_n_and_beam_requests_run_without_drafts(tiny_model):
 
 
 def test_disable_by_batch_size_turns_drafting_off_for_large_batches(tiny_model):
-    requests = [(p, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
-                for p, n in zip(repetitive_prompts(), (8, 12, 16, 40))]
+    requests = [
+        (p, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
+        for p, n in zip(repetitive_prompts(), (8, 12, 16, 40))
+    ]
     engine = spec_engine(tiny_model, {**NGRAM, "disable_by_batch_size": 4})
     log = EventLog(engine)
     outputs_of(engine, requests)
@@ -398,8 +459,9 @@ def test_fold_of_speculative_steps_equals_the_snapshots(tiny_model, draft_other)
     engine = spec_engine(tiny_model, EARLY_EXIT, num_blocks=24, block_size=4, max_num_batched_tokens=40)
     log = EventLog(engine)
     for i, ids in enumerate(repetitive_prompts()):
-        engine.add_request(f"r{i}", prompt_token_ids=ids,
-                           params=SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
+        engine.add_request(
+            f"r{i}", prompt_token_ids=ids, params=SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+        )
     snapshots = [engine.snapshot()]
     while engine.has_work():
         step_engine(engine)
@@ -411,8 +473,10 @@ def test_fold_of_speculative_steps_equals_the_snapshots(tiny_model, draft_other)
         compare(fold(early, [e for e in engine.bus.history if early.seq < e.seq <= late.seq]), late)
     info = engine.info()
     assert info.speculative == "early_exit: k=3, exit after layer 1"
-    assert SpeculativeConfig.parse({"method": "ngram"}).describe() == \
-        "ngram: k=3, n-gram 2-4, off at >= 4 requests, adaptive"
+    assert (
+        SpeculativeConfig.parse({"method": "ngram"}).describe()
+        == "ngram: k=3, n-gram 2-4, off at >= 4 requests, adaptive"
+    )
 
 
 def test_prometheus_has_vllms_spec_decode_counters(tiny_model):
@@ -424,8 +488,9 @@ def test_prometheus_has_vllms_spec_decode_counters(tiny_model):
     text = ServerMetrics().render(EngineGauges("m", stats)).decode()
     assert f'minivllm:spec_decode_num_drafts_total{{model_name="m"}} {float(stats.spec_num_drafts)}' in text
     assert f'minivllm:spec_decode_num_draft_tokens_total{{model_name="m"}} {float(stats.spec_num_draft_tokens)}' in text
-    assert (f'minivllm:spec_decode_num_accepted_tokens_total{{model_name="m"}} '
-            f'{float(stats.spec_num_accepted_tokens)}') in text
+    assert (
+        f'minivllm:spec_decode_num_accepted_tokens_total{{model_name="m"}} {float(stats.spec_num_accepted_tokens)}'
+    ) in text
     assert 'minivllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="m",position="0"}' in text
     assert stats.spec_accepted_per_position[0] >= stats.spec_accepted_per_position[-1]
     assert sum(stats.spec_accepted_per_position) == stats.spec_num_accepted_tokens > 0
@@ -451,11 +516,16 @@ def test_a_failing_proposer_costs_drafts_not_requests(tiny_model, caplog):
 def test_the_offline_api_takes_vllms_speculative_config():
     from minivllm.llm import LLM
 
-    llm = LLM("random:tiny", speculative_config='{"method": "ngram", "num_speculative_tokens": 3}',
-              num_blocks=64, metrics_interval_s=3600.0)
+    llm = LLM(
+        "random:tiny",
+        speculative_config='{"method": "ngram", "num_speculative_tokens": 3}',
+        num_blocks=64,
+        metrics_interval_s=3600.0,
+    )
     ids = repetitive_prompts()[0]
-    out = llm.generate(prompt_token_ids=[ids], sampling_params=SamplingParams(temperature=0, max_tokens=24,
-                                                                             ignore_eos=True))
+    out = llm.generate(
+        prompt_token_ids=[ids], sampling_params=SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    )
     assert len(out[0].outputs[0].token_ids) == 24
     assert llm.engine.info().speculative.startswith("ngram: k=3") and llm.engine.stats().spec_num_drafts > 0
 

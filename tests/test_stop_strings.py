@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 
 import pytest
-
 from _tokenizers import smollm2_tokenizer
+
 from minivllm.text.detokenizer import IncrementalDetokenizer
 from minivllm.text.stop_strings import StopStringMatcher
 
@@ -145,8 +145,10 @@ def test_random_chunkings_match_reference(max_stops):
     alphabet = "ab c\n<>|"
     for _ in range(3000):
         text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30)))
-        stop = ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 4 if max_stops <= 3 else 7)))
-                for _ in range(rng.randint(1, max_stops))]
+        stop = [
+            "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 4 if max_stops <= 3 else 7)))
+            for _ in range(rng.randint(1, max_stops))
+        ]
         include = rng.random() < 0.5
         m = StopStringMatcher(stop, include_stop_str_in_output=include)
         emitted, stopped, pieces = run(m, random_chunks(rng, text))
@@ -161,7 +163,11 @@ def test_with_detokenizer_stop_split_over_byte_tokens():
     tok = smollm2_tokenizer()
     text = "Answer: 日本語 is Japanese.\nUser: next question"
     ids = tok.encode(text, add_special_tokens=False)
-    for stop, want in (["\nUser:"], "Answer: 日本語 is Japanese."), (["本語"], "Answer: 日"), (["語 is"], "Answer: 日本"):
+    for stop, want in (
+        (["\nUser:"], "Answer: 日本語 is Japanese."),
+        (["本語"], "Answer: 日"),
+        (["語 is"], "Answer: 日本"),
+    ):
         detok = IncrementalDetokenizer(tok, [])
         m = StopStringMatcher(stop)
         out, stopped = "", False

@@ -18,11 +18,17 @@ from minivllm.sampling.params import SamplingParams
 from minivllm.structured.params import StructuredOutputsParams as Structured
 
 # bounded, so that a random model reaches the end of it (strings and numbers cannot run forever)
-SCHEMA = {"type": "object", "additionalProperties": False, "required": ["city", "population", "capital", "tags"],
-          "properties": {"city": {"type": "string", "maxLength": 12},
-                         "population": {"type": "integer", "minimum": 0, "maximum": 99999},
-                         "capital": {"type": "boolean"},
-                         "tags": {"type": "array", "maxItems": 3, "items": {"enum": ["old", "big", "coastal"]}}}}
+SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["city", "population", "capital", "tags"],
+    "properties": {
+        "city": {"type": "string", "maxLength": 12},
+        "population": {"type": "integer", "minimum": 0, "maximum": 99999},
+        "capital": {"type": "boolean"},
+        "tags": {"type": "array", "maxItems": 3, "items": {"enum": ["old", "big", "coastal"]}},
+    },
+}
 REGEX = r"[0-9]{3}-[a-z]{2,4}"
 CHOICES = ["yes", "no", "maybe so"]
 
@@ -79,8 +85,9 @@ def test_n_samples_logprobs_and_prefix_caching_keep_the_constraint(tiny_model):
         assert len(out.outputs) == 3
         for o in out.outputs:
             jsonschema.validate(json.loads(o.text), SCHEMA)
-            assert len(o.logprobs) == len(o.token_ids) and all(lp[o.token_ids[i]] <= 0.0
-                                                             for i, lp in enumerate(o.logprobs))
+            assert len(o.logprobs) == len(o.token_ids) and all(
+                lp[o.token_ids[i]] <= 0.0 for i, lp in enumerate(o.logprobs)
+            )
     assert [o.text for o in first.outputs] == [o.text for o in again.outputs]
     assert_all_blocks_free(engine)
 
@@ -106,12 +113,15 @@ def test_a_grammar_from_lark_or_gbnf(engine):
     assert done["gbnf"].outputs[0].text in ("x!", "y!")
 
 
-@pytest.mark.parametrize("structured, message", [
-    (dict(json={"type": "object", "properties": {"a": {"type": "strin"}}}), "invalid JSON schema"),
-    (dict(regex="[a-"), "invalid regular expression"),
-    (dict(grammar="start: missing_rule"), "invalid grammar"),
-    (dict(grammar="root ::= undefined"), "invalid grammar"),
-])
+@pytest.mark.parametrize(
+    "structured, message",
+    [
+        (dict(json={"type": "object", "properties": {"a": {"type": "strin"}}}), "invalid JSON schema"),
+        (dict(regex="[a-"), "invalid regular expression"),
+        (dict(grammar="start: missing_rule"), "invalid grammar"),
+        (dict(grammar="root ::= undefined"), "invalid grammar"),
+    ],
+)
 def test_a_bad_grammar_is_refused_and_the_engine_keeps_serving(engine, structured, message):
     engine.add_request("ok", "Hello", SamplingParams(temperature=0, max_tokens=3))
     with pytest.raises(RequestRejectedError, match=message) as refused:
@@ -122,13 +132,16 @@ def test_a_bad_grammar_is_refused_and_the_engine_keeps_serving(engine, structure
     assert_all_blocks_free(engine)
 
 
-@pytest.mark.parametrize("structured, message", [
-    (dict(choice=[]), "the list of choices is empty"),
-    (dict(), "exactly one of"),
-    (dict(regex="a", choice=["a"]), "exactly one of"),
-    (dict(json="{not json"), "not valid JSON"),
-    (dict(json="[1, 2]"), "must be a JSON object"),
-])
+@pytest.mark.parametrize(
+    "structured, message",
+    [
+        (dict(choice=[]), "the list of choices is empty"),
+        (dict(), "exactly one of"),
+        (dict(regex="a", choice=["a"]), "exactly one of"),
+        (dict(json="{not json"), "not valid JSON"),
+        (dict(json="[1, 2]"), "must be a JSON object"),
+    ],
+)
 def test_malformed_constraints_name_what_is_wrong(structured, message):
     with pytest.raises(ValueError, match=message):
         Structured(**structured)
@@ -149,8 +162,11 @@ def test_speculative_decoding_leaves_constrained_requests_undrafted(tiny_model):
     plain = make_engine(tiny_model)
     plain.add_request("r", prompt, params)
     expected = run(plain)["r"].outputs[0].text
-    spec = LLMEngine(tiny_model, EngineConfig(num_blocks=64, metrics_interval_s=3600.0),
-                     speculative=SpeculativeConfig.parse('{"method": "ngram", "num_speculative_tokens": 3}'))
+    spec = LLMEngine(
+        tiny_model,
+        EngineConfig(num_blocks=64, metrics_interval_s=3600.0),
+        speculative=SpeculativeConfig.parse('{"method": "ngram", "num_speculative_tokens": 3}'),
+    )
     log = EventLog(spec)
     spec.add_request("r", prompt, params)
     spec.add_request("free", prompt, SamplingParams(temperature=0, max_tokens=40))
@@ -166,8 +182,9 @@ def test_logit_bias_bans_and_forces_tokens(engine):
     banned = plain[0]
     engine.add_request("ban", "Hello", SamplingParams(temperature=0, max_tokens=6, logit_bias={banned: -100}))
     engine.add_request("force", "Hello", SamplingParams(temperature=0, max_tokens=6, logit_bias={"77": 100}))
-    engine.add_request("sampled", "Hello", SamplingParams(temperature=1.0, seed=0, max_tokens=6,
-                                                          logit_bias={"77": 100}))
+    engine.add_request(
+        "sampled", "Hello", SamplingParams(temperature=1.0, seed=0, max_tokens=6, logit_bias={"77": 100})
+    )
     done = run(engine)
     assert banned not in done["ban"].outputs[0].token_ids
     assert done["force"].outputs[0].token_ids == [77] * 6

@@ -8,14 +8,16 @@ import threading
 
 import pytest
 from litestar.testing import TestClient
+from test_server_support import server_of, tiny_app, tiny_engine, wait_for
 
 from minivllm.server.app import create_app
 from minivllm.server.config import ServerConfig
 from minivllm.text.tokenizer_utils import load_chat_template_prompt
-from test_server_support import server_of, tiny_app, tiny_engine, wait_for
 
-CHAT = [{"role": "system", "content": "Be brief."},
-        {"role": "user", "content": [{"type": "text", "text": "Tell me "}, {"type": "text", "text": "a joke."}]}]
+CHAT = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": [{"type": "text", "text": "Tell me "}, {"type": "text", "text": "a joke."}]},
+]
 CHAT_PLAIN = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Tell me a joke."}]
 
 
@@ -42,8 +44,12 @@ def test_tokenize_a_prompt_is_the_tokenizers_encode(client, tokenizer):
     r = client.post("/tokenize", json={"prompt": prompt})
     assert r.status_code == 200, r.text
     body = r.json()
-    assert body == {"count": len(body["tokens"]), "max_model_len": 512,
-                    "tokens": tokenizer.encode(prompt, add_special_tokens=True), "token_strs": None}
+    assert body == {
+        "count": len(body["tokens"]),
+        "max_model_len": 512,
+        "tokens": tokenizer.encode(prompt, add_special_tokens=True),
+        "token_strs": None,
+    }
     off = client.post("/tokenize", json={"prompt": prompt, "add_special_tokens": False, "model": "random:tiny"}).json()
     assert off["tokens"] == tokenizer.encode(prompt, add_special_tokens=False)
 
@@ -61,17 +67,18 @@ def test_chat_form_is_the_chat_templates_ids(client, tokenizer):
     assert body["tokens"] == expected and body["count"] == len(expected)
     no_prompt = client.post("/tokenize", json={"messages": CHAT, "add_generation_prompt": False}).json()
     assert no_prompt["tokens"] == load_chat_template_prompt(tokenizer, CHAT_PLAIN, add_generation_prompt=False)
-    assert no_prompt["tokens"] != body["tokens"] and body["tokens"][:no_prompt["count"]] == no_prompt["tokens"]
+    assert no_prompt["tokens"] != body["tokens"] and body["tokens"][: no_prompt["count"]] == no_prompt["tokens"]
 
 
 def test_chat_template_options_reach_the_template(client, tokenizer):
     # continuing the final (assistant) message leaves it open: no closing <|im_end|> after it
     turns = CHAT_PLAIN + [{"role": "assistant", "content": "Why did the"}]
-    cont = client.post("/tokenize", json={"messages": turns, "add_generation_prompt": False,
-                                          "continue_final_message": True}).json()
+    cont = client.post(
+        "/tokenize", json={"messages": turns, "add_generation_prompt": False, "continue_final_message": True}
+    ).json()
     assert tokenizer.decode(cont["tokens"]).endswith("<|im_start|>assistant\nWhy did the")
     closed = client.post("/tokenize", json={"messages": turns, "add_generation_prompt": False}).json()
-    assert closed["tokens"][:cont["count"]] == cont["tokens"] and closed["count"] > cont["count"]
+    assert closed["tokens"][: cont["count"]] == cont["tokens"] and closed["count"] > cont["count"]
     # extra template variables are accepted (this template uses none: same ids)
     extra = client.post("/tokenize", json={"messages": CHAT, "chat_template_kwargs": {"enable_thinking": False}})
     assert extra.status_code == 200, extra.text
@@ -80,8 +87,9 @@ def test_chat_template_options_reach_the_template(client, tokenizer):
     tools = [{"type": "function", "function": {"name": "joke", "parameters": {"type": "object"}}}]
     offered = tokenizer.decode(client.post("/tokenize", json={"messages": CHAT, "tools": tools}).json()["tokens"])
     assert offered.startswith("<|im_start|>system\n") and "<tools>" in offered and '"name": "joke"' in offered
-    assert offered.endswith(tokenizer.decode(client.post("/tokenize", json={"messages": CHAT}).json()["tokens"])
-                            .split("<|im_end|>\n", 1)[1])
+    assert offered.endswith(
+        tokenizer.decode(client.post("/tokenize", json={"messages": CHAT}).json()["tokens"]).split("<|im_end|>\n", 1)[1]
+    )
     # add_special_tokens: the rendered text encoded with them (this tokenizer adds none)
     special = client.post("/tokenize", json={"messages": CHAT, "add_special_tokens": True}).json()
     rendered = tokenizer.apply_chat_template(CHAT_PLAIN, add_generation_prompt=True, tokenize=False)
@@ -111,24 +119,31 @@ def test_out_of_range_tokens_are_a_400(client, bad):
 UNKNOWN = object()  # an unknown field
 
 
-@pytest.mark.parametrize("route,body,param,words", [
-    ("/tokenize", {"prompt": "hi", "add_generation_prompt": True}, UNKNOWN, "add_generation_prompt"),
-    ("/tokenize", {"prompt": "hi", "bogus": 1}, UNKNOWN, "bogus"),
-    ("/tokenize", {"messages": CHAT, "prompt_typo": 1}, UNKNOWN, "prompt_typo"),
-    ("/tokenize", {"messages": [{"role": "user", "content": "hi", "colour": "red"}]}, UNKNOWN, "colour"),
-    ("/detokenize", {"tokens": [1], "text": "x"}, UNKNOWN, "text"),
-    ("/tokenize", {"prompt": "hi", "messages": CHAT}, "messages", "not both"),
-    ("/tokenize", {"model": "random:tiny"}, "prompt", "`prompt`"),
-    ("/tokenize", {"prompt": 7}, "prompt", "Expected `str`"),
-    ("/tokenize", {"messages": []}, "messages", "at least one message"),
-    ("/tokenize", {"messages": [{"role": "wizard", "content": "hi"}]}, "messages", "role"),
-    ("/detokenize", {"tokens": "1 2"}, "tokens", "Expected `array`"),
-    ("/detokenize", b"[1, 2]", None, "Expected `object`"),
-    ("/tokenize", b"", None, "empty"),
-    ("/tokenize", b"{nope", None, "malformed JSON"),
-])
+@pytest.mark.parametrize(
+    "route,body,param,words",
+    [
+        ("/tokenize", {"prompt": "hi", "add_generation_prompt": True}, UNKNOWN, "add_generation_prompt"),
+        ("/tokenize", {"prompt": "hi", "bogus": 1}, UNKNOWN, "bogus"),
+        ("/tokenize", {"messages": CHAT, "prompt_typo": 1}, UNKNOWN, "prompt_typo"),
+        ("/tokenize", {"messages": [{"role": "user", "content": "hi", "colour": "red"}]}, UNKNOWN, "colour"),
+        ("/detokenize", {"tokens": [1], "text": "x"}, UNKNOWN, "text"),
+        ("/tokenize", {"prompt": "hi", "messages": CHAT}, "messages", "not both"),
+        ("/tokenize", {"model": "random:tiny"}, "prompt", "`prompt`"),
+        ("/tokenize", {"prompt": 7}, "prompt", "Expected `str`"),
+        ("/tokenize", {"messages": []}, "messages", "at least one message"),
+        ("/tokenize", {"messages": [{"role": "wizard", "content": "hi"}]}, "messages", "role"),
+        ("/detokenize", {"tokens": "1 2"}, "tokens", "Expected `array`"),
+        ("/detokenize", b"[1, 2]", None, "Expected `object`"),
+        ("/tokenize", b"", None, "empty"),
+        ("/tokenize", b"{nope", None, "malformed JSON"),
+    ],
+)
 def test_bad_input_is_a_400_naming_the_field(client, route, body, param, words):
-    kwargs = {"content": body, "headers": {"content-type": "application/json"}} if isinstance(body, bytes) else {"json": body}
+    kwargs = (
+        {"content": body, "headers": {"content-type": "application/json"}}
+        if isinstance(body, bytes)
+        else {"json": body}
+    )
     err = error_of(client.post(route, **kwargs), 400)
     assert words in err["message"], err
     if param is UNKNOWN:  # named in the message; the param is the field, by its path when nested
@@ -146,7 +161,11 @@ def test_prompt_too_long_to_fit_is_refused_before_tokenizing(client):
 
 
 def test_wrong_model_is_a_404(client):
-    for route, body in (("/tokenize", {"prompt": "hi"}), ("/tokenize", {"messages": CHAT}), ("/detokenize", {"tokens": [1]})):
+    for route, body in (
+        ("/tokenize", {"prompt": "hi"}),
+        ("/tokenize", {"messages": CHAT}),
+        ("/detokenize", {"tokens": [1]}),
+    ):
         err = error_of(client.post(route, json={**body, "model": "gpt-4"}), 404)
         assert err["code"] == "model_not_found" and err["param"] == "model"
 

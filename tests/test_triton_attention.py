@@ -30,16 +30,21 @@ from minivllm.model.attention import decode_context_mask, gathered_decode_attent
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 ON_CUDA = HAS_TRITON and torch.cuda.is_available()
-needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed and there is no CUDA device "
-                                  "(CI's case): the kernel runs only on CUDA; with triton installed these tests "
-                                  "run here under its interpreter")
+needs_triton = pytest.mark.skipif(
+    not HAS_TRITON,
+    reason="triton is not installed and there is no CUDA device "
+    "(CI's case): the kernel runs only on CUDA; with triton installed these tests "
+    "run here under its interpreter",
+)
 # blocks 0 and 1, all NaN: where padding columns point, and block 0 is also where the kernel's masked table
 # reads fall back to (other=0), so a K/V load that trusts a dead token's block id reads NaN
 NAN_BLOCKS = 2
-INTERPRETER_BF16_DOT = ("bf16 tensor-core cases run on CUDA only: Triton's interpreter (3.9, "
-                        "runtime/interpreter.py `create_dot`) multiplies bf16 tl.dot operands as their raw uint16 "
-                        "bit patterns (it converts only 8-bit floats), so its result says nothing of the kernel's; "
-                        "the fp16 dot- cases cover the same code here")
+INTERPRETER_BF16_DOT = (
+    "bf16 tensor-core cases run on CUDA only: Triton's interpreter (3.9, "
+    "runtime/interpreter.py `create_dot`) multiplies bf16 tl.dot operands as their raw uint16 "
+    "bit patterns (it converts only 8-bit floats), so its result says nothing of the kernel's; "
+    "the fp16 dot- cases cover the same code here"
+)
 cuda_only_bf16_dot = pytest.mark.skipif(not ON_CUDA, reason=INTERPRETER_BF16_DOT)
 
 
@@ -95,8 +100,7 @@ CASES = {
     "bf16-pool-fp32-q": Case(9, 3, 64, (1, 17, 300), pool_dtype=BF16),
     "bf16-pool-bf16-q": Case(9, 3, 64, MIXED, pool_dtype=BF16, q_dtype=BF16, strided_q=True, tensor_cores=False),
     "fp16-pool-fp16-q": Case(8, 2, 128, (1, 17, 300), pool_dtype=FP16, q_dtype=FP16, tensor_cores=False),
-    "fp16-pool-fp16-q-split": Case(9, 3, 64, (2100,), pool_dtype=FP16, q_dtype=FP16, partition=512,
-                                   tensor_cores=False),
+    "fp16-pool-fp16-q-split": Case(9, 3, 64, (2100,), pool_dtype=FP16, q_dtype=FP16, partition=512, tensor_cores=False),
     "block-size-8": Case(9, 3, 64, (1, 8, 9, 300), block_size=8),
     "block-size-32-split": Case(9, 3, 64, (32, 33, 1000), block_size=32, partition=192),
     "wild-padding-ids": Case(9, 3, 64, (1, 17, 300), wild_padding=True),
@@ -135,7 +139,7 @@ def _inputs(case: Case, seed: int):
         own, ids = ids[:count], ids[count:]
         tables[row, :count] = torch.tensor(own)
         for pool in (k, v):
-            pool[own[-1], (n - 1) % bs + 1:] = float("nan")  # the last block's slots past the context
+            pool[own[-1], (n - 1) % bs + 1 :] = float("nan")  # the last block's slots past the context
     for pool in (k, v):
         pool[:NAN_BLOCKS] = float("nan")
     k_pool, v_pool = k.to(case.pool_dtype), v.to(case.pool_dtype)
@@ -143,7 +147,7 @@ def _inputs(case: Case, seed: int):
     heads = case.heads
     if case.strided_q:
         fused = torch.randn(len(case.lens), (heads + 2 * kv) * dim, generator=gen) * 1.5
-        q = fused.to(case.q_dtype)[:, :heads * dim].view(-1, heads, dim)  # stride(0) > heads * dim
+        q = fused.to(case.q_dtype)[:, : heads * dim].view(-1, heads, dim)  # stride(0) > heads * dim
     else:
         q = (torch.randn(len(case.lens), heads, dim, generator=gen) * 1.5).to(case.q_dtype)
     lens = torch.tensor(case.lens)
@@ -157,7 +161,7 @@ def run_case(name: str, device: str, seed: int = 0) -> dict:
 
     case = CASES[name]
     (q, k_pool, v_pool, tables, lens), (k_ref, v_ref, ref_tables) = _inputs(case, seed)
-    scale = case.dim ** -0.5
+    scale = case.dim**-0.5
     moved = [t.to(device) for t in (k_pool, v_pool, tables, lens)]
     q_dev = q.to(device) if not case.strided_q else _strided_on(q, device)
     out = paged_decode_attention(q_dev, *moved, scale, case.partition, case.tensor_cores).cpu()
@@ -195,8 +199,9 @@ def padded_graph_steps_on_cpu() -> dict:
     loaded = load_model("random:tiny", device="cpu", quantization="none", max_model_len=256)
     use_compilation(loaded.model, "cpu", enforce_eager=True)
     cfg, blocks = loaded.config, 48
-    kv = KVCache(cfg.num_hidden_layers, blocks, 16, cfg.num_key_value_heads, cfg.head_dim, torch.float32,
-                 scratch_block=True)
+    kv = KVCache(
+        cfg.num_hidden_layers, blocks, 16, cfg.num_key_value_heads, cfg.head_dim, torch.float32, scratch_block=True
+    )
     gen = torch.Generator().manual_seed(0)
     for pool in (*kv.k, *kv.v):
         pool[:blocks].copy_(torch.randn(pool[:blocks].shape, generator=gen))
@@ -239,16 +244,24 @@ def results():
         return {}  # computed case by case in this process
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     code = "import json, test_triton_attention as t; print('RESULTS', json.dumps(t.interpreted_results()))"
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600,
-                          cwd=os.path.dirname(__file__))
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=os.path.dirname(__file__),
+    )
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULTS ")]
     assert done.returncode == 0 and lines, f"interpreter run failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
     return json.loads(lines[-1].removeprefix("RESULTS "))
 
 
 @needs_triton
-@pytest.mark.parametrize("name", [
-    name if case.interpreter_runs else pytest.param(name, marks=cuda_only_bf16_dot) for name, case in CASES.items()])
+@pytest.mark.parametrize(
+    "name",
+    [name if case.interpreter_runs else pytest.param(name, marks=cuda_only_bf16_dot) for name, case in CASES.items()],
+)
 def test_kernel_matches_the_gathered_sdpa_path(name, results):
     got = run_case(name, "cuda") if ON_CUDA else results[name]
     where = "cuda" if ON_CUDA else "interpreter"
@@ -256,13 +269,18 @@ def test_kernel_matches_the_gathered_sdpa_path(name, results):
     assert got["ok"], f"{name}: max abs diff {got['max_abs_diff']:.3e} (atol, rtol {CASES[name].tolerance})"
 
 
-@pytest.mark.skipif(not HAS_TRITON or ON_CUDA, reason="runs under Triton's interpreter only: triton is not "
-                    "installed here, or there is a GPU (tests/test_cuda.py runs the engine's graphs through "
-                    "the kernel)")
+@pytest.mark.skipif(
+    not HAS_TRITON or ON_CUDA,
+    reason="runs under Triton's interpreter only: triton is not "
+    "installed here, or there is a GPU (tests/test_cuda.py runs the engine's graphs through "
+    "the kernel)",
+)
 def test_padded_graph_steps_through_the_kernel_match_the_gathered_path(results):
     got = results["engine"]
-    print(f"triton decode attention, tiny model's padded graph steps (interpreter): max abs diff "
-          f"{got['max_abs_diff']:.2e}")
+    print(
+        f"triton decode attention, tiny model's padded graph steps (interpreter): max abs diff "
+        f"{got['max_abs_diff']:.2e}"
+    )
     assert got["ok"], got
 
 
@@ -286,8 +304,10 @@ def test_half_precision_over_its_own_pool_takes_the_tensor_cores(monkeypatch):
     rule = {(q, pool): triton_attention.uses_tensor_cores(q, pool) for q in dtypes for pool in dtypes}
     assert rule == {(q, pool): q == pool != torch.float32 for q, pool in rule}
     assert rule == {(q, pool): attention.tensor_core_dtypes(q, pool) for q, pool in rule}  # the routing's copy
-    assert [CASES[name].dot for name in ("gqa-9/3-d64-mixed", "bf16-pool-fp32-q", "dot-bf16-gqa-32/4-d64-tinyllama",
-                                         "dot-fp16-gqa-6/2-d80")] == [False, False, True, True]
+    assert [
+        CASES[name].dot
+        for name in ("gqa-9/3-d64-mixed", "bf16-pool-fp32-q", "dot-bf16-gqa-32/4-d64-tinyllama", "dot-fp16-gqa-6/2-d80")
+    ] == [False, False, True, True]
     monkeypatch.setattr(triton_attention, "HALF_PRECISION_DOT", False)
     assert not any(triton_attention.uses_tensor_cores(dtype, dtype) for dtype in dtypes)
 
@@ -295,6 +315,7 @@ def test_half_precision_over_its_own_pool_takes_the_tensor_cores(monkeypatch):
 def test_the_cpu_path_never_asks_for_triton(monkeypatch):
     """CPU pools: no predicate, decode step or mask decision reaches `triton_decode_ready` (an import of
     triton, absent on CPU-only installs)."""
+
     def refuse():
         raise AssertionError("the CPU path asked for triton")
 
@@ -347,11 +368,17 @@ def test_the_kernel_serves_fp32_and_half_precision_over_its_own_pool(monkeypatch
     for pool_dtype in dtypes:
         pool = torch.zeros(4, 16, 1, 64, dtype=pool_dtype)
         served = {(dtype, rows): attention.triton_serves(pool, rows, dtype) for dtype in dtypes for rows in (1, 2, 8)}
-        assert served == {(dtype, rows): dtype == torch.float32 or rows == 1 or dtype == pool_dtype
-                          for dtype, rows in served}
+        assert served == {
+            (dtype, rows): dtype == torch.float32 or rows == 1 or dtype == pool_dtype for dtype, rows in served
+        }
         for (dtype, rows), triton in served.items():
             assert attention.reads_pool_directly(pool, rows, dtype) == triton
             runner = ModelRunner.__new__(ModelRunner)  # only what _metadata reads
-            runner.kv_cache, runner.device, runner.dtype, runner.block_size = type("KV", (), {"k": [pool]})(), "cpu", dtype, 16
+            runner.kv_cache, runner.device, runner.dtype, runner.block_size = (
+                type("KV", (), {"k": [pool]})(),
+                "cpu",
+                dtype,
+                16,
+            )
             works = [SeqWork([1], 3, [0]) for _ in range(rows)]
             assert (runner._metadata(works, [], [3] * rows).decode_mask is None) == triton

@@ -7,17 +7,36 @@ from pathlib import Path
 import torch
 
 
-def make_tiny_llama(directory: Path, *, seed: int = 0, tie: bool = False, kv_heads: int = 2,
-                    rope_scaling: dict | None = None, vocab: int = 256, layers: int = 3,
-                    init_std: float | None = None):
+def make_tiny_llama(
+    directory: Path,
+    *,
+    seed: int = 0,
+    tie: bool = False,
+    kv_heads: int = 2,
+    rope_scaling: dict | None = None,
+    vocab: int = 256,
+    layers: int = 3,
+    init_std: float | None = None,
+):
     """Build a random `transformers.LlamaForCausalLM`, save it (config.json + safetensors) and return it."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=160, num_hidden_layers=layers,
-                      num_attention_heads=4, num_key_value_heads=kv_heads, head_dim=16,
-                      max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=tie,
-                      bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=kv_heads,
+        head_dim=16,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=tie,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     if init_std is not None:  # larger than HF's 0.02: peakier logits, fewer near-ties (beam search tests)
         cfg.initializer_range = init_std
     if rope_scaling:

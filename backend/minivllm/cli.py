@@ -24,9 +24,15 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
 def sampling_params(args: argparse.Namespace):
     from minivllm.sampling.params import SamplingParams
 
-    return SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
-                          repetition_penalty=args.repetition_penalty, max_tokens=args.max_tokens,
-                          seed=args.sampling_seed)
+    return SamplingParams(
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty,
+        max_tokens=args.max_tokens,
+        seed=args.sampling_seed,
+    )
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -95,48 +101,101 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=None, help="require this bearer key (or set MINIVLLM_API_KEY)")
-    p.add_argument("--cors-origin", action="append", default=[],
-                   help="another site allowed to call the API and open the event WebSocket (repeatable)")
-    p.add_argument("--allowed-host", action="append", default=[],
-                   help="a Host name to answer besides localhost/127.0.0.1 (repeatable; a DNS-rebinding guard)")
+    p.add_argument(
+        "--cors-origin",
+        action="append",
+        default=[],
+        help="another site allowed to call the API and open the event WebSocket (repeatable)",
+    )
+    p.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        help="a Host name to answer besides localhost/127.0.0.1 (repeatable; a DNS-rebinding guard)",
+    )
     p.add_argument("--recordings-dir", default="recordings")
-    p.add_argument("--recordings-quota", default="2GiB",
-                   help="the recordings folder's size limit; the oldest recordings are deleted to make room")
+    p.add_argument(
+        "--recordings-quota",
+        default="2GiB",
+        help="the recordings folder's size limit; the oldest recordings are deleted to make room",
+    )
     p.add_argument("--frontend-dist", default=None, help="built dashboard to serve (default: frontend/dist)")
-    p.add_argument("--ws-queue-limit", type=int, default=20_000,
-                   help="events buffered per WebSocket client before it gets a resync and a fresh snapshot")
+    p.add_argument(
+        "--ws-queue-limit",
+        type=int,
+        default=20_000,
+        help="events buffered per WebSocket client before it gets a resync and a fresh snapshot",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    p.add_argument("--trust-request-chat-template", action="store_true",
-                   help="accept a Jinja `chat_template` in chat requests (a template can run for long: trusted "
-                        "clients only, as vLLM's flag of the same name)")
-    p.add_argument("--embedding-pooling", default="last", choices=["last", "mean"],
-                   help="/v1/embeddings: the last token's final hidden state (vLLM's default for decoder models) "
-                        "or the mean over all tokens")
+    p.add_argument(
+        "--trust-request-chat-template",
+        action="store_true",
+        help="accept a Jinja `chat_template` in chat requests (a template can run for long: trusted "
+        "clients only, as vLLM's flag of the same name)",
+    )
+    p.add_argument(
+        "--embedding-pooling",
+        default="last",
+        choices=["last", "mean"],
+        help="/v1/embeddings: the last token's final hidden state (vLLM's default for decoder models) "
+        "or the mean over all tokens",
+    )
     add_model_args(p)
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("bench", help="benchmarks that print comparisons side by side")
-    p.add_argument("kind", choices=["single", "throughput", "profile", "quality", "llamacpp", "spec", "structured",
-                                      "compile", "pages", "sampler", "serve"])
-    p.add_argument("--draft-model", default=None,
-                   help="spec: the draft model's spec (default: the embedded model, in int4)")
-    p.add_argument("--only", nargs="+", default=None, metavar="METHOD",
-                   help="spec: run only these methods (ngram, draft, early); 'off' always runs")
+    p.add_argument(
+        "kind",
+        choices=[
+            "single",
+            "throughput",
+            "profile",
+            "quality",
+            "llamacpp",
+            "spec",
+            "structured",
+            "compile",
+            "pages",
+            "sampler",
+            "serve",
+        ],
+    )
+    p.add_argument(
+        "--draft-model", default=None, help="spec: the draft model's spec (default: the embedded model, in int4)"
+    )
+    p.add_argument(
+        "--only",
+        nargs="+",
+        default=None,
+        metavar="METHOD",
+        help="spec: run only these methods (ngram, draft, early); 'off' always runs",
+    )
     p.add_argument("--output-dir", default="bench-results")
     p.add_argument("--max-tokens", type=int, default=None, help="new tokens per request (default 128; serve: 64)")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--num-prompts", type=int, default=None, help="prompts per run (default: the concurrency)")
     p.add_argument("--skip-hf", action="store_true", help="do not run the Hugging Face baselines")
-    p.add_argument("--skip-fp32", action="store_true",
-                   help="single: do not run the fp32-weights baseline next to a quantized engine")
+    p.add_argument(
+        "--skip-fp32",
+        action="store_true",
+        help="single: do not run the fp32-weights baseline next to a quantized engine",
+    )
     p.add_argument("--quick", action="store_true", help="fewer tokens and prompts (smoke test)")
-    p.add_argument("--prompt-tokens", type=at_least_one, default=None,
-                   help="llamacpp: every prompt exactly this many tokens (the chat prompts repeated), to compare "
-                        "decode at a long context (default: the chat prompts as they are, ~40 tokens); "
-                        "serve: each prompt's length (default 128)")
-    p.add_argument("--rounds", type=at_least_one, default=3,
-                   help="llamacpp, serve: runs of each side per level, alternating; the table shows medians "
-                        "(llamacpp: and the per-round ratios' range) (--quick: 1)")
+    p.add_argument(
+        "--prompt-tokens",
+        type=at_least_one,
+        default=None,
+        help="llamacpp: every prompt exactly this many tokens (the chat prompts repeated), to compare "
+        "decode at a long context (default: the chat prompts as they are, ~40 tokens); "
+        "serve: each prompt's length (default 128)",
+    )
+    p.add_argument(
+        "--rounds",
+        type=at_least_one,
+        default=3,
+        help="llamacpp, serve: runs of each side per level, alternating; the table shows medians "
+        "(llamacpp: and the per-round ratios' range) (--quick: 1)",
+    )
     add_model_args(p)
     p.set_defaults(func=cmd_bench)
 

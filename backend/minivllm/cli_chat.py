@@ -9,8 +9,9 @@ from minivllm.sampling.params import SamplingParams
 from minivllm.text.tokenizer_utils import load_chat_template_prompt
 
 
-def stream_one(engine: LLMEngine, prompt: str | None, prompt_ids: list[int] | None,
-               params: SamplingParams, request_id: str = "cli") -> str:
+def stream_one(
+    engine: LLMEngine, prompt: str | None, prompt_ids: list[int] | None, params: SamplingParams, request_id: str = "cli"
+) -> str:
     engine.add_request(request_id, prompt, params, prompt_token_ids=prompt_ids)
     text = ""
     while engine.has_work():

@@ -12,31 +12,57 @@ from minivllm.quant.policy import INT4_GROUP_SIZES, QUANTIZATION_CHOICES, QuantC
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
-    g.add_argument("--model", default=None,
-                   help="HF directory, .gguf file, cached hub id or random:<shape> (default: embedded SmolLM2-135M-Instruct)")
+    g.add_argument(
+        "--model",
+        default=None,
+        help="HF directory, .gguf file, cached hub id or random:<shape> (default: embedded SmolLM2-135M-Instruct)",
+    )
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     g.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    g.add_argument("--quantization", default="auto", choices=list(QUANTIZATION_CHOICES),
-                   help="weight precision: auto (what the checkpoint holds: the embedded Q4_1 GGUF runs in 4 bits), "
-                        "none (dequantized to --dtype), int8 (per channel), int4 (groups, see --group-size)")
-    g.add_argument("--group-size", type=int, default=32, choices=list(INT4_GROUP_SIZES),
-                   help="int4 group size when quantizing at load")
+    g.add_argument(
+        "--quantization",
+        default="auto",
+        choices=list(QUANTIZATION_CHOICES),
+        help="weight precision: auto (what the checkpoint holds: the embedded Q4_1 GGUF runs in 4 bits), "
+        "none (dequantized to --dtype), int8 (per channel), int4 (groups, see --group-size)",
+    )
+    g.add_argument(
+        "--group-size",
+        type=int,
+        default=32,
+        choices=list(INT4_GROUP_SIZES),
+        help="int4 group size when quantizing at load",
+    )
     g.add_argument("--seed", type=int, default=0, help="seed for random:<shape> weights")
-    g.add_argument("--threads", type=int, default=None,
-                   help="CPU threads for torch (default: torch's choice; 1 avoids thrashing on a busy machine)")
+    g.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads for torch (default: torch's choice; 1 avoids thrashing on a busy machine)",
+    )
     e = p.add_argument_group("engine")
-    e.add_argument("--enforce-eager", action="store_true",
-                   help="run every step eagerly: no torch.compile of decode steps (which needs a C++ compiler "
-                        "and compiles for seconds at start-up, cached under $MINIVLLM_CACHE_DIR or ~/.cache/minivllm)")
+    e.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="run every step eagerly: no torch.compile of decode steps (which needs a C++ compiler "
+        "and compiles for seconds at start-up, cached under $MINIVLLM_CACHE_DIR or ~/.cache/minivllm)",
+    )
     e.add_argument("--kv-cache-memory", default="512MiB", help="KV pool size, e.g. 2GiB (ignored with --num-blocks)")
-    e.add_argument("--kv-cache-dtype", default="auto", choices=list(KV_CACHE_DTYPES),
-                   help="the KV pool's element type: auto (the model's dtype; float16 for quantized weights on a CPU) or "
-                        "another (float16, bfloat16: "
-                        "twice the tokens in the same memory, half the bytes decode attention reads)")
+    e.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=list(KV_CACHE_DTYPES),
+        help="the KV pool's element type: auto (the model's dtype; float16 for quantized weights on a CPU) or "
+        "another (float16, bfloat16: "
+        "twice the tokens in the same memory, half the bytes decode attention reads)",
+    )
     e.add_argument("--num-blocks", type=int, default=None)
-    e.add_argument("--max-kv-cache-memory", default=None,
-                   help="the largest KV pool the dashboard's engine settings may ask for, e.g. 4GiB "
-                        "(default: what the machine has available)")
+    e.add_argument(
+        "--max-kv-cache-memory",
+        default=None,
+        help="the largest KV pool the dashboard's engine settings may ask for, e.g. 4GiB "
+        "(default: what the machine has available)",
+    )
     e.add_argument("--block-size", type=int, default=16)
     e.add_argument("--max-num-batched-tokens", type=int, default=512)
     e.add_argument("--max-num-seqs", type=int, default=64)
@@ -44,20 +70,29 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     e.add_argument("--no-prefix-caching", action="store_true")
     e.add_argument("--max-stop-strings", type=int, default=64, help="the most stop strings one request may send")
     e.add_argument("--max-stop-chars", type=int, default=4096, help="their total length at most")
-    e.add_argument("--speculative-config", default=None,
-                   help='speculative decoding as vLLM\'s JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\', '
-                        '\'{"method": "draft_model", "model": "embedded", "quantization": "int4"}\' or '
-                        '\'{"method": "early_exit", "exit_layer": 8}\' (default: off)')
+    e.add_argument(
+        "--speculative-config",
+        default=None,
+        help='speculative decoding as vLLM\'s JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\', '
+        '\'{"method": "draft_model", "model": "embedded", "quantization": "int4"}\' or '
+        '\'{"method": "early_exit", "exit_layer": 8}\' (default: off)',
+    )
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(block_size=args.block_size, num_blocks=args.num_blocks,
-                        kv_cache_memory=args.kv_cache_memory, max_num_batched_tokens=args.max_num_batched_tokens,
-                        max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-                        enable_prefix_caching=not args.no_prefix_caching,
-                        max_kv_cache_memory=getattr(args, "max_kv_cache_memory", None),
-                        max_stop_strings=args.max_stop_strings, max_stop_chars=args.max_stop_chars,
-                        kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"))
+    return EngineConfig(
+        block_size=args.block_size,
+        num_blocks=args.num_blocks,
+        kv_cache_memory=args.kv_cache_memory,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len,
+        enable_prefix_caching=not args.no_prefix_caching,
+        max_kv_cache_memory=getattr(args, "max_kv_cache_memory", None),
+        max_stop_strings=args.max_stop_strings,
+        max_stop_chars=args.max_stop_chars,
+        kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"),
+    )
 
 
 def quant_config(args: argparse.Namespace) -> QuantConfig:
@@ -68,7 +103,14 @@ def build_engine(args: argparse.Namespace):
     """The engine the parsed options describe (loads the model: seconds to minutes)."""
     from minivllm.engine.factory import create_engine
 
-    return create_engine(args.model, engine_config(args), dtype=args.dtype, device=args.device, seed=args.seed,
-                         quantization=quant_config(args), threads=args.threads,
-                         speculative_config=getattr(args, "speculative_config", None),
-                         enforce_eager=getattr(args, "enforce_eager", False))
+    return create_engine(
+        args.model,
+        engine_config(args),
+        dtype=args.dtype,
+        device=args.device,
+        seed=args.seed,
+        quantization=quant_config(args),
+        threads=args.threads,
+        speculative_config=getattr(args, "speculative_config", None),
+        enforce_eager=getattr(args, "enforce_eager", False),
+    )

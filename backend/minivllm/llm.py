@@ -19,23 +19,44 @@ class LLM:
     """Loads a model (the embedded SmolLM2 by default) and runs batches of prompts to completion
     with continuous batching."""
 
-    def __init__(self, model: str | None = None, *, dtype: str = "float32", device: str | None = None,
-                 seed: int = 0, quantization: str | QuantConfig = "auto",
-                 speculative_config: str | dict | None = None, enforce_eager: bool | None = None,
-                 **engine_options):
-        self.engine = create_engine(model, EngineConfig(**engine_options), dtype=dtype, device=device, seed=seed,
-                                    quantization=quantization, speculative_config=speculative_config,
-                                    enforce_eager=enforce_eager)
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        dtype: str = "float32",
+        device: str | None = None,
+        seed: int = 0,
+        quantization: str | QuantConfig = "auto",
+        speculative_config: str | dict | None = None,
+        enforce_eager: bool | None = None,
+        **engine_options,
+    ):
+        self.engine = create_engine(
+            model,
+            EngineConfig(**engine_options),
+            dtype=dtype,
+            device=device,
+            seed=seed,
+            quantization=quantization,
+            speculative_config=speculative_config,
+            enforce_eager=enforce_eager,
+        )
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
 
-    def generate(self, prompts: str | Sequence[str] | None = None,
-                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
-                 prompt_token_ids: Sequence[Sequence[int]] | None = None,
-                 use_tqdm: bool = False) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts: str | Sequence[str] | None = None,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        prompt_token_ids: Sequence[Sequence[int]] | None = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
         if isinstance(prompts, str):
             prompts = [prompts]
-        items = [(p, None) for p in prompts] if prompts is not None else [(None, list(t)) for t in prompt_token_ids or []]
+        items = (
+            [(p, None) for p in prompts] if prompts is not None else [(None, list(t)) for t in prompt_token_ids or []]
+        )
         params = self._params_list(sampling_params, len(items))
         ids = []
         try:
@@ -50,9 +71,12 @@ class LLM:
             raise
         return self._run(ids, use_tqdm)
 
-    def chat(self, messages: list[Message] | list[list[Message]],
-             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-             use_tqdm: bool = False) -> list[RequestOutput]:
+    def chat(
+        self,
+        messages: list[Message] | list[list[Message]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         token_ids = [load_chat_template_prompt(self.tokenizer, conv) for conv in conversations]
         return self.generate(prompt_token_ids=token_ids, sampling_params=sampling_params, use_tqdm=use_tqdm)

@@ -2,7 +2,8 @@
 differently seeded tiny random model (so some are rejected), giving verify steps with accepted and
 rejected drafts, rolled-back tail blocks (BlocksFreed with `table`), drafted tokens and the spec
 metrics counters.
-Usage (from the repository root): .venv/bin/python frontend/scripts/make_spec_recording.py frontend/src/__fixtures__/spec_session.jsonl
+Usage (from the repository root):
+    .venv/bin/python frontend/scripts/make_spec_recording.py frontend/src/__fixtures__/spec_session.jsonl
 The engine's own final snapshot is the footer, and OUT's `.snapshots.jsonl` sibling holds its snapshot
 after every step: folding the events up to each one's `seq` must give it exactly."""
 
@@ -38,14 +39,24 @@ def prompts() -> list[list[int]]:
 def record(out: Path) -> Path:
     target = load_model("random:tiny", dtype="float32", device="cpu", seed=0)
     draft = load_model("random:tiny", dtype="float32", device="cpu", seed=1)  # disagrees with the target often
-    engine = LLMEngine(target, EngineConfig(num_blocks=24, block_size=4, max_num_batched_tokens=40, metrics_interval_s=0.0),
-                       speculative=SpeculativeConfig.parse(SPEC), draft=draft)
+    engine = LLMEngine(
+        target,
+        EngineConfig(num_blocks=24, block_size=4, max_num_batched_tokens=40, metrics_interval_s=0.0),
+        speculative=SpeculativeConfig.parse(SPEC),
+        draft=draft,
+    )
     recorder = Recorder(out)
     engine.subscribe(recorder, on_snapshot=recorder.begin)
     for i, ids in enumerate(prompts()):
-        engine.add_request(f"r{i}", prompt_token_ids=ids, params=SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
+        engine.add_request(
+            f"r{i}", prompt_token_ids=ids, params=SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+        )
     # sampled: rejection sampling keeps some drafts and resamples at the first rejected one
-    engine.add_request("s", prompt_token_ids=prompts()[0], params=SamplingParams(temperature=1.0, seed=5, max_tokens=24, ignore_eos=True))
+    engine.add_request(
+        "s",
+        prompt_token_ids=prompts()[0],
+        params=SamplingParams(temperature=1.0, seed=5, max_tokens=24, ignore_eos=True),
+    )
     snapshots = []
     while engine.has_work():
         engine.step()

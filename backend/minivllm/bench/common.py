@@ -63,8 +63,9 @@ def greedy(max_tokens: int) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
 
 
-def run_engine(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams, mode: str,
-               concurrency: int) -> RunResult:
+def run_engine(
+    engine: LLMEngine, prompts: list[list[int]], params: SamplingParams, mode: str, concurrency: int
+) -> RunResult:
     """Submit all prompts at once and step until done (continuous batching)."""
     decode_time, decode_tokens, peak_blocks = 0.0, 0, 0
     pending: dict[str, object] = {}
@@ -91,9 +92,15 @@ def run_engine(engine: LLMEngine, prompts: list[list[int]], params: SamplingPara
         peak_blocks = max(peak_blocks, engine.block_manager.num_blocks - engine.block_manager.num_free_blocks)
     wall = time.perf_counter() - start
     unsubscribe()
-    result = RunResult(mode, concurrency, len(prompts), sum(o.num_generated_tokens for o in finished.values()), wall,
-                       decode_tokens_per_s=decode_tokens / decode_time if decode_time else None,
-                       kv_blocks_used=peak_blocks)
+    result = RunResult(
+        mode,
+        concurrency,
+        len(prompts),
+        sum(o.num_generated_tokens for o in finished.values()),
+        wall,
+        decode_tokens_per_s=decode_tokens / decode_time if decode_time else None,
+        kv_blocks_used=peak_blocks,
+    )
     for out in finished.values():
         m, n = out.metrics, out.num_generated_tokens
         result.ttft_s.append(m.ttft)
@@ -106,14 +113,22 @@ def combine_runs(mode: str, concurrency: int, runs: list[RunResult]) -> RunResul
     """One-request-at-a-time runs summed into one result (decode rate from the median TPOT)."""
     blocks = [r.kv_blocks_used for r in runs if r.kv_blocks_used is not None]
     tpot = [t for r in runs for t in r.tpot_s]
-    return RunResult(mode, concurrency, len(runs), sum(r.generated_tokens for r in runs), sum(r.wall_s for r in runs),
-                     ttft_s=[t for r in runs for t in r.ttft_s], tpot_s=tpot,
-                     decode_tokens_per_s=1 / median(tpot) if tpot else None,
-                     kv_blocks_used=max(blocks) if blocks else None)
+    return RunResult(
+        mode,
+        concurrency,
+        len(runs),
+        sum(r.generated_tokens for r in runs),
+        sum(r.wall_s for r in runs),
+        ttft_s=[t for r in runs for t in r.ttft_s],
+        tpot_s=tpot,
+        decode_tokens_per_s=1 / median(tpot) if tpot else None,
+        kv_blocks_used=max(blocks) if blocks else None,
+    )
 
 
-def run_engine_sequential(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams,
-                          concurrency: int) -> RunResult:
+def run_engine_sequential(
+    engine: LLMEngine, prompts: list[list[int]], params: SamplingParams, concurrency: int
+) -> RunResult:
     runs = [run_engine(engine, [p], params, "seq", concurrency) for p in prompts]
     return combine_runs("mini-vllm one at a time", concurrency, runs)
 
@@ -140,15 +155,28 @@ def hf_generate(model, tokenizer, prompts: list[list[int]], max_tokens: int, mod
     clock = StepClock()
     start = time.perf_counter()
     with torch.inference_mode():
-        model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=max_tokens,
-                       min_new_tokens=max_tokens, do_sample=False, pad_token_id=pad,
-                       stopping_criteria=StoppingCriteriaList([clock]))
+        model.generate(
+            input_ids=input_ids,
+            attention_mask=mask,
+            max_new_tokens=max_tokens,
+            min_new_tokens=max_tokens,
+            do_sample=False,
+            pad_token_id=pad,
+            stopping_criteria=StoppingCriteriaList([clock]),
+        )
     wall = time.perf_counter() - start
     ttft = clock.times[0] - start
     tpot = (clock.times[-1] - clock.times[0]) / max(len(clock.times) - 1, 1)
-    return RunResult(mode, concurrency, len(prompts), len(prompts) * max_tokens, wall,
-                     ttft_s=[ttft] * len(prompts), tpot_s=[tpot] * len(prompts),
-                     decode_tokens_per_s=len(prompts) / tpot if tpot else None)
+    return RunResult(
+        mode,
+        concurrency,
+        len(prompts),
+        len(prompts) * max_tokens,
+        wall,
+        ttft_s=[ttft] * len(prompts),
+        tpot_s=[tpot] * len(prompts),
+        decode_tokens_per_s=len(prompts) / tpot if tpot else None,
+    )
 
 
 def hf_sequential(model, tokenizer, prompts: list[list[int]], max_tokens: int, concurrency: int) -> RunResult:

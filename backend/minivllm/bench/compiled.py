@@ -20,10 +20,10 @@ from minivllm.bench.machine import device_bandwidth_gbs, machine_line
 from minivllm.bench.prompts import CHAT_PROMPTS
 from minivllm.bench.report import plot_paired_bars
 from minivllm.engine.api import LLMEngine
+from minivllm.loader.install_quantized import streamed_bytes
 from minivllm.model import attention
 from minivllm.model.compiled import attach_compiled_step
 from minivllm.model.cuda_graphs import DecodeGraphs
-from minivllm.loader.install_quantized import streamed_bytes
 from minivllm.sampling.params import SamplingParams
 
 
@@ -67,20 +67,31 @@ def bench_compile(engine: LLMEngine, args) -> int:
     attach_compiled_step(model)  # none was built where the native step runs every decode step
     compiled, native_step = model.compiled, model.native_step
     if compiled is None or not compiled.active:
-        raise SystemExit(f"bench compile compares the compiled step with eager, but this engine runs "
-                         f"{model.compilation()}: drop --enforce-eager")
+        raise SystemExit(
+            f"bench compile compares the compiled step with eager, but this engine runs "
+            f"{model.compilation()}: drop --enforce-eager"
+        )
     modes = [m for m in MODES if m != "native" or native_step is not None]  # native: every product on our kernels
     out_dir, max_tokens, rounds, params, bandwidth = rounds_setup(args)
     try:
         if native_step is not None:  # the engine's warm-up ran natively: compile the graphs now, not in a timed run
             _use(engine, "compiled", compiled, native_step)
             engine.runner.warmed_up(engine.config.max_num_seqs, engine.max_model_len)
-        runs = time_levels(model, args.concurrency, modes, lambda mode: _use(engine, mode, compiled, native_step),
-                           rounds, params, bandwidth)
+        runs = time_levels(
+            model,
+            args.concurrency,
+            modes,
+            lambda mode: _use(engine, mode, compiled, native_step),
+            rounds,
+            params,
+            bandwidth,
+        )
     finally:
         model.compiled, model.native_step = compiled, native_step
-    title = (f"decode step modes vs eager: {engine.loaded.name} ({engine.loaded.quant.mode}), "
-             f"{max_tokens} tokens per request (greedy), {rounds} round(s)")
+    title = (
+        f"decode step modes vs eager: {engine.loaded.name} ({engine.loaded.quant.mode}), "
+        f"{max_tokens} tokens per request (greedy), {rounds} round(s)"
+    )
     _print(runs, modes, title, bandwidth)
     print(machine_line())
     write_runs(out_dir / "compile.json", runs, bandwidth)
@@ -101,8 +112,11 @@ def bench_graphs(engine: LLMEngine, args) -> int:
         variants["graphs"] = _eager_graphs(model, runner.kv_cache, graphs)
         variants["compiled graphs"] = graphs
     if attention.reads_pool_with_triton(runner.kv_cache.k[0]):
-        variants = {"eager": None, "sdpa graphs": _portable_attention_graphs(model, runner.kv_cache, graphs),
-                    **{m: g for m, g in variants.items() if m != "eager"}}
+        variants = {
+            "eager": None,
+            "sdpa graphs": _portable_attention_graphs(model, runner.kv_cache, graphs),
+            **{m: g for m, g in variants.items() if m != "eager"},
+        }
     modes = list(variants)
     out_dir, max_tokens, rounds, params, bandwidth = rounds_setup(args, device)
 
@@ -117,14 +131,24 @@ def bench_graphs(engine: LLMEngine, args) -> int:
         runner.graphs, model.compiled, attention.USE_TRITON_DECODE = graphs, compiled, use_triton
     dtype, quant = str(engine.loaded.dtype).removeprefix("torch."), engine.loaded.quant.mode
     precision = dtype if quant in (dtype, "none") else f"{quant}, {dtype} activations"
-    title = (f"CUDA graphs vs eager: {engine.loaded.name} ({precision}), {max_tokens} tokens per request "
-             f"(greedy), {rounds} round(s)")
-    _print(runs, modes, title, bandwidth, "graphs: decode steps replayed from CUDA graphs, model/cuda_graphs.py; "
-           "eager: every kernel launched from Python, prefill eager in every mode")
+    title = (
+        f"CUDA graphs vs eager: {engine.loaded.name} ({precision}), {max_tokens} tokens per request "
+        f"(greedy), {rounds} round(s)"
+    )
+    _print(
+        runs,
+        modes,
+        title,
+        bandwidth,
+        "graphs: decode steps replayed from CUDA graphs, model/cuda_graphs.py; "
+        "eager: every kernel launched from Python, prefill eager in every mode",
+    )
     if "sdpa graphs" in modes:
         ratios = ", ".join(f"{_ratio(r, 'graphs', 'sdpa graphs')} at {r.concurrency}" for r in runs)
-        print(f"(graphs: decode attention by the Triton kernel, kernels/triton/attention.py; sdpa graphs: by gather + "
-              f"mask + SDPA; graphs / sdpa graphs: {ratios})")
+        print(
+            f"(graphs: decode attention by the Triton kernel, kernels/triton/attention.py; sdpa graphs: by gather + "
+            f"mask + SDPA; graphs / sdpa graphs: {ratios})"
+        )
     print(machine_line(device))
     write_runs(out_dir / "graphs.json", runs, bandwidth)
     print(f"plot: {plot_compile(runs, modes, out_dir / 'graphs.png', title)}")
@@ -160,8 +184,15 @@ def rounds_setup(args, device: torch.device = torch.device("cpu")) -> tuple[Path
     return out_dir, max_tokens, rounds, params, device_bandwidth_gbs(device)
 
 
-def time_levels(model, levels: list[int], modes: list[str], engine_for: Callable[[str], LLMEngine], rounds: int,
-                params: SamplingParams, bandwidth: float) -> list[RoundsRun]:
+def time_levels(
+    model,
+    levels: list[int],
+    modes: list[str],
+    engine_for: Callable[[str], LLMEngine],
+    rounds: int,
+    params: SamplingParams,
+    bandwidth: float,
+) -> list[RoundsRun]:
     """`time_rounds` at each concurrency level, each with its weight-read floor at `bandwidth` GB/s."""
     runs = []
     for level in levels:
@@ -172,12 +203,17 @@ def time_levels(model, levels: list[int], modes: list[str], engine_for: Callable
 
 
 def write_runs(path: Path, runs: list[RoundsRun], bandwidth: float) -> None:
-    path.write_text(json.dumps({"bandwidth_gbs": bandwidth, "runs": [
-        {"concurrency": r.concurrency, **r.tok_s, "floor_ms": r.floor_ms} for r in runs]}))
+    path.write_text(
+        json.dumps(
+            {
+                "bandwidth_gbs": bandwidth,
+                "runs": [{"concurrency": r.concurrency, **r.tok_s, "floor_ms": r.floor_ms} for r in runs],
+            }
+        )
+    )
 
 
-def time_rounds(engine_for: Callable[[str], LLMEngine], run: RoundsRun, rounds: int,
-                params: SamplingParams) -> None:
+def time_rounds(engine_for: Callable[[str], LLMEngine], run: RoundsRun, rounds: int, params: SamplingParams) -> None:
     """`rounds` rounds at run's concurrency, each mode once a round on the engine `engine_for(mode)` sets up
     for it, the order reversed every other round: a drifting box favours no mode."""
     level, modes = run.concurrency, list(run.tok_s)
@@ -191,21 +227,28 @@ def time_rounds(engine_for: Callable[[str], LLMEngine], run: RoundsRun, rounds: 
             run.tok_s[mode].append(result.decode_tokens_per_s or 0.0)
 
 
-def _print(runs: list[RoundsRun], modes: list[str], title: str, bandwidth: float,
-           note: str = "native: every layer of a decode step in one C++ call, model/native_step.py") -> None:
+def _print(
+    runs: list[RoundsRun],
+    modes: list[str],
+    title: str,
+    bandwidth: float,
+    note: str = "native: every layer of a decode step in one C++ call, model/native_step.py",
+) -> None:
     """Per level: each mode's tok/s, each faster mode's ratio to eager, and the fastest default's step
     against the weight-read floor (the default: the native step where there is one)."""
     default = modes[-1]
     print(f"\n== {title} ==")
-    header = ("".join(f"{m + ' tok/s':>{_width(m)}}" for m in modes)
-              + "".join(f"{m + '/eager':>{_width(m) + 1}}" for m in modes[1:]))
+    header = "".join(f"{m + ' tok/s':>{_width(m)}}" for m in modes) + "".join(
+        f"{m + '/eager':>{_width(m) + 1}}" for m in modes[1:]
+    )
     print(f"{'concurrency':>11}{header} {default + ' step':>14} {'weight-read floor':>18} {'step / floor':>13}")
     for r in runs:
         speeds = "".join(f"{r.median(m):>{_width(m)}.1f}" for m in modes)
         ratios = "".join(f"{(f'{r.ratio(m):.2f}x' if r.ratio(m) else '-'):>{_width(m) + 1}}" for m in modes[1:])
         step = r.step_ms(default) or 0.0
-        print(f"{r.concurrency:>11}{speeds}{ratios} {step:>11.1f} ms {r.floor_ms:>15.1f} ms "
-              f"{step / r.floor_ms:>12.2f}x")
+        print(
+            f"{r.concurrency:>11}{speeds}{ratios} {step:>11.1f} ms {r.floor_ms:>15.1f} ms {step / r.floor_ms:>12.2f}x"
+        )
     print(f"(floor: the bytes of weights one step reads / {bandwidth:.1f} GB/s streamed, measured now; {note})")
 
 
@@ -220,8 +263,18 @@ def plot_compile(runs: list[RoundsRun], modes: list[str], path: Path, title: str
     def floor_labels(ax, xs, offset):  # the floor itself would dwarf the bars: say how far above it each step is
         for x, r in zip(xs, runs):
             ratio = (r.step_ms(default) or 0) / r.floor_ms
-            ax.annotate(f"{ratio:.1f}x the\nweight-read floor", (x + offset, r.median(default)),
-                        ha="center", va="bottom", fontsize=7)
+            ax.annotate(
+                f"{ratio:.1f}x the\nweight-read floor",
+                (x + offset, r.median(default)),
+                ha="center",
+                va="bottom",
+                fontsize=7,
+            )
 
-    return plot_paired_bars([r.concurrency for r in runs], tuple((m, [r.median(m) for r in runs]) for m in modes),
-                            path, title.replace(": ", ":\n", 1), floor_labels)
+    return plot_paired_bars(
+        [r.concurrency for r in runs],
+        tuple((m, [r.median(m) for r in runs]) for m in modes),
+        path,
+        title.replace(": ", ":\n", 1),
+        floor_labels,
+    )

@@ -54,8 +54,9 @@ def default_llamacpp_dir() -> Path:
 def _candidates(base: Path) -> list[Path]:
     """Where a build may have put the binary: the layout of scripts/build_llamacpp.sh (build-<version>/bin,
     newest version first), a plain CMake build folder (bin/) or a folder holding the binary itself."""
-    builds = sorted(base.glob(f"build-*/bin/{BENCH_BINARY}"), key=lambda p: _version_key(p.parent.parent.name),
-                    reverse=True)
+    builds = sorted(
+        base.glob(f"build-*/bin/{BENCH_BINARY}"), key=lambda p: _version_key(p.parent.parent.name), reverse=True
+    )
     return builds + [base / "build" / "bin" / BENCH_BINARY, base / "bin" / BENCH_BINARY, base / BENCH_BINARY]
 
 
@@ -75,7 +76,8 @@ def find_llamacpp_bench(environ: dict | None = None) -> Path:
     raise LlamaCppNotFoundError(
         f"llama.cpp's {BENCH_BINARY} was not found under {where} "
         f"(looked for build-*/bin/{BENCH_BINARY}, build/bin/, bin/ and the folder itself): {BUILD_HINT}, "
-        f"or set {ENV_DIR} to a folder holding a llama.cpp build")
+        f"or set {ENV_DIR} to a folder holding a llama.cpp build"
+    )
 
 
 # ---- running llama-batched-bench and parsing its table ---------------------------------------------------
@@ -151,15 +153,46 @@ def context_size(prompt_tokens: int, gen_tokens: int, parallel_levels: list[int]
     return ceil_div(need, 256) * 256
 
 
-def batched_bench_command(binary: Path | str, gguf_path: Path | str, prompt_tokens: int, gen_tokens: int,
-                          parallel_levels: list[int], threads: int) -> list[str]:
-    return [str(binary), "-m", str(gguf_path), "-c", str(context_size(prompt_tokens, gen_tokens, parallel_levels)),
-            "-b", "2048", "-ub", "512", "-npp", str(prompt_tokens), "-ntg", str(gen_tokens),
-            "-npl", ",".join(str(b) for b in parallel_levels), "-t", str(threads), "-tb", str(threads)]
+def batched_bench_command(
+    binary: Path | str,
+    gguf_path: Path | str,
+    prompt_tokens: int,
+    gen_tokens: int,
+    parallel_levels: list[int],
+    threads: int,
+) -> list[str]:
+    return [
+        str(binary),
+        "-m",
+        str(gguf_path),
+        "-c",
+        str(context_size(prompt_tokens, gen_tokens, parallel_levels)),
+        "-b",
+        "2048",
+        "-ub",
+        "512",
+        "-npp",
+        str(prompt_tokens),
+        "-ntg",
+        str(gen_tokens),
+        "-npl",
+        ",".join(str(b) for b in parallel_levels),
+        "-t",
+        str(threads),
+        "-tb",
+        str(threads),
+    ]
 
 
-def run_batched_bench(binary: Path | str, gguf_path: Path | str, prompt_tokens: int, gen_tokens: int,
-                      parallel_levels: list[int], threads: int, timeout_s: float | None = 1800) -> BatchedBenchResult:
+def run_batched_bench(
+    binary: Path | str,
+    gguf_path: Path | str,
+    prompt_tokens: int,
+    gen_tokens: int,
+    parallel_levels: list[int],
+    threads: int,
+    timeout_s: float | None = 1800,
+) -> BatchedBenchResult:
     """Run llama-batched-bench once for these levels and parse its table (decode tok/s = S_TG, prompt tok/s = S_PP
     per level). No `-pps`: each parallel sequence processes its own prompt, like independent requests."""
     cmd = batched_bench_command(binary, gguf_path, prompt_tokens, gen_tokens, parallel_levels, threads)
@@ -171,8 +204,9 @@ def run_batched_bench(binary: Path | str, gguf_path: Path | str, prompt_tokens: 
     rows, settings = parse_batched_bench_output(output)
     missing = sorted(set(parallel_levels) - {r.b for r in rows})
     if missing:
-        raise RuntimeError(f"llama-batched-bench printed no row for {missing} parallel sequences "
-                           f"(context too small?):\n{tail}")
+        raise RuntimeError(
+            f"llama-batched-bench printed no row for {missing} parallel sequences (context too small?):\n{tail}"
+        )
     return BatchedBenchResult(cmd, rows, settings, proc.stdout, peak_rss)
 
 
@@ -239,8 +273,10 @@ def _warn_if_pool_too_small(engine, levels: list[int], tokens_per_sequence: int)
     capacity = engine.kv_cache.num_blocks * engine.kv_cache.block_size
     for level in levels:
         if level * tokens_per_sequence > capacity:
-            print(f"warning: {level} concurrent x {tokens_per_sequence} tokens need more KV than the pool's "
-                  f"{capacity} slots: mini-vllm will not hold them all at once (raise --kv-cache-memory)")
+            print(
+                f"warning: {level} concurrent x {tokens_per_sequence} tokens need more KV than the pool's "
+                f"{capacity} slots: mini-vllm will not hold them all at once (raise --kv-cache-memory)"
+            )
 
 
 def _median(values) -> float | None:
@@ -258,10 +294,20 @@ def level_comparison(level: int, prompt_len: int, max_tokens: int, ours: list, t
     rows = [run.by_level()[level] for run in theirs]
     ours_decode = [result.decode_tokens_per_s for result, _ in ours]
     ours_prompt = [rate for _, rate in ours]
-    return LevelComparison(level, prompt_len, max_tokens, _median(ours_decode), _median(ours_prompt),
-                           statistics.median(r.s_tg for r in rows), statistics.median(r.s_pp for r in rows),
-                           shlex.join(theirs[-1].command), process_rss_bytes(), theirs[-1].peak_rss_bytes,
-                           _ratios(ours_decode, [r.s_tg for r in rows]), _ratios(ours_prompt, [r.s_pp for r in rows]))
+    return LevelComparison(
+        level,
+        prompt_len,
+        max_tokens,
+        _median(ours_decode),
+        _median(ours_prompt),
+        statistics.median(r.s_tg for r in rows),
+        statistics.median(r.s_pp for r in rows),
+        shlex.join(theirs[-1].command),
+        process_rss_bytes(),
+        theirs[-1].peak_rss_bytes,
+        _ratios(ours_decode, [r.s_tg for r in rows]),
+        _ratios(ours_prompt, [r.s_pp for r in rows]),
+    )
 
 
 def _weights_description(engine) -> str:
@@ -273,6 +319,7 @@ def _weights_description(engine) -> str:
 
 def cpu_busy_fraction(interval_s: float = 1.0) -> float | None:
     """How busy the machine's CPUs are over `interval_s` (from /proc/stat; None where there is none)."""
+
     def sample() -> tuple[int, int]:
         fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
         return fields[3] + (fields[4] if len(fields) > 4 else 0), sum(fields[:8])  # idle + iowait, total
@@ -291,8 +338,10 @@ def _warn_if_busy() -> None:
     worse) when another process holds one of those cores, so say so rather than print a misleading ratio."""
     busy = cpu_busy_fraction()
     if busy is not None and busy > 0.25:
-        print(f"warning: the CPUs were {busy:.0%} busy before starting (another process?): both sides, llama.cpp "
-              f"the most, will read slow and the ratios will not mean much")
+        print(
+            f"warning: the CPUs were {busy:.0%} busy before starting (another process?): both sides, llama.cpp "
+            f"the most, will read slow and the ratios will not mean much"
+        )
 
 
 def bench_llamacpp(engine, args) -> int:
@@ -305,8 +354,10 @@ def bench_llamacpp(engine, args) -> int:
     binary = find_llamacpp_bench()  # LlamaCppNotFoundError (a FileNotFoundError): the CLI prints it, exit 2
     gguf = Path(engine.loaded.source)
     if gguf.suffix != ".gguf" or not gguf.is_file():
-        raise ValueError(f"the llama.cpp comparison needs a GGUF model; {engine.loaded.name} was loaded from "
-                         f"{engine.loaded.source} (pass --model FILE.gguf, or omit --model for the embedded one)")
+        raise ValueError(
+            f"the llama.cpp comparison needs a GGUF model; {engine.loaded.name} was loaded from "
+            f"{engine.loaded.source} (pass --model FILE.gguf, or omit --model for the embedded one)"
+        )
     out_dir = Path(args.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     quick = getattr(args, "quick", False)
@@ -350,24 +401,43 @@ def bench_llamacpp(engine, args) -> int:
                 theirs.append(run_batched_bench(binary, gguf, prompt_len, max_tokens, [level], threads))
                 progress(f"{label}: llama.cpp done in {time.perf_counter() - start:.1f}s")
             ours_runs.extend(result for result, _ in ours)
-            llama_runs.extend({"level": level, "round": r, "command": run.command, "settings": run.settings,
-                               **asdict(run.by_level()[level])} for r, run in enumerate(theirs))
+            llama_runs.extend(
+                {
+                    "level": level,
+                    "round": r,
+                    "command": run.command,
+                    "settings": run.settings,
+                    **asdict(run.by_level()[level]),
+                }
+                for r, run in enumerate(theirs)
+            )
             comparisons.append(level_comparison(level, prompt_len, max_tokens, ours, theirs))
     finally:
         if original_prefix_caching:
             engine.reconfigure(enable_prefix_caching=True)
 
-    title = (f"{engine.loaded.name}: mini-vllm ({ours_weights}) vs llama.cpp ({gguf.name}), "
-             f"{max_tokens} new tokens per sequence, {threads} threads"
-             + (f", medians of {rounds} alternating rounds" if rounds > 1 else ""))
+    title = (
+        f"{engine.loaded.name}: mini-vllm ({ours_weights}) vs llama.cpp ({gguf.name}), "
+        f"{max_tokens} new tokens per sequence, {threads} threads"
+        + (f", medians of {rounds} alternating rounds" if rounds > 1 else "")
+    )
     print_comparison(comparisons, title)
     print(memory_line(engine))
     settings = llama_runs[0]["settings"] if llama_runs else {}
-    extra = {"comparison": [asdict(c) | {"decode_ratio": c.decode_ratio, "prompt_ratio": c.prompt_ratio}
-                            for c in comparisons],
-             "llamacpp": llama_runs, "llamacpp_settings": settings, "cpu_capability": cpu_capability(),
-             "threads": threads, "rounds": rounds, "dtype": info.dtype, "kv_cache_dtype": info.kv_cache_dtype,
-             "weights": ours_weights, "gguf": str(gguf)}
+    extra = {
+        "comparison": [
+            asdict(c) | {"decode_ratio": c.decode_ratio, "prompt_ratio": c.prompt_ratio} for c in comparisons
+        ],
+        "llamacpp": llama_runs,
+        "llamacpp_settings": settings,
+        "cpu_capability": cpu_capability(),
+        "threads": threads,
+        "rounds": rounds,
+        "dtype": info.dtype,
+        "kv_cache_dtype": info.kv_cache_dtype,
+        "weights": ours_weights,
+        "gguf": str(gguf),
+    }
     from minivllm.bench.report import save_json
 
     save_json(ours_runs, out_dir / "llamacpp.json", extra)
@@ -384,19 +454,36 @@ def format_comparison(comparisons: list[LevelComparison]) -> list[str]:
     def side(ours: str, theirs: str, ratio: str, ratios: str) -> list[str]:  # decode's or prompt's columns
         return [f"{ours:>22}", f"{theirs:>22}", f"{ratio:>6}"] + ([f"{ratios:>11}"] if spread else [])
 
-    header = " | ".join([f"{'level':>5}",
-                         *side("mini-vllm decode tok/s", "llama.cpp decode tok/s", "ratio", "per round"),
-                         *side("mini-vllm prompt tok/s", "llama.cpp prompt tok/s", "ratio", "per round"),
-                         f"{'RSS MiB (ours / llama.cpp peak)':>31}"])
+    header = " | ".join(
+        [
+            f"{'level':>5}",
+            *side("mini-vllm decode tok/s", "llama.cpp decode tok/s", "ratio", "per round"),
+            *side("mini-vllm prompt tok/s", "llama.cpp prompt tok/s", "ratio", "per round"),
+            f"{'RSS MiB (ours / llama.cpp peak)':>31}",
+        ]
+    )
     lines = [header, "-" * len(header)]
     for c in comparisons:
-        lines.append(" | ".join([
-            f"{c.level:>5}",
-            *side(fmt(c.ours_decode_tok_s), f"{c.llamacpp_decode_tok_s:.1f}", f"{fmt(c.decode_ratio, digits=2)}x",
-                  _range(c.decode_ratios)),
-            *side(fmt(c.ours_prompt_tok_s), f"{c.llamacpp_prompt_tok_s:.1f}", f"{fmt(c.prompt_ratio, digits=2)}x",
-                  _range(c.prompt_ratios)),
-            f"{_mib(c.ours_rss_bytes) + ' / ' + _mib(c.llamacpp_peak_rss_bytes):>31}"]))
+        lines.append(
+            " | ".join(
+                [
+                    f"{c.level:>5}",
+                    *side(
+                        fmt(c.ours_decode_tok_s),
+                        f"{c.llamacpp_decode_tok_s:.1f}",
+                        f"{fmt(c.decode_ratio, digits=2)}x",
+                        _range(c.decode_ratios),
+                    ),
+                    *side(
+                        fmt(c.ours_prompt_tok_s),
+                        f"{c.llamacpp_prompt_tok_s:.1f}",
+                        f"{fmt(c.prompt_ratio, digits=2)}x",
+                        _range(c.prompt_ratios),
+                    ),
+                    f"{_mib(c.ours_rss_bytes) + ' / ' + _mib(c.llamacpp_peak_rss_bytes):>31}",
+                ]
+            )
+        )
     return lines
 
 
@@ -413,11 +500,13 @@ def memory_line(engine) -> str:
     """What the RSS column holds: ours is this one process after each level, llama.cpp's the peak of a process
     per level whose KV context is sized to that level."""
     weights, pool = engine.loaded.quant.weight_bytes, engine.kv_cache.num_bytes
-    return (f"RSS (what ps shows): mini-vllm is this one process, after each level (peak so far "
-            f"{_mib(own_peak_rss_bytes())} MiB, start-up included): weights {_mib(weights)} MiB, KV pool "
-            f"{_mib(pool)} MiB reserved (resident as its blocks are first written), the rest torch, the tokenizer "
-            f"and code; llama.cpp is a new process a level "
-            f"(its peak), its KV context sized to the level")
+    return (
+        f"RSS (what ps shows): mini-vllm is this one process, after each level (peak so far "
+        f"{_mib(own_peak_rss_bytes())} MiB, start-up included): weights {_mib(weights)} MiB, KV pool "
+        f"{_mib(pool)} MiB reserved (resident as its blocks are first written), the rest torch, the tokenizer "
+        f"and code; llama.cpp is a new process a level "
+        f"(its peak), its KV context sized to the level"
+    )
 
 
 def print_comparison(comparisons: list[LevelComparison], title: str) -> None:
@@ -438,8 +527,10 @@ def plot_comparison(comparisons: list[LevelComparison], path: Path, title: str) 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     xs = list(range(len(comparisons)))
     width = 0.4
-    panels = ((axes[0], "decode tokens/s (higher is better)", lambda c: (c.ours_decode_tok_s, c.llamacpp_decode_tok_s)),
-              (axes[1], "prompt tokens/s (higher is better)", lambda c: (c.ours_prompt_tok_s, c.llamacpp_prompt_tok_s)))
+    panels = (
+        (axes[0], "decode tokens/s (higher is better)", lambda c: (c.ours_decode_tok_s, c.llamacpp_decode_tok_s)),
+        (axes[1], "prompt tokens/s (higher is better)", lambda c: (c.ours_prompt_tok_s, c.llamacpp_prompt_tok_s)),
+    )
     for ax, label, values in panels:
         ours = [values(c)[0] or 0 for c in comparisons]
         theirs = [values(c)[1] or 0 for c in comparisons]
@@ -458,4 +549,3 @@ def plot_comparison(comparisons: list[LevelComparison], path: Path, title: str) 
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
-

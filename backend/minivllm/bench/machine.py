@@ -54,10 +54,14 @@ def machine_line(device: torch.device | None = None) -> str:
     from minivllm.loader.huge_pages import thp_mode
 
     # huge pages: the weights sit on them only where the kernel offers them (loader/huge_pages.py)
-    line = (f"machine: CPU capability {cpu_capability()}, {torch.get_num_threads()} threads, "
-            f"streaming bandwidth {streaming_bandwidth_gbs():.1f} GB/s (measured now), "
-            f"transparent huge pages: {thp_mode() or 'unavailable'}")
+    line = (
+        f"machine: CPU capability {cpu_capability()}, {torch.get_num_threads()} threads, "
+        f"streaming bandwidth {streaming_bandwidth_gbs():.1f} GB/s (measured now), "
+        f"transparent huge pages: {thp_mode() or 'unavailable'}"
+    )
     if device is not None and device.type == "cuda":
-        line += (f"; GPU {torch.cuda.get_device_name(device)}, torch {torch.__version__}, "
-                 f"copy bandwidth {device_bandwidth_gbs(device):.0f} GB/s (measured now)")
+        line += (
+            f"; GPU {torch.cuda.get_device_name(device)}, torch {torch.__version__}, "
+            f"copy bandwidth {device_bandwidth_gbs(device):.0f} GB/s (measured now)"
+        )
     return line

@@ -20,21 +20,30 @@ SMALL, HUGE = "4 KiB pages", "2 MiB pages"
 
 def bench_pages(engine: LLMEngine, args) -> int:
     if not engine.loaded.quant.huge_page_bytes:
-        raise SystemExit(f"bench pages compares weights on huge pages with 4 KiB ones, but this engine's weights "
-                         f"are on 4 KiB pages (transparent huge pages: {thp_mode() or 'unavailable'}; "
-                         f"{NO_HUGE_PAGES_ENV}={os.environ.get(NO_HUGE_PAGES_ENV, '')!r})")
+        raise SystemExit(
+            f"bench pages compares weights on huge pages with 4 KiB ones, but this engine's weights "
+            f"are on 4 KiB pages (transparent huge pages: {thp_mode() or 'unavailable'}; "
+            f"{NO_HUGE_PAGES_ENV}={os.environ.get(NO_HUGE_PAGES_ENV, '')!r})"
+        )
     progress("loading the model again, its weights left on 4 KiB pages")
     engines = {SMALL: _small_pages_engine(args), HUGE: engine}
     out_dir, max_tokens, rounds, params, bandwidth = rounds_setup(args)
-    runs = time_levels(engine.loaded.model, args.concurrency, list(engines), engines.__getitem__, rounds, params,
-                       bandwidth)
-    title = (f"weights on 2 MiB vs 4 KiB pages: {engine.loaded.name} ({engine.loaded.quant.mode}), "
-             f"{max_tokens} tokens per request (greedy), {rounds} round(s)")
+    runs = time_levels(
+        engine.loaded.model, args.concurrency, list(engines), engines.__getitem__, rounds, params, bandwidth
+    )
+    title = (
+        f"weights on 2 MiB vs 4 KiB pages: {engine.loaded.name} ({engine.loaded.quant.mode}), "
+        f"{max_tokens} tokens per request (greedy), {rounds} round(s)"
+    )
     _print(runs, title, bandwidth)
     print(machine_line())
     write_runs(out_dir / "pages.json", runs, bandwidth)
-    plot = plot_paired_bars([r.concurrency for r in runs], tuple((m, [r.median(m) for r in runs]) for m in engines),
-                            out_dir / "pages.png", title.replace(": ", ":\n", 1))
+    plot = plot_paired_bars(
+        [r.concurrency for r in runs],
+        tuple((m, [r.median(m) for r in runs]) for m in engines),
+        out_dir / "pages.png",
+        title.replace(": ", ":\n", 1),
+    )
     print(f"plot: {plot}")
     return 0
 
@@ -55,12 +64,18 @@ def _small_pages_engine(args) -> LLMEngine:
 
 def _print(runs: list[RoundsRun], title: str, bandwidth: float) -> None:
     print(f"\n== {title} ==")
-    print(f"{'concurrency':>11}{SMALL + ' tok/s':>19}{HUGE + ' tok/s':>19}{'huge / small':>14}"
-          f"{'step on huge pages':>20}{'weight-read floor':>19}{'step / floor':>14}")
+    print(
+        f"{'concurrency':>11}{SMALL + ' tok/s':>19}{HUGE + ' tok/s':>19}{'huge / small':>14}"
+        f"{'step on huge pages':>20}{'weight-read floor':>19}{'step / floor':>14}"
+    )
     for r in runs:
         step = r.step_ms(HUGE) or 0.0
         ratio = f"{r.ratio(HUGE):.2f}x" if r.ratio(HUGE) else "-"
-        print(f"{r.concurrency:>11}{r.median(SMALL):>19.1f}{r.median(HUGE):>19.1f}{ratio:>14}"
-              f"{step:>17.1f} ms{r.floor_ms:>16.1f} ms{step / r.floor_ms:>13.2f}x")
-    print(f"(floor: the bytes of weights one step reads / {bandwidth:.1f} GB/s streamed, measured now; "
-          f"huge pages: loader/huge_pages.py)")
+        print(
+            f"{r.concurrency:>11}{r.median(SMALL):>19.1f}{r.median(HUGE):>19.1f}{ratio:>14}"
+            f"{step:>17.1f} ms{r.floor_ms:>16.1f} ms{step / r.floor_ms:>13.2f}x"
+        )
+    print(
+        f"(floor: the bytes of weights one step reads / {bandwidth:.1f} GB/s streamed, measured now; "
+        f"huge pages: loader/huge_pages.py)"
+    )

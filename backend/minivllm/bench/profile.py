@@ -18,20 +18,39 @@ from minivllm.bench.prompts import CHAT_PROMPTS
 from minivllm.kernels.cpu import native
 
 CATEGORIES = {
-    "GEMM (linear layers, LM head)": ("aten::mm", "aten::addmm", "mkl::_mkl_linear", "aten::linear",
-                                      "aten::_weight_int4pack_mm_for_cpu", "aten::_weight_int8pack_mm",
-                                      "aten::_weight_int4pack_mm",
-                                      *(f"minivllm_native::{w}_{a}_linear" for w in ("q4", "i8")
-                                        for a in ("q8", "q8x2", "f32")), "minivllm_native::f32_linear"),
+    "GEMM (linear layers, LM head)": (
+        "aten::mm",
+        "aten::addmm",
+        "mkl::_mkl_linear",
+        "aten::linear",
+        "aten::_weight_int4pack_mm_for_cpu",
+        "aten::_weight_int8pack_mm",
+        "aten::_weight_int4pack_mm",
+        *(f"minivllm_native::{w}_{a}_linear" for w in ("q4", "i8") for a in ("q8", "q8x2", "f32")),
+        "minivllm_native::f32_linear",
+    ),
     "native decode step: every layer, products included": ("minivllm_native::decode_layers",),
     "attention: K/V gather through block tables": ("aten::index", "aten::index_select"),
-    "attention: scores, softmax, weighted sum": ("aten::bmm", "aten::_softmax", "aten::masked_fill_",
-                                                 "aten::_scaled_dot_product_flash_attention_for_cpu",
-                                                 "minivllm_native::paged_decode_attention"),
+    "attention: scores, softmax, weighted sum": (
+        "aten::bmm",
+        "aten::_softmax",
+        "aten::masked_fill_",
+        "aten::_scaled_dot_product_flash_attention_for_cpu",
+        "minivllm_native::paged_decode_attention",
+    ),
     "KV cache write (slot mapping)": ("aten::index_copy_",),
-    "norms, rotary, SwiGLU, residuals": ("aten::_fused_rms_norm", "aten::silu", "aten::mul", "aten::add",
-                                         "aten::cat", "aten::neg", "aten::pow", "aten::mean", "aten::rsqrt",
-                                         "aten::flip"),
+    "norms, rotary, SwiGLU, residuals": (
+        "aten::_fused_rms_norm",
+        "aten::silu",
+        "aten::mul",
+        "aten::add",
+        "aten::cat",
+        "aten::neg",
+        "aten::pow",
+        "aten::mean",
+        "aten::rsqrt",
+        "aten::flip",
+    ),
 }
 
 
@@ -90,8 +109,10 @@ def _print_native_parts(parts: dict[str, float], whole: float, calls: int, produ
     for name, seconds in parts.items():
         rate = ""
         if name == "products" and seconds > 0:
-            rate = (f"   ({product_bytes / 2**20:.3g} MiB of layer weights at "
-                    f"{significant(product_bytes * calls / seconds / 1e9)} GB/s)")
+            rate = (
+                f"   ({product_bytes / 2**20:.3g} MiB of layer weights at "
+                f"{significant(product_bytes * calls / seconds / 1e9)} GB/s)"
+            )
         print(f"  {name:<24} {seconds / calls * 1e3:7.2f} ms{rate}")
     rest = whole - sum(parts.values())
     print(f"  {'the rest of the call':<24} {rest / calls * 1e3:7.2f} ms   (checks, buffers, the final norm)")
@@ -147,22 +168,31 @@ def _print_floor(engine, rows: int, rounds: list[tuple[float, list]], warm: int)
     ratios = sorted(step_ms / (read / bandwidth / 1e6) for bandwidth, step_ms in timed)
     bandwidths = sorted(bandwidth for bandwidth, _ in timed)
     bandwidth = median(bandwidths)
-    print(f"\nweight-read floor at {rows} rows: {read / 2**20:.0f} MiB of weights per step / {bandwidth:.1f} GB/s "
-          f"(CPU {cpu_capability()}; {bandwidths[0]:.1f}-{bandwidths[-1]:.1f} GB/s read before each of "
-          f"{len(timed)} rounds of steps, {warm} untimed after each reading) = {read / bandwidth / 1e6:.1f} ms; "
-          f"this step is {median(ratios):.2f}x "
-          f"the floor (median of the rounds, each against its own reading: {ratios[0]:.2f}-{ratios[-1]:.2f}x)")
+    print(
+        f"\nweight-read floor at {rows} rows: {read / 2**20:.0f} MiB of weights per step / {bandwidth:.1f} GB/s "
+        f"(CPU {cpu_capability()}; {bandwidths[0]:.1f}-{bandwidths[-1]:.1f} GB/s read before each of "
+        f"{len(timed)} rounds of steps, {warm} untimed after each reading) = {read / bandwidth / 1e6:.1f} ms; "
+        f"this step is {median(ratios):.2f}x "
+        f"the floor (median of the rounds, each against its own reading: {ratios[0]:.2f}-{ratios[-1]:.2f}x)"
+    )
 
 
 PROFILED_STEPS = 4
 # profiler entries of a torch.compile'd region (their names carry a per-graph hash)
-COMPILED_PREFIXES = ("## Call CompiledFxGraph", "Torch-Compiled Region", "TorchDynamo Cache Lookup",
-                     "Pregraph bytecode", "AOTDispatcher")
+COMPILED_PREFIXES = (
+    "## Call CompiledFxGraph",
+    "Torch-Compiled Region",
+    "TorchDynamo Cache Lookup",
+    "Pregraph bytecode",
+    "AOTDispatcher",
+)
 
 
 def _report(steps, prof, level: int) -> None:
     n = len(steps)
-    phases = {k: median([getattr(s, k) for s in steps]) for k in ("schedule_ms", "forward_ms", "sample_ms", "postprocess_ms")}
+    phases = {
+        k: median([getattr(s, k) for s in steps]) for k in ("schedule_ms", "forward_ms", "sample_ms", "postprocess_ms")
+    }
     total = median([s.duration_ms for s in steps])
     print(f"\n== one decode step at {level} concurrent (median of {n} steps) ==")
     print(machine_line())

@@ -42,11 +42,15 @@ SYSTEM_PROMPT_WORDS = (
 
 # Input-grounded work: the answer repeats much of the prompt (quote, rewrite, edit code), where
 # n-gram lookup can draft whole phrases.
-_PASSAGE = ("The Amazon rainforest covers much of the Amazon basin of South America. The basin spans seven "
-            "million square kilometres, of which five and a half million are covered by the rainforest. The "
-            "region includes territory belonging to nine nations, and the majority of the forest lies in Brazil.")
-_CODE = ("def total_price(items, tax_rate):\n    total = 0\n    for item in items:\n        total += item.price "
-         "* item.quantity\n    return total + total * tax_rate\n")
+_PASSAGE = (
+    "The Amazon rainforest covers much of the Amazon basin of South America. The basin spans seven "
+    "million square kilometres, of which five and a half million are covered by the rainforest. The "
+    "region includes territory belonging to nine nations, and the majority of the forest lies in Brazil."
+)
+_CODE = (
+    "def total_price(items, tax_rate):\n    total = 0\n    for item in items:\n        total += item.price "
+    "* item.quantity\n    return total + total * tax_rate\n"
+)
 GROUNDED_PROMPTS = [
     f"Repeat the following passage word for word:\n\n{_PASSAGE}",
     f"Rewrite this Python function so that it uses a generator expression and sum(). Show the whole "

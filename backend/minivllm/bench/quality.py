@@ -52,14 +52,19 @@ class QualityRow:
 
 def precisions(group_sizes=(32, 64)) -> list[tuple[str, QuantConfig, str]]:
     """(label, weights, KV cache dtype) per row; the first is the reference."""
-    rows = [("fp32 (none)", QuantConfig("none")), ("auto, float32 KV cache", QuantConfig("auto")),
-            ("auto, fast kernels (int8 activations)", QuantConfig("auto", kernel="fast")),
-            ("auto, torch's kernels (bf16 activations)", QuantConfig("auto", kernel="bf16")),
-            ("auto, exact kernels (fp32 activations)", QuantConfig("auto", kernel="exact")),
-            ("int8 per channel", QuantConfig("int8"))]
+    rows = [
+        ("fp32 (none)", QuantConfig("none")),
+        ("auto, float32 KV cache", QuantConfig("auto")),
+        ("auto, fast kernels (int8 activations)", QuantConfig("auto", kernel="fast")),
+        ("auto, torch's kernels (bf16 activations)", QuantConfig("auto", kernel="bf16")),
+        ("auto, exact kernels (fp32 activations)", QuantConfig("auto", kernel="exact")),
+        ("int8 per channel", QuantConfig("int8")),
+    ]
     rows += [(f"int4 g{g}", QuantConfig("int4", group_size=g)) for g in group_sizes]
-    kv_rows = [("auto, float16 KV cache (CPU default)", QuantConfig("auto"), "float16"),
-               ("auto, bfloat16 KV cache", QuantConfig("auto"), "bfloat16")]
+    kv_rows = [
+        ("auto, float16 KV cache (CPU default)", QuantConfig("auto"), "float16"),
+        ("auto, bfloat16 KV cache", QuantConfig("auto"), "bfloat16"),
+    ]
     # the weight rows on an fp32 pool: each measures its weights alone; the KV rows add the pool's rounding
     return [(label, quant, "float32") for label, quant in rows] + kv_rows
 
@@ -89,7 +94,7 @@ def bench_quality(args) -> int:
 
 
 def _windows(ids: list[int], count: int) -> list[list[int]]:
-    return [ids[i:i + WINDOW] for i in range(0, len(ids) - WINDOW + 1, WINDOW)][:count]
+    return [ids[i : i + WINDOW] for i in range(0, len(ids) - WINDOW + 1, WINDOW)][:count]
 
 
 @dataclass
@@ -127,9 +132,19 @@ def _row(label: str, report, result: _Scored, ref: _Scored, kv_cache_dtype: str)
     top1 = (ref.log_probs.argmax(-1) == result.log_probs.argmax(-1)).float().mean().item()
     prefixes = [_common_prefix(a, b) for a, b in zip(result.greedy, ref.greedy)]
     identical = sum(a == b for a, b in zip(result.greedy, ref.greedy))
-    return QualityRow(label, report.weight_bytes / 2**20, report.ratio, math.exp(result.nll), kl.mean().item(),
-                      kl.quantile(0.99).item(), top1, identical, len(ref.greedy), sum(prefixes) / len(prefixes),
-                      kv_cache_dtype)
+    return QualityRow(
+        label,
+        report.weight_bytes / 2**20,
+        report.ratio,
+        math.exp(result.nll),
+        kl.mean().item(),
+        kl.quantile(0.99).item(),
+        top1,
+        identical,
+        len(ref.greedy),
+        sum(prefixes) / len(prefixes),
+        kv_cache_dtype,
+    )
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
@@ -137,17 +152,23 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 
 
 def _print(rows: list[QualityRow], args) -> None:
-    print(f"\n== quality by weight precision: {args.model or 'embedded SmolLM2-135M-Instruct'} "
-          f"(reference: fp32; text: US Declaration of Independence, {WINDOW}-token windows) ==")
-    head = (f"{'precision':<42} {'weights':>9} {'of fp32':>7} {'PPL':>7} {'KL mean':>8} {'KL p99':>8} "
-            f"{'top-1':>6} {'greedy =':>8} {'prefix':>6}")
+    print(
+        f"\n== quality by weight precision: {args.model or 'embedded SmolLM2-135M-Instruct'} "
+        f"(reference: fp32; text: US Declaration of Independence, {WINDOW}-token windows) =="
+    )
+    head = (
+        f"{'precision':<42} {'weights':>9} {'of fp32':>7} {'PPL':>7} {'KL mean':>8} {'KL p99':>8} "
+        f"{'top-1':>6} {'greedy =':>8} {'prefix':>6}"
+    )
     print(machine_line())
     print(head)
     print("-" * len(head))
     for r in rows:
-        print(f"{r.precision:<42} {r.weights_mib:>6.0f}MiB {r.weight_ratio:>7.0%} {r.perplexity:>7.3f} "
-              f"{r.kl_mean:>8.5f} {r.kl_p99:>8.4f} {r.top1_agreement:>6.1%} "
-              f"{r.greedy_identical:>4}/{r.greedy_prompts:<3} {r.greedy_matching_prefix:>6.1f}")
+        print(
+            f"{r.precision:<42} {r.weights_mib:>6.0f}MiB {r.weight_ratio:>7.0%} {r.perplexity:>7.3f} "
+            f"{r.kl_mean:>8.5f} {r.kl_p99:>8.4f} {r.top1_agreement:>6.1%} "
+            f"{r.greedy_identical:>4}/{r.greedy_prompts:<3} {r.greedy_matching_prefix:>6.1f}"
+        )
 
 
 def _plot(rows: list[QualityRow], path: Path) -> Path:
@@ -158,9 +179,11 @@ def _plot(rows: list[QualityRow], path: Path) -> Path:
 
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
     labels = [r.precision.replace(" (", "\n(") for r in rows]
-    for ax, values, title in ((axes[0], [r.weights_mib for r in rows], "weights (MiB)"),
-                              (axes[1], [r.kl_mean for r in rows], "KL(fp32 || precision), mean"),
-                              (axes[2], [r.top1_agreement * 100 for r in rows], "top-1 agreement with fp32 (%)")):
+    for ax, values, title in (
+        (axes[0], [r.weights_mib for r in rows], "weights (MiB)"),
+        (axes[1], [r.kl_mean for r in rows], "KL(fp32 || precision), mean"),
+        (axes[2], [r.top1_agreement * 100 for r in rows], "top-1 agreement with fp32 (%)"),
+    ):
         ax.barh(labels, values, color="#4c78a8")
         ax.set_title(title, fontsize=10)
         ax.invert_yaxis()

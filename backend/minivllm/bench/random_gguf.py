@@ -45,15 +45,17 @@ def _tensor_shapes(shape: LlamaShape, vocab: int) -> list[tuple[str, tuple[int, 
     kv = shape.kv_heads * head_dim
     tensors = [("token_embd.weight", (vocab, shape.hidden))]
     for i in range(shape.layers):
-        tensors += [(f"blk.{i}.attn_norm.weight", (shape.hidden,)),
-                    (f"blk.{i}.attn_q.weight", (shape.hidden, shape.hidden)),
-                    (f"blk.{i}.attn_k.weight", (kv, shape.hidden)),
-                    (f"blk.{i}.attn_v.weight", (kv, shape.hidden)),
-                    (f"blk.{i}.attn_output.weight", (shape.hidden, shape.hidden)),
-                    (f"blk.{i}.ffn_norm.weight", (shape.hidden,)),
-                    (f"blk.{i}.ffn_gate.weight", (shape.intermediate, shape.hidden)),
-                    (f"blk.{i}.ffn_up.weight", (shape.intermediate, shape.hidden)),
-                    (f"blk.{i}.ffn_down.weight", (shape.hidden, shape.intermediate))]
+        tensors += [
+            (f"blk.{i}.attn_norm.weight", (shape.hidden,)),
+            (f"blk.{i}.attn_q.weight", (shape.hidden, shape.hidden)),
+            (f"blk.{i}.attn_k.weight", (kv, shape.hidden)),
+            (f"blk.{i}.attn_v.weight", (kv, shape.hidden)),
+            (f"blk.{i}.attn_output.weight", (shape.hidden, shape.hidden)),
+            (f"blk.{i}.ffn_norm.weight", (shape.hidden,)),
+            (f"blk.{i}.ffn_gate.weight", (shape.intermediate, shape.hidden)),
+            (f"blk.{i}.ffn_up.weight", (shape.intermediate, shape.hidden)),
+            (f"blk.{i}.ffn_down.weight", (shape.hidden, shape.intermediate)),
+        ]
     tensors.append(("output_norm.weight", (shape.hidden,)))
     if not shape.tied_embeddings:
         tensors.append(("output.weight", (vocab, shape.hidden)))
@@ -84,8 +86,12 @@ def add_tokenizer_fields(writer, source: Path) -> int:
     fields = GGUFReader(str(source)).fields
     for key, field in fields.items():
         if key.startswith("tokenizer."):
-            writer.add_key_value(key, field.contents(), field.types[0],
-                                 sub_type=field.types[1] if field.types[0] == GGUFValueType.ARRAY else None)
+            writer.add_key_value(
+                key,
+                field.contents(),
+                field.types[0],
+                sub_type=field.types[1] if field.types[0] == GGUFValueType.ARRAY else None,
+            )
     return len(fields["tokenizer.ggml.tokens"].data)
 
 
@@ -111,7 +117,7 @@ def write_random_gguf(name: str, path: Path, seed: int = 0, tokenizer_gguf: Path
     rng = np.random.default_rng(seed)
     total = sum(int(np.prod(d)) for _, d in tensors)
     done = 0
-    for i, (tensor_name, dims) in enumerate(tensors):
+    for i, (_, dims) in enumerate(tensors):
         if len(dims) == 1:
             data = np.ones(dims, dtype=np.float32)
         else:
@@ -146,9 +152,12 @@ def quantized(name: str, quant: str, cache: Path, seed: int = 0) -> Path:
     if not out.is_file():
         progress(f"llama-quantize {f16.name} -> {out.name} ({quant})")
         partial = out.with_suffix(".partial")
-        proc = subprocess.run([str(find_llama_quantize()), str(f16), str(partial), quant], capture_output=True,
-                              text=True)
+        proc = subprocess.run(
+            [str(find_llama_quantize()), str(f16), str(partial), quant], capture_output=True, text=True
+        )
         if proc.returncode != 0:
-            raise RuntimeError(f"llama-quantize failed ({proc.returncode}):\n" + "\n".join(proc.stderr.splitlines()[-15:]))
+            raise RuntimeError(
+                f"llama-quantize failed ({proc.returncode}):\n" + "\n".join(proc.stderr.splitlines()[-15:])
+            )
         partial.rename(out)
     return out

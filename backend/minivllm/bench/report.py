@@ -9,14 +9,18 @@ from pathlib import Path
 
 from minivllm.bench.common import RunResult, fmt, median, p90
 
-HEADER = (f"{'mode':<34} {'conc':>4} {'reqs':>4} {'tok/s':>8} {'decode tok/s':>12} {'TTFT med':>9} "
-          f"{'TTFT p90':>9} {'TPOT med':>9} {'TPOT p90':>9} {'KV blocks':>9}")
+HEADER = (
+    f"{'mode':<34} {'conc':>4} {'reqs':>4} {'tok/s':>8} {'decode tok/s':>12} {'TTFT med':>9} "
+    f"{'TTFT p90':>9} {'TPOT med':>9} {'TPOT p90':>9} {'KV blocks':>9}"
+)
 
 
 def row(r: RunResult) -> str:
-    return (f"{r.mode:<34} {r.concurrency:>4} {r.num_requests:>4} {r.tokens_per_s:>8.1f} "
-            f"{fmt(r.decode_tokens_per_s):>12} {fmt(median(r.ttft_s), 1e3, 0):>7}ms {fmt(p90(r.ttft_s), 1e3, 0):>7}ms "
-            f"{fmt(median(r.tpot_s), 1e3, 1):>7}ms {fmt(p90(r.tpot_s), 1e3, 1):>7}ms {fmt(r.kv_blocks_used, 1, 0):>9}")
+    return (
+        f"{r.mode:<34} {r.concurrency:>4} {r.num_requests:>4} {r.tokens_per_s:>8.1f} "
+        f"{fmt(r.decode_tokens_per_s):>12} {fmt(median(r.ttft_s), 1e3, 0):>7}ms {fmt(p90(r.ttft_s), 1e3, 0):>7}ms "
+        f"{fmt(median(r.tpot_s), 1e3, 1):>7}ms {fmt(p90(r.tpot_s), 1e3, 1):>7}ms {fmt(r.kv_blocks_used, 1, 0):>9}"
+    )
 
 
 def print_table(results: list[RunResult], title: str) -> None:
@@ -51,8 +55,13 @@ def plot_throughput(results: list[RunResult], path: Path, title: str) -> Path:
                     xs.append(j + i * width)
                     ys.append(value(match[0]))
             ax.bar(xs, ys, width=width, label=mode)
-    for ax, label in ((axes[0], "generated tokens/s (higher is better)"), (axes[1], "median TPOT ms (lower is better)")):
-        ax.set_xticks([j + width * (len(modes) - 1) / 2 for j in range(len(levels))], [f"{c} concurrent" for c in levels])
+    for ax, label in (
+        (axes[0], "generated tokens/s (higher is better)"),
+        (axes[1], "median TPOT ms (lower is better)"),
+    ):
+        ax.set_xticks(
+            [j + width * (len(modes) - 1) / 2 for j in range(len(levels))], [f"{c} concurrent" for c in levels]
+        )
         ax.set_ylabel(label)
         ax.grid(axis="y", alpha=0.3)
     axes[0].legend(fontsize=8)
@@ -68,8 +77,14 @@ def wrapped(title: str, width: int = 100) -> str:
     return "\n".join(part for line in title.split("\n") for part in textwrap.wrap(line, width) or [""])
 
 
-def plot_paired_bars(levels: list[int], series: tuple[tuple[str, list[float]], ...], path: Path,
-                     title: str, decorate=None, ylabel: str = "decode tokens/s (median)") -> Path:
+def plot_paired_bars(
+    levels: list[int],
+    series: tuple[tuple[str, list[float]], ...],
+    path: Path,
+    title: str,
+    decorate=None,
+    ylabel: str = "decode tokens/s (median)",
+) -> Path:
     """Side-by-side bars per concurrency level, one per setup (medians already taken); `decorate(ax, xs,
     offset)` may draw more before the legend (offset: the last bar's, from each level's x)."""
     import matplotlib

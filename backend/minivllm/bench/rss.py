@@ -38,8 +38,10 @@ def run_with_peak_rss(cmd: list[str], timeout_s: float | None = None) -> tuple[s
     bytes. Raises subprocess.TimeoutExpired (after killing the child) past `timeout_s`."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     captured: dict[str, str] = {}
-    readers = [threading.Thread(target=lambda name=name, stream=stream: captured.__setitem__(name, stream.read()),
-                                daemon=True) for name, stream in (("out", proc.stdout), ("err", proc.stderr))]
+    readers = [
+        threading.Thread(target=lambda name=name, stream=stream: captured.__setitem__(name, stream.read()), daemon=True)
+        for name, stream in (("out", proc.stdout), ("err", proc.stderr))
+    ]
     for reader in readers:
         reader.start()
     deadline = time.monotonic() + timeout_s if timeout_s else None

@@ -71,8 +71,9 @@ def _rows_of(logits: torch.Tensor, rows: int) -> torch.Tensor:
     return logits[torch.arange(rows) % logits.shape[0]].contiguous()
 
 
-def _time_preset(name: str, params: SamplingParams, logits: torch.Tensor, history: list[list[int]],
-                 quick: bool) -> SamplerTiming:
+def _time_preset(
+    name: str, params: SamplingParams, logits: torch.Tensor, history: list[list[int]], quick: bool
+) -> SamplerTiming:
     rows = [SamplingRow(params, h, []) for h in history]
     processors = hf_processors(params)
     input_ids = padded_history(history)
@@ -100,8 +101,14 @@ def _timed(fn) -> float:
 
 def hf_processors(params: SamplingParams):
     """HF generate()'s processors for these parameters, in its order."""
-    from transformers import (LogitsProcessorList, MinPLogitsWarper, RepetitionPenaltyLogitsProcessor,
-                              TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
+    from transformers import (
+        LogitsProcessorList,
+        MinPLogitsWarper,
+        RepetitionPenaltyLogitsProcessor,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
 
     processors = LogitsProcessorList()
     if params.repetition_penalty != 1.0:
@@ -134,18 +141,28 @@ def kept_tokens_agree(logits: torch.Tensor, rows: list[SamplingRow], processors,
 
 
 def _print(results: list[SamplerTiming]) -> None:
-    print("\n== choosing the next tokens of one decode step: mini-vllm's sampler vs HF generate()'s "
-          "(processors + softmax + multinomial), same logits ==")
+    print(
+        "\n== choosing the next tokens of one decode step: mini-vllm's sampler vs HF generate()'s "
+        "(processors + softmax + multinomial), same logits =="
+    )
     print(f"{'rows':>5} {'preset':<16} {'mini-vllm ms':>13} {'HF ms':>9} {'speed-up':>9} {'same kept tokens':>17}")
     for r in results:
-        print(f"{r.rows:>5} {r.preset:<16} {r.ours_ms:>13.2f} {r.hf_ms:>9.2f} {r.hf_ms / r.ours_ms:>8.1f}x "
-              f"{r.same_kept_tokens:>16.0%}")
+        print(
+            f"{r.rows:>5} {r.preset:<16} {r.ours_ms:>13.2f} {r.hf_ms:>9.2f} {r.hf_ms / r.ours_ms:>8.1f}x "
+            f"{r.same_kept_tokens:>16.0%}"
+        )
     print("(mini-vllm also returns each token's log-prob; medians of alternating rounds)")
 
 
 def _plot(results: list[SamplerTiming], levels: list[int], path: Path) -> Path:
     sampled = [r for r in results if r.preset == "balanced"]
-    return plot_paired_bars(levels, (("mini-vllm", [r.ours_ms for r in sampled]),
-                                     ("HF generate()", [r.hf_ms for r in sampled]),), path,
-                            "sampling one decode step, the 'balanced' preset (T 0.7, top-k 40, top-p 0.9, "
-                            "min-p 0.05, repetition 1.05)", ylabel="ms per step (median, lower is faster)")
+    return plot_paired_bars(
+        levels,
+        (
+            ("mini-vllm", [r.ours_ms for r in sampled]),
+            ("HF generate()", [r.hf_ms for r in sampled]),
+        ),
+        path,
+        "sampling one decode step, the 'balanced' preset (T 0.7, top-k 40, top-p 0.9, min-p 0.05, repetition 1.05)",
+        ylabel="ms per step (median, lower is faster)",
+    )

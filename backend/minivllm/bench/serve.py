@@ -101,8 +101,21 @@ def model_options(args: argparse.Namespace) -> list[str]:
 def start_server(options: list[str], log_path: Path) -> tuple[subprocess.Popen, str]:
     """`minivllm serve [options]` on a free loopback port, its output to `log_path`; (process, base URL)."""
     port = free_port()
-    cmd = [sys.executable, "-m", "minivllm.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-           "--log-level", "warning", "--recordings-dir", str(log_path.parent / "recordings"), *options]
+    cmd = [
+        sys.executable,
+        "-m",
+        "minivllm.cli",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        "--recordings-dir",
+        str(log_path.parent / "recordings"),
+        *options,
+    ]
     with log_path.open("wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     return proc, f"http://127.0.0.1:{port}"
@@ -153,12 +166,18 @@ async def drive_api(base: str, model: str, prompts: list[list[int]], new_tokens:
     return run
 
 
-async def _one_stream(client, model: str, prompt: list[int], new_tokens: int
-                      ) -> tuple[int, list[float], float | None]:
+async def _one_stream(client, model: str, prompt: list[int], new_tokens: int) -> tuple[int, list[float], float | None]:
     """(tokens generated, arrival time of each chunk that carried text, the server's own decode time
     per token: from the usage chunk's `timings`)."""
-    body = {"model": model, "prompt": prompt, "max_tokens": new_tokens, "temperature": 0, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": new_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     times, tokens, server_tpot = [], 0, None
     async with client.stream("POST", "/v1/completions", json=body) as response:
         if response.status_code != 200:
@@ -183,8 +202,9 @@ async def _one_stream(client, model: str, prompt: list[int], new_tokens: int
 # ---- in-process ---------------------------------------------------------------------------------
 
 
-def run_in_process(engine, prompts: list[list[int]], new_tokens: int,
-                   concurrency: int) -> tuple[RunResult, list[float]]:
+def run_in_process(
+    engine, prompts: list[list[int]], new_tokens: int, concurrency: int
+) -> tuple[RunResult, list[float]]:
     """`run_engine` (the engine stepped directly, as LLM.generate does), and its decode steps' durations."""
     steps: list[float] = []
     last_prefill = [True]
@@ -245,8 +265,10 @@ def bench_serve(engine, args: argparse.Namespace) -> int:
     finally:
         stop_server(proc)
     summaries = [summarize(level, runs) for level, runs in by_level.items()]
-    title = (f"API overhead: {engine.loaded.name}, {precision_label(engine)}, {prompt_tokens}-token prompts x "
-             f"{new_tokens} new tokens (greedy, ignore_eos), medians of {rounds} round(s)")
+    title = (
+        f"API overhead: {engine.loaded.name}, {precision_label(engine)}, {prompt_tokens}-token prompts x "
+        f"{new_tokens} new tokens (greedy, ignore_eos), medians of {rounds} round(s)"
+    )
     print_serve_table(summaries, title)
     machine = machine_line()
     print(machine)
@@ -257,18 +279,27 @@ def bench_serve(engine, args: argparse.Namespace) -> int:
 
 def summarize(level: int, runs: list[LevelRound]) -> LevelSummary:
     """Medians over rounds of each round's figure (tokens/s; the median ITL, step and TTFT)."""
+
     def ms(values: list[float | None]) -> float | None:
         present = [v for v in values if v is not None]
         return median(present) * 1e3 if present else None
 
-    return LevelSummary(level, median([r.api.tokens_per_s for r in runs]), median([r.local.tokens_per_s for r in runs]),
-                        ms([median(r.api.itl_s) for r in runs]), ms([median(r.api.server_tpot_s) for r in runs]),
-                        ms([median(r.step_s) for r in runs]),
-                        ms([median(r.api.ttft_s) for r in runs]), ms([median(r.local.ttft_s) for r in runs]))
+    return LevelSummary(
+        level,
+        median([r.api.tokens_per_s for r in runs]),
+        median([r.local.tokens_per_s for r in runs]),
+        ms([median(r.api.itl_s) for r in runs]),
+        ms([median(r.api.server_tpot_s) for r in runs]),
+        ms([median(r.step_s) for r in runs]),
+        ms([median(r.api.ttft_s) for r in runs]),
+        ms([median(r.local.ttft_s) for r in runs]),
+    )
 
 
-HEADER = (f"{'conc':>4} {'API tok/s':>10} {'in-proc tok/s':>13} {'ratio':>6} {'API ITL med':>11} "
-          f"{'server TPOT':>11} {'engine step med':>15} {'ratio':>6} {'API TTFT med':>12} {'in-proc TTFT med':>16}")
+HEADER = (
+    f"{'conc':>4} {'API tok/s':>10} {'in-proc tok/s':>13} {'ratio':>6} {'API ITL med':>11} "
+    f"{'server TPOT':>11} {'engine step med':>15} {'ratio':>6} {'API TTFT med':>12} {'in-proc TTFT med':>16}"
+)
 
 
 def _ms(value: float | None, digits: int = 2) -> str:
@@ -281,29 +312,44 @@ def print_serve_table(summaries: list[LevelSummary], title: str) -> None:
     print("-" * len(HEADER))
     for s in summaries:
         itl_ratio = "-" if s.itl_ratio is None else f"{s.itl_ratio:.2f}x"
-        print(f"{s.concurrency:>4} {s.api_tokens_per_s:>10.1f} {s.local_tokens_per_s:>13.1f} "
-              f"{s.throughput_ratio:>5.2f}x {_ms(s.api_itl_ms):>11} {_ms(s.server_tpot_ms):>11} {_ms(s.step_ms):>15} "
-              f"{itl_ratio:>6} "
-              f"{_ms(s.api_ttft_ms, 1):>12} {_ms(s.local_ttft_ms, 1):>16}")
-    print("ratio: API tok/s / in-process tok/s (target >= 0.9); API median inter-token latency / the in-process "
-          "engine's median decode step (target <= 1.1 at 1 stream). server TPOT: the served requests' decode time "
-          "per token as the server's engine measured it during the API run (API ITL well above it: the hand-off "
-          "and SSE path; the server's TPOT itself above the in-process step: serving slowed the engine's steps)")
+        print(
+            f"{s.concurrency:>4} {s.api_tokens_per_s:>10.1f} {s.local_tokens_per_s:>13.1f} "
+            f"{s.throughput_ratio:>5.2f}x {_ms(s.api_itl_ms):>11} {_ms(s.server_tpot_ms):>11} {_ms(s.step_ms):>15} "
+            f"{itl_ratio:>6} "
+            f"{_ms(s.api_ttft_ms, 1):>12} {_ms(s.local_ttft_ms, 1):>16}"
+        )
+    print(
+        "ratio: API tok/s / in-process tok/s (target >= 0.9); API median inter-token latency / the in-process "
+        "engine's median decode step (target <= 1.1 at 1 stream). server TPOT: the served requests' decode time "
+        "per token as the server's engine measured it during the API run (API ITL well above it: the hand-off "
+        "and SSE path; the server's TPOT itself above the in-process step: serving slowed the engine's steps)"
+    )
 
 
-def save_serve_json(summaries: list[LevelSummary], by_level: dict[int, list[LevelRound]], path: Path,
-                    extra: dict) -> None:
+def save_serve_json(
+    summaries: list[LevelSummary], by_level: dict[int, list[LevelRound]], path: Path, extra: dict
+) -> None:
     levels = [asdict(s) | {"throughput_ratio": s.throughput_ratio, "itl_ratio": s.itl_ratio} for s in summaries]
-    raw = {str(level): [{"api": asdict(r.api) | {"tokens_per_s": r.api.tokens_per_s},
-                         "in_process": asdict(r.local) | {"tokens_per_s": r.local.tokens_per_s},
-                         "step_s": r.step_s} for r in runs] for level, runs in by_level.items()}
+    raw = {
+        str(level): [
+            {
+                "api": asdict(r.api) | {"tokens_per_s": r.api.tokens_per_s},
+                "in_process": asdict(r.local) | {"tokens_per_s": r.local.tokens_per_s},
+                "step_s": r.step_s,
+            }
+            for r in runs
+        ]
+        for level, runs in by_level.items()
+    }
     path.write_text(json.dumps({**extra, "levels": levels, "rounds": raw}, indent=2))
 
 
 def plot_serve(summaries: list[LevelSummary], path: Path, title: str) -> Path:
     levels = [s.concurrency for s in summaries]
-    series = (("through the API (minivllm serve)", [s.api_tokens_per_s for s in summaries]),
-              ("in-process (engine stepped directly)", [s.local_tokens_per_s for s in summaries]))
+    series = (
+        ("through the API (minivllm serve)", [s.api_tokens_per_s for s in summaries]),
+        ("in-process (engine stepped directly)", [s.local_tokens_per_s for s in summaries]),
+    )
 
     def label_ratios(ax, xs, offset) -> None:
         for x, s in zip(xs, summaries):

@@ -4,8 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from minivllm.bench.common import (chat_prompt_ids, combine_runs, greedy, hf_generate, load_hf_oracle, median,
-                                   precision_label, progress, run_engine)
+from minivllm.bench.common import (
+    chat_prompt_ids,
+    combine_runs,
+    greedy,
+    hf_generate,
+    load_hf_oracle,
+    median,
+    precision_label,
+    progress,
+    run_engine,
+)
 from minivllm.bench.machine import machine_line
 from minivllm.bench.prompts import CHAT_PROMPTS
 from minivllm.bench.report import plot_throughput, print_table, save_json
@@ -37,13 +46,17 @@ def bench_single(engine, args) -> int:
         for name, run in contenders.items():
             runs[name].append(run(prompt))
     results = [combine_runs(name, 1, rs) for name, rs in runs.items()]
-    print_table(results, f"single-stream greedy decode, {engine.loaded.name}, {count} chat prompts x {max_tokens} tokens")
+    print_table(
+        results, f"single-stream greedy decode, {engine.loaded.name}, {count} chat prompts x {max_tokens} tokens"
+    )
     print(machine_line())
     first = next(iter(runs))
     for other in list(runs)[1:]:
         ratios = [a.tokens_per_s / b.tokens_per_s for a, b in zip(runs[first], runs[other])]
-        print(f"speed-up vs {other}: {results[0].tokens_per_s / results[list(runs).index(other)].tokens_per_s:.2f}x "
-              f"tokens/s overall; per prompt {' '.join(f'{r:.2f}x' for r in ratios)} (median {median(ratios):.2f}x)")
+        print(
+            f"speed-up vs {other}: {results[0].tokens_per_s / results[list(runs).index(other)].tokens_per_s:.2f}x "
+            f"tokens/s overall; per prompt {' '.join(f'{r:.2f}x' for r in ratios)} (median {median(ratios):.2f}x)"
+        )
     save_json(results, out_dir / "single.json")
     plot = plot_throughput(results, out_dir / "single.png", "single-stream greedy decode")
     print(f"plot: {plot}")
@@ -61,6 +74,12 @@ def _fp32_engine(engine, args):
     from minivllm.loader import load_model
 
     progress("loading the fp32 baseline (--quantization none)")
-    loaded = load_model(args.model, dtype=args.dtype, device=args.device, seed=args.seed,
-                        max_model_len=args.max_model_len, quantization="none")
+    loaded = load_model(
+        args.model,
+        dtype=args.dtype,
+        device=args.device,
+        seed=args.seed,
+        max_model_len=args.max_model_len,
+        quantization="none",
+    )
     return engine_for(loaded, engine.config)

@@ -45,14 +45,21 @@ def spec_grid(num_layers: int, draft_model: str, quick: bool) -> list[tuple[str,
     grid: list[tuple[str, dict | None]] = [("off", None)]
     grid += [(f"ngram k={k}", {**ngram, "num_speculative_tokens": k}) for k in ((4,) if quick else (2, 4, 6))]
     grid += [("ngram k=4 fixed", {**ngram, "num_speculative_tokens": 4, **fixed})]
-    grid += [(f"draft {draft_model} int4 k={k}", {**draft, "num_speculative_tokens": k})
-             for k in ((2,) if quick else (2, 3, 4))]
+    grid += [
+        (f"draft {draft_model} int4 k={k}", {**draft, "num_speculative_tokens": k})
+        for k in ((2,) if quick else (2, 3, 4))
+    ]
     grid += [(f"draft {draft_model} int4 k=3 fixed", {**draft, "num_speculative_tokens": 3, **fixed})]
     # the seed project's grid: K in {2, 4} x an early and a late exit, drafting every step
-    grid += [(f"early exit L{layer}/{num_layers} k={k} fixed", {"method": "early_exit", "exit_layer": layer,
-                                                               "num_speculative_tokens": k, **fixed})
-             for layer in ((early,) if quick else (early, late)) for k in ((2,) if quick else (2, 4))
-             if 1 <= layer < num_layers]
+    grid += [
+        (
+            f"early exit L{layer}/{num_layers} k={k} fixed",
+            {"method": "early_exit", "exit_layer": layer, "num_speculative_tokens": k, **fixed},
+        )
+        for layer in ((early,) if quick else (early, late))
+        for k in ((2,) if quick else (2, 4))
+        if 1 <= layer < num_layers
+    ]
     return grid
 
 
@@ -60,8 +67,10 @@ def bench_spec(engine: LLMEngine, args) -> int:
     out_dir = Path(args.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     max_tokens = 24 if args.quick else args.max_tokens
-    workloads = {"chat": chat_prompt_ids(engine.tokenizer, CHAT_PROMPTS[:CONCURRENT]),
-                 "grounded": chat_prompt_ids(engine.tokenizer, (GROUNDED_PROMPTS * 2)[:CONCURRENT])}
+    workloads = {
+        "chat": chat_prompt_ids(engine.tokenizer, CHAT_PROMPTS[:CONCURRENT]),
+        "grounded": chat_prompt_ids(engine.tokenizer, (GROUNDED_PROMPTS * 2)[:CONCURRENT]),
+    }
     draft_spec = getattr(args, "draft_model", None) or "embedded"
     grid = spec_grid(engine.loaded.config.num_hidden_layers, draft_spec, args.quick)
     only = getattr(args, "only", None)
@@ -75,20 +84,26 @@ def bench_spec(engine: LLMEngine, args) -> int:
     run_engine(engine, workloads["chat"][:1], warm_up, "warm-up", 1)
     for label, config in grid:
         spec = SpeculativeConfig.parse(config)
-        setup = engine if spec is None else engine_for(engine.loaded, engine.config, speculative=spec,
-                                                      draft=_draft(spec, engine, drafts))
+        setup = (
+            engine
+            if spec is None
+            else engine_for(engine.loaded, engine.config, speculative=spec, draft=_draft(spec, engine, drafts))
+        )
         _fault_in(setup)
         run_engine(setup, workloads["chat"][:1], warm_up, "warm-up", 1)
         for workload, prompts in workloads.items():
-            progress(f"{label}: {workload}, one stream ({singles} prompts) and {CONCURRENT} concurrent, "
-                     f"{pairs} pair(s) with speculation off")
+            progress(
+                f"{label}: {workload}, one stream ({singles} prompts) and {CONCURRENT} concurrent, "
+                f"{pairs} pair(s) with speculation off"
+            )
             for batches, concurrency in (([[p] for p in prompts[:singles]], 1), ([prompts], CONCURRENT)):
                 runs.append(_paired(engine, setup, label, workload, batches, params, concurrency, pairs))
         del setup
     title = f"{engine.loaded.name} target, {precision_label(engine)}, greedy, {max_tokens} new tokens"
     _print(runs, title)
-    (out_dir / "spec.json").write_text(json.dumps({"title": title, "machine": machine_line(),
-                                                   "runs": [r.__dict__ for r in runs]}, indent=2))
+    (out_dir / "spec.json").write_text(
+        json.dumps({"title": title, "machine": machine_line(), "runs": [r.__dict__ for r in runs]}, indent=2)
+    )
     print(f"plot: {plot_spec(runs, out_dir / 'spec.png', 'speculative decoding: ' + title)}")
     return 0
 
@@ -112,8 +127,14 @@ def _draft(spec: SpeculativeConfig | None, engine: LLMEngine, cache: dict):
     return cache[key]
 
 
-def _measure(engine: LLMEngine, label: str, workload: str, batches: list[list[list[int]]],
-             params: SamplingParams, concurrency: int) -> SpecRun:
+def _measure(
+    engine: LLMEngine,
+    label: str,
+    workload: str,
+    batches: list[list[list[int]]],
+    params: SamplingParams,
+    concurrency: int,
+) -> SpecRun:
     before = engine.stats()
     results = [run_engine(engine, batch, params, label, concurrency) for batch in batches]
     after = engine.stats()
@@ -124,12 +145,26 @@ def _measure(engine: LLMEngine, label: str, workload: str, batches: list[list[li
     drafted = after.spec_num_draft_tokens - before.spec_num_draft_tokens
     accepted = after.spec_num_accepted_tokens - before.spec_num_accepted_tokens
     verifies = after.spec_num_drafts - before.spec_num_drafts
-    return SpecRun(label, workload, concurrency, rate, accepted / drafted if drafted else None,
-                   accepted / verifies if verifies else None)
+    return SpecRun(
+        label,
+        workload,
+        concurrency,
+        rate,
+        accepted / drafted if drafted else None,
+        accepted / verifies if verifies else None,
+    )
 
 
-def _paired(baseline: LLMEngine, setup: LLMEngine, label: str, workload: str, batches, params: SamplingParams,
-            concurrency: int, pairs: int) -> SpecRun:
+def _paired(
+    baseline: LLMEngine,
+    setup: LLMEngine,
+    label: str,
+    workload: str,
+    batches,
+    params: SamplingParams,
+    concurrency: int,
+    pairs: int,
+) -> SpecRun:
     """`pairs` alternating runs of the baseline and the setup: the setup's median run (its rate
     and acceptance) with the median of the pairs' speedups."""
     runs, ratios = [], []
@@ -151,8 +186,10 @@ def _print(runs: list[SpecRun], title: str) -> None:
     for r in sorted(runs, key=lambda r: (r.workload, r.concurrency)):
         acc = f"{r.acceptance:.0%}" if r.acceptance is not None else "-"
         mean = f"{r.mean_accepted:.2f}" if r.mean_accepted is not None else "-"
-        print(f"{r.setup:<34} {r.workload:<9} {r.concurrency:>4} {r.tokens_per_s:>7.1f} {r.speedup:>7.2f}x "
-              f"{acc:>7} {mean:>10}")
+        print(
+            f"{r.setup:<34} {r.workload:<9} {r.concurrency:>4} {r.tokens_per_s:>7.1f} {r.speedup:>7.2f}x "
+            f"{acc:>7} {mean:>10}"
+        )
     print(machine_line())
     for workload in sorted({r.workload for r in runs}):
         best = max((r for r in runs if r.workload == workload and r.concurrency == 1), key=lambda r: r.speedup)
@@ -170,13 +207,16 @@ def plot_spec(runs: list[SpecRun], path: Path, title: str) -> Path:
     fig, ax = plt.subplots(figsize=(12, 4.8))
     width = 0.8 / len(setups)
     for i, setup in enumerate(setups):
-        ys = [next((r.speedup for r in runs if r.setup == setup and (r.workload, r.concurrency) == g), 0.0)
-              for g in groups]
-        ax.bar([j + i * width for j in range(len(groups))], ys, width=width, label=setup,
-               color=plt.cm.tab20(i % 20))
+        ys = [
+            next((r.speedup for r in runs if r.setup == setup and (r.workload, r.concurrency) == g), 0.0)
+            for g in groups
+        ]
+        ax.bar([j + i * width for j in range(len(groups))], ys, width=width, label=setup, color=plt.cm.tab20(i % 20))
     ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_xticks([j + width * (len(setups) - 1) / 2 for j in range(len(groups))],
-                  [f"{w}, {c} {'stream' if c == 1 else 'concurrent'}" for w, c in groups])
+    ax.set_xticks(
+        [j + width * (len(setups) - 1) / 2 for j in range(len(groups))],
+        [f"{w}, {c} {'stream' if c == 1 else 'concurrent'}" for w, c in groups],
+    )
     ax.set_ylabel("decode speed vs no speculation (x)")
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=7, ncol=2)

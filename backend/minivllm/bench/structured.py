@@ -20,10 +20,20 @@ from minivllm.engine.api import LLMEngine
 from minivllm.sampling.params import SamplingParams
 from minivllm.structured.params import StructuredOutputsParams
 
-SCHEMA = {"type": "array", "minItems": 1000, "items": {
-    "type": "object", "additionalProperties": False, "required": ["name", "age", "city"],
-    "properties": {"name": {"type": "string", "maxLength": 24}, "age": {"type": "integer", "minimum": 0},
-                   "city": {"type": "string", "maxLength": 24}}}}
+SCHEMA = {
+    "type": "array",
+    "minItems": 1000,
+    "items": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["name", "age", "city"],
+        "properties": {
+            "name": {"type": "string", "maxLength": 24},
+            "age": {"type": "integer", "minimum": 0},
+            "city": {"type": "string", "maxLength": 24},
+        },
+    },
+}
 
 
 @dataclass
@@ -53,14 +63,24 @@ def bench_structured(engine: LLMEngine, args) -> int:
         for r in range(rounds):
             progress(f"{level} concurrent, round {r + 1}/{rounds}: unconstrained, then the JSON schema")
             run.free_tok_s.append(run_engine(engine, prompts, free, "free", level).decode_tokens_per_s or 0.0)
-            run.constrained_tok_s.append(run_engine(engine, prompts, constrained, "json", level).decode_tokens_per_s
-                                         or 0.0)
+            run.constrained_tok_s.append(
+                run_engine(engine, prompts, constrained, "json", level).decode_tokens_per_s or 0.0
+            )
         runs.append(run)
     title = f"structured outputs: {engine.loaded.name}, {max_tokens} tokens per request (greedy), {rounds} round(s)"
     _print(runs, title, compile_ms)
     print(machine_line())
-    (out_dir / "structured.json").write_text(json.dumps({"compile_ms": compile_ms, "runs": [
-        {"concurrency": r.concurrency, "free": r.free_tok_s, "constrained": r.constrained_tok_s} for r in runs]}))
+    (out_dir / "structured.json").write_text(
+        json.dumps(
+            {
+                "compile_ms": compile_ms,
+                "runs": [
+                    {"concurrency": r.concurrency, "free": r.free_tok_s, "constrained": r.constrained_tok_s}
+                    for r in runs
+                ],
+            }
+        )
+    )
     print(f"plot: {plot_structured(runs, out_dir / 'structured.png', title)}")
     return 0
 
@@ -78,12 +98,20 @@ def _print(runs: list[StructuredRun], title: str, compile_ms: float) -> None:
     print(f"{'concurrency':>11} {'unconstrained tok/s':>20} {'JSON schema tok/s':>18} {'ratio':>7}")
     for r in runs:
         ratio = f"{r.ratio:.2f}x" if r.ratio else "-"
-        print(f"{r.concurrency:>11} {median(r.free_tok_s) or 0:>20.1f} {median(r.constrained_tok_s) or 0:>18.1f} "
-              f"{ratio:>7}")
+        print(
+            f"{r.concurrency:>11} {median(r.free_tok_s) or 0:>20.1f} {median(r.constrained_tok_s) or 0:>18.1f} "
+            f"{ratio:>7}"
+        )
     print(f"schema compile (cold, validated): {compile_ms:.1f} ms")
 
 
 def plot_structured(runs: list[StructuredRun], path: Path, title: str) -> Path:
-    return plot_paired_bars([r.concurrency for r in runs], (
-        ("unconstrained", [median(r.free_tok_s) or 0 for r in runs]),
-        ("JSON schema", [median(r.constrained_tok_s) or 0 for r in runs])), path, title)
+    return plot_paired_bars(
+        [r.concurrency for r in runs],
+        (
+            ("unconstrained", [median(r.free_tok_s) or 0 for r in runs]),
+            ("JSON schema", [median(r.constrained_tok_s) or 0 for r in runs]),
+        ),
+        path,
+        title,
+    )

@@ -5,11 +5,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from minivllm.bench.common import (chat_prompt_ids, greedy, hf_generate, hf_sequential, load_hf_oracle, median,
-                                   precision_label,
-                                   progress, run_engine, run_engine_sequential)
-from minivllm.bench.prompts import CHAT_PROMPTS, SYSTEM_PROMPT_WORDS
+from minivllm.bench.common import (
+    chat_prompt_ids,
+    greedy,
+    hf_generate,
+    hf_sequential,
+    load_hf_oracle,
+    median,
+    precision_label,
+    progress,
+    run_engine,
+    run_engine_sequential,
+)
 from minivllm.bench.machine import machine_line
+from minivllm.bench.prompts import CHAT_PROMPTS, SYSTEM_PROMPT_WORDS
 from minivllm.bench.report import plot_throughput, print_table, save_json
 
 SEQUENTIAL_SAMPLE = 4  # one-at-a-time rates do not depend on the concurrency level: sample a few prompts
@@ -43,7 +52,9 @@ def bench_throughput(engine, args) -> int:
             progress(f"HF generate static batch of {level}")
             results.append(hf_generate(hf, engine.tokenizer, batch, max_tokens, "HF generate static batch", level))
             results.append(_relabel(hf_seq, level))
-    title = f"{engine.loaded.name}, {precision_label(engine)}, chat prompts x {max_tokens} new tokens (greedy, ignore_eos)"
+    title = (
+        f"{engine.loaded.name}, {precision_label(engine)}, chat prompts x {max_tokens} new tokens (greedy, ignore_eos)"
+    )
     print_table(results, "throughput: " + title)
     print(machine_line())
     _print_ratios(results, levels)
@@ -66,8 +77,11 @@ def _print_ratios(results, levels) -> None:
         ours = by_mode.get("mini-vllm continuous batching")
         for other in ("HF generate static batch", "HF generate sequential", "mini-vllm one at a time"):
             if ours and other in by_mode:
-                print(f"{level:>3} concurrent: continuous batching is {ours.tokens_per_s / by_mode[other].tokens_per_s:.2f}x "
-                      f"{other} (tokens/s)")
+                print(
+                    f"{level:>3} concurrent: continuous batching is "
+                    f"{ours.tokens_per_s / by_mode[other].tokens_per_s:.2f}x "
+                    f"{other} (tokens/s)"
+                )
         if ours and ours.decode_tokens_per_s:
             print(f"{level:>3} concurrent: decode throughput {ours.decode_tokens_per_s:.0f} tok/s")
 
@@ -85,8 +99,10 @@ def bench_prefix_cache(engine, max_tokens: int, count: int) -> dict:
         ttft[enabled] = median([r.ttft_s[0] for r in runs[1:]])  # the first request fills the cache
     engine.reconfigure(enable_prefix_caching=original)
     ratio = ttft[False] / ttft[True] if ttft[True] else float("nan")
-    print(f"\nshared {len(prompts[0])}-token prompt prefix: median TTFT {ttft[True] * 1e3:.1f} ms with prefix caching, "
-          f"{ttft[False] * 1e3:.1f} ms without -> {ratio:.2f}x faster")
+    print(
+        f"\nshared {len(prompts[0])}-token prompt prefix: median TTFT {ttft[True] * 1e3:.1f} ms with prefix caching, "
+        f"{ttft[False] * 1e3:.1f} ms without -> {ratio:.2f}x faster"
+    )
     return {"ttft_on_s": ttft[True], "ttft_off_s": ttft[False], "speedup": ratio, "prompt_tokens": len(prompts[0])}
 
 

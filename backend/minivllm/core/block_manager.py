@@ -24,8 +24,9 @@ hold nothing of value) and an ``OrderedDict`` of cached free blocks in LRU order
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Literal
 
 from minivllm.arith import ceil_div
 
@@ -162,8 +163,7 @@ class BlockManager:
 
     # ---------------------------------------------------------------- mutations
 
-    def allocate_seq(self, seq_id: int, owner: str, token_ids: Sequence[int],
-                     prefix: list[int] | None = None) -> int:
+    def allocate_seq(self, seq_id: int, owner: str, token_ids: Sequence[int], prefix: list[int] | None = None) -> int:
         """Register a sequence, attach its cached prefix; return the number of tokens already computed.
         ``prefix``: what `find_cached_prefix` just returned for these tokens (saves a second lookup)."""
         if seq_id in self._tables:
@@ -232,8 +232,9 @@ class BlockManager:
         self._emit("released" if self.blocks[src].ref_count else "freed", [src], seq_id)
         return src, dst
 
-    def commit_full_blocks(self, seq_id: int, token_ids: Sequence[int], num_computed_tokens: int,
-                           block_hashes: Sequence[int] | None = None) -> None:
+    def commit_full_blocks(
+        self, seq_id: int, token_ids: Sequence[int], num_computed_tokens: int, block_hashes: Sequence[int] | None = None
+    ) -> None:
         """Hash every newly completed block and register it in the prefix cache.
 
         Only new blocks are touched: walk back from the last full block to the last hashed one,
@@ -262,8 +263,9 @@ class BlockManager:
             hashes = [self.blocks[b].block_hash for b in registered]
             self._emit("cached", registered, seq_id, block_hashes=hashes)
 
-    def fork(self, parent_seq_id: int, child_seq_id: int, owner: str | None = None,
-             num_tokens: int | None = None) -> None:
+    def fork(
+        self, parent_seq_id: int, child_seq_id: int, owner: str | None = None, num_tokens: int | None = None
+    ) -> None:
         """Give the child the parent's blocks (shared, copy-on-write); with ``num_tokens``, only
         the blocks holding the parent's first ``num_tokens`` tokens (the child diverges there)."""
         if child_seq_id in self._tables:
@@ -363,8 +365,18 @@ class BlockManager:
         ref_counts = [self.blocks[b].ref_count for b in block_ids]
         owner = self._owners.get(seq_id) if seq_id is not None else None
         table = self._tables.get(seq_id) if seq_id is not None else None
-        self._events.append(BlockEvent(kind, list(block_ids), owner, seq_id, ref_counts, list(table or ()),
-                                       seq_released=seq_id is not None and table is None, **extra))
+        self._events.append(
+            BlockEvent(
+                kind,
+                list(block_ids),
+                owner,
+                seq_id,
+                ref_counts,
+                list(table or ()),
+                seq_released=seq_id is not None and table is None,
+                **extra,
+            )
+        )
 
     # ---------------------------------------------------------------- debugging
 

@@ -64,7 +64,7 @@ class PromptPooling:
         else:
             if start > self.folded:
                 raise ValueError(f"hidden states from position {start} on, but only {self.folded} are folded")
-            part = hidden[self.folded - start:].float().sum(dim=0)
+            part = hidden[self.folded - start :].float().sum(dim=0)
             self.total = part if self.total is None else self.total + part
         self.folded = end
 

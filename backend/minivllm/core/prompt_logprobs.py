@@ -35,7 +35,7 @@ class PromptLogprobs:
         end = min(start + num_tokens, self.num_prompt_tokens - 1)
         if first >= end:
             return None
-        return first - start, token_ids[first + 1:end + 1]
+        return first - start, token_ids[first + 1 : end + 1]
 
     def add(self, first: int, entries: list[dict[int, float]], ranks: list[int]) -> None:
         """The entries of prompt tokens first, first + 1, ... (`targets` asked for them); any this

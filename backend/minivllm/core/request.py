@@ -16,10 +16,10 @@ import torch
 from minivllm.core.block_manager import hash_block_tokens
 from minivllm.core.pooling import PromptPooling
 from minivllm.core.prompt_logprobs import PromptLogprobs
-from minivllm.text.detokenizer import IncrementalDetokenizer
 from minivllm.sampling.beam_search import BeamSearchState
 from minivllm.sampling.params import SamplingParams
 from minivllm.structured.grammar import CompiledGrammar, GrammarMatcher
+from minivllm.text.detokenizer import IncrementalDetokenizer
 from minivllm.text.stop_strings import StopStringMatcher
 
 
@@ -36,7 +36,7 @@ _seq_ids = itertools.count()
 
 @dataclass(eq=False)
 class Sequence:
-    request: "Request"
+    request: Request
     token_ids: list[int]
     num_prompt_tokens: int
     parent_seq_id: int | None = None
@@ -71,7 +71,7 @@ class Sequence:
 
     @property
     def output_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens:]
+        return self.token_ids[self.num_prompt_tokens :]
 
     @property
     def num_output_tokens(self) -> int:
@@ -86,14 +86,14 @@ class Sequence:
         `request.block_hashes`), so admission and prefix-cache commits never rehash a block."""
         hashes = self._block_hashes
         for i in range(len(hashes), self.num_tokens // block_size):
-            tokens = tuple(self.token_ids[i * block_size:(i + 1) * block_size])
+            tokens = tuple(self.token_ids[i * block_size : (i + 1) * block_size])
             hashes.append(hash_block_tokens(hashes[-1] if hashes else self.request.salt_hash, tokens))
         return hashes
 
     def clear_drafts(self) -> None:
         self.draft_token_ids, self.draft_probs = [], None
 
-    def inherit_block_hashes(self, parent: "Sequence") -> None:
+    def inherit_block_hashes(self, parent: Sequence) -> None:
         """A fork starts with its parent's tokens: their hashes carry over."""
         self._block_hashes = list(parent._block_hashes)
 

@@ -11,9 +11,9 @@ rejected when they are added, so nothing waits forever at the head of the queue.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from collections.abc import Mapping
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 from minivllm.arith import ceil_div
 from minivllm.core.block_manager import BlockManager
@@ -60,7 +60,7 @@ class ScheduledSeq:
 
     @property
     def drafts(self) -> list[int]:
-        return self.seq.draft_token_ids[:self.num_draft]
+        return self.seq.draft_token_ids[: self.num_draft]
 
     @property
     def is_single_token(self) -> bool:
@@ -91,8 +91,7 @@ class SchedulerOutput:
 
     def in_logits_order(self) -> list[ScheduledSeq]:
         """Chunks as the runner lays out its rows: decode rows first, then multi-token chunks."""
-        return ([s for s in self.scheduled if s.is_single_token]
-                + [s for s in self.scheduled if not s.is_single_token])
+        return [s for s in self.scheduled if s.is_single_token] + [s for s in self.scheduled if not s.is_single_token]
 
     def sampled(self) -> list[tuple[ScheduledSeq, int]]:
         """(chunk, its first logits row) for every chunk that completes its sequence; a verify
@@ -112,7 +111,7 @@ class Progress(NamedTuple):
     refork_at: int | None = None  # see Request.refork_at
 
     @classmethod
-    def of(cls, request: Request) -> "Progress":
+    def of(cls, request: Request) -> Progress:
         return cls(tuple(s.num_computed for s in request.seqs), request.refork_at)
 
 
@@ -172,8 +171,12 @@ class Scheduler:
             if s.num_draft:
                 self.bm.trim(seq.seq_id, seq.num_computed + 1)  # room for the token sampled this step
             if self.bm.enable_prefix_caching:  # else nothing is hashed at all
-                self.bm.commit_full_blocks(seq.seq_id, seq.token_ids, min(seq.num_computed, seq.num_tokens),
-                                           seq.block_hashes(self.bm.block_size))
+                self.bm.commit_full_blocks(
+                    seq.seq_id,
+                    seq.token_ids,
+                    min(seq.num_computed, seq.num_tokens),
+                    seq.block_hashes(self.bm.block_size),
+                )
 
     # ---- one step -----------------------------------------------------------------------------
 
@@ -247,17 +250,27 @@ class Scheduler:
         leader = request.seqs[0]
         # prompt log-probs (or mean pooling's states) still missing need the model run on every prompt
         # token: no cache hit (its blocks still enter the prefix cache as they fill)
-        skip_cache = ((request.prompt_logprobs is not None and request.prompt_logprobs.pending)
-                      or (request.pooling is not None and request.pooling.pending))
-        cached = (self.bm.find_cached_prefix(leader.token_ids, leader.block_hashes(self.bm.block_size))
-                  if self.bm.enable_prefix_caching and not skip_cache else [])
+        skip_cache = (request.prompt_logprobs is not None and request.prompt_logprobs.pending) or (
+            request.pooling is not None and request.pooling.pending
+        )
+        cached = (
+            self.bm.find_cached_prefix(leader.token_ids, leader.block_hashes(self.bm.block_size))
+            if self.bm.enable_prefix_caching and not skip_cache
+            else []
+        )
         progress = self._admission_progress(request, len(cached) * self.bm.block_size)
         chunks = self._chunks(request, budget, progress)
-        needed = (self._resume_blocks(request, progress) if progress.refork_at is not None
-                  else self._blocks_needed(request, chunks, progress)) + self._free_cached(cached)
+        needed = (
+            self._resume_blocks(request, progress)
+            if progress.refork_at is not None
+            else self._blocks_needed(request, chunks, progress)
+        ) + self._free_cached(cached)
         if not any(chunks) or needed > self.bm.num_free_blocks:
-            return (f"out of KV blocks: needs {needed}, {self.bm.num_free_blocks} free"
-                    if any(chunks) else "token budget used up")
+            return (
+                f"out of KV blocks: needs {needed}, {self.bm.num_free_blocks} free"
+                if any(chunks)
+                else "token budget used up"
+            )
         leader.num_computed = self.bm.allocate_seq(leader.seq_id, request.request_id, leader.token_ids, cached)
         if len(request.seqs) > 1 and progress.refork_at is None:
             self._fork_followers(request, progress.computed[1])
@@ -302,8 +315,11 @@ class Scheduler:
             self.set_status(request, RequestStatus.WAITING, "resuming after preemption: blocks available")
         else:
             request.num_cached_prompt_tokens = cached
-        self.set_status(request, RequestStatus.PREFILL,
-                        f"admitted: {request.num_remaining_tokens} tokens to compute, {cached} from prefix cache")
+        self.set_status(
+            request,
+            RequestStatus.PREFILL,
+            f"admitted: {request.num_remaining_tokens} tokens to compute, {cached} from prefix cache",
+        )
 
     # ---- helpers ------------------------------------------------------------------------------
 

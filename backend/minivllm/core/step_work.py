@@ -22,7 +22,6 @@ class PromptLogprobsRows:
     sink: Callable[[list[dict[int, float]], list[int]], None]  # receives (entries, ranks)
 
 
-
 @dataclass
 class SeqWork:
     """One sequence's share of a step."""
@@ -40,4 +39,4 @@ class SeqWork:
 
     def blocks_in_use(self, block_size: int) -> list[int]:
         """The block table up to the block of this step's last token."""
-        return self.block_table[:ceil_div(self.num_computed + len(self.token_ids), block_size)]
+        return self.block_table[: ceil_div(self.num_computed + len(self.token_ids), block_size)]

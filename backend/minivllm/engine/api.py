@@ -5,17 +5,33 @@ subscriptions, reconfiguration); it never reads the engine's internals. A test c
 module under server/ imports another engine module or anything from core/.
 """
 
+from minivllm.core.pooling import POOLING_TYPES, PoolingParams
 from minivllm.engine.async_engine import AsyncEngine
 from minivllm.engine.config import EngineConfig, parse_memory
-from minivllm.errors import EngineBusyError, EngineDeadError, RequestFailedError, RequestRejectedError
 from minivllm.engine.llm_engine import LLMEngine
-from minivllm.core.pooling import POOLING_TYPES, PoolingParams
 from minivllm.engine.outputs import CompletionOutput, OutputAccumulator, PoolingRequestOutput, RequestOutput
 from minivllm.engine.telemetry import EngineStats
+from minivllm.errors import EngineBusyError, EngineDeadError, RequestFailedError, RequestRejectedError
 from minivllm.quant.policy import QuantConfig
 from minivllm.structured.params import StructuredOutputsParams, check_schema_depth
 
-__all__ = ["AsyncEngine", "CompletionOutput", "EngineBusyError", "EngineConfig", "EngineDeadError", "EngineStats",
-           "LLMEngine", "OutputAccumulator", "POOLING_TYPES", "PoolingParams", "PoolingRequestOutput",
-           "RequestFailedError", "RequestOutput", "RequestRejectedError", "StructuredOutputsParams", "check_schema_depth",
-           "parse_memory", "QuantConfig"]
+__all__ = [
+    "AsyncEngine",
+    "CompletionOutput",
+    "EngineBusyError",
+    "EngineConfig",
+    "EngineDeadError",
+    "EngineStats",
+    "LLMEngine",
+    "OutputAccumulator",
+    "POOLING_TYPES",
+    "PoolingParams",
+    "PoolingRequestOutput",
+    "RequestFailedError",
+    "RequestOutput",
+    "RequestRejectedError",
+    "StructuredOutputsParams",
+    "check_schema_depth",
+    "parse_memory",
+    "QuantConfig",
+]

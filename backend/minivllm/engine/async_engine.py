@@ -18,12 +18,12 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from minivllm.events import types as ev
-from minivllm.errors import EngineDeadError, RequestFailedError
-from minivllm.engine.llm_engine import LLMEngine, Subscription
 from minivllm.core.pooling import PoolingParams
+from minivllm.engine.llm_engine import LLMEngine, Subscription
 from minivllm.engine.outputs import PoolingRequestOutput, RequestOutput
 from minivllm.engine.telemetry import EngineStats
+from minivllm.errors import EngineDeadError, RequestFailedError
+from minivllm.events import types as ev
 from minivllm.sampling.params import SamplingParams
 
 log = logging.getLogger("minivllm.engine")
@@ -50,7 +50,7 @@ class AsyncEngine:
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
-    def start(self) -> "AsyncEngine":
+    def start(self) -> AsyncEngine:
         self._thread.start()
         return self
 
@@ -120,8 +120,12 @@ class AsyncEngine:
 
         return await self.call(apply)
 
-    async def subscribe(self, feed: Callable[[ev.AnyEvent], None], since: int | None = None,
-                        on_snapshot: Callable[[ev.Snapshot], None] | None = None) -> Subscription:
+    async def subscribe(
+        self,
+        feed: Callable[[ev.AnyEvent], None],
+        since: int | None = None,
+        on_snapshot: Callable[[ev.Snapshot], None] | None = None,
+    ) -> Subscription:
         """Feed events to `feed` from now on (see LLMEngine.subscribe); `on_snapshot` runs on the
         engine thread with the starting snapshot before the first event can arrive."""
         return await self.call(lambda e: e.subscribe(feed, since, on_snapshot))
@@ -136,6 +140,7 @@ class AsyncEngine:
 
     async def resync(self, reset: Callable[[], None]) -> ev.Snapshot:
         """`reset()` and a fresh snapshot, with no event in between."""
+
         def run(engine: LLMEngine) -> ev.Snapshot:
             reset()
             return engine.snapshot()
@@ -164,9 +169,15 @@ class AsyncEngine:
             self._commands.put((lambda e: e.abort_request(request_id), None))
             self._wakeup.set()
 
-    async def generate(self, prompt: str | None, params: SamplingParams | None = None,
-                       request_id: str | None = None, prompt_token_ids: list[int] | None = None,
-                       priority: int = 0, cache_salt: str | None = None) -> AsyncIterator[RequestOutput]:
+    async def generate(
+        self,
+        prompt: str | None,
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        prompt_token_ids: list[int] | None = None,
+        priority: int = 0,
+        cache_salt: str | None = None,
+    ) -> AsyncIterator[RequestOutput]:
         """Streams RequestOutputs until the request finishes, each with what is new (text, tokens,
         logprobs; `OutputAccumulator` folds them). Validation errors are raised before the first."""
         request_id = request_id or f"req-{next(_ids)}"
@@ -180,8 +191,9 @@ class AsyncEngine:
             try:
                 if prompt_token_ids is None:
                     prompt_token_ids = await self.tokenize(lambda _: self.engine.encode(prompt or ""))
-                await self.call(lambda e: e.add_request(request_id, prompt, params, prompt_token_ids, priority,
-                                                        cache_salt))
+                await self.call(
+                    lambda e: e.add_request(request_id, prompt, params, prompt_token_ids, priority, cache_salt)
+                )
             except Exception:
                 rejected = True  # never added: there is nothing of ours to abort under this id
                 raise
@@ -197,8 +209,9 @@ class AsyncEngine:
             if not finished and not rejected:
                 self.abort(request_id)
 
-    async def embed(self, prompts: list[list[int]], pooling: PoolingParams, request_id: str | None = None,
-                    priority: int = 0) -> list[PoolingRequestOutput]:
+    async def embed(
+        self, prompts: list[list[int]], pooling: PoolingParams, request_id: str | None = None, priority: int = 0
+    ) -> list[PoolingRequestOutput]:
         """Each prompt (token ids) pooled into one vector, one engine request each (`<id>-<i>` for
         several), all queued in one engine call so they share steps. All or none: a rejected prompt
         queues none; a failure or a cancellation aborts the ones still running."""
@@ -228,7 +241,7 @@ class AsyncEngine:
                 if self._streams.get(rid) is stream:
                     del self._streams[rid]
             if added:
-                for rid in ids[len(results):]:
+                for rid in ids[len(results) :]:
                     self.abort(rid)  # one that finished already is left alone by the engine
 
     # ---- the loop -------------------------------------------------------------------------------
@@ -278,8 +291,9 @@ class AsyncEngine:
             log.exception("engine step failed; aborting the requests it was running")
             self._abort_running(exc)
             return
-        self._deliver_all([(o.request_id, o if o.error is None else RequestFailedError(o.error, o.error_param))
-                           for o in outputs])
+        self._deliver_all(
+            [(o.request_id, o if o.error is None else RequestFailedError(o.error, o.error_param)) for o in outputs]
+        )
 
     def _abort_running(self, exc: Exception) -> None:
         for request_id in self.engine.abort_running():

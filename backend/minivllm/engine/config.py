@@ -46,14 +46,16 @@ class EngineConfig:
     max_stop_chars: int = 4096
     kv_cache_dtype: str = "auto"  # one of KV_CACHE_DTYPES
 
-    def with_changes(self, **changes) -> "EngineConfig":
+    def with_changes(self, **changes) -> EngineConfig:
         return replace(self, **changes)
 
     def resolved_max_model_len(self, model: LlamaConfig) -> int:
         limit = min(model.max_position_embeddings, 8192)
         if self.max_model_len is not None and self.max_model_len > model.max_position_embeddings:
-            raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's "
-                             f"max_position_embeddings {model.max_position_embeddings}")
+            raise ValueError(
+                f"max_model_len {self.max_model_len} exceeds the model's "
+                f"max_position_embeddings {model.max_position_embeddings}"
+            )
         return self.max_model_len or limit
 
     def kv_dtype(self, auto_dtype: torch.dtype) -> torch.dtype:
@@ -67,8 +69,9 @@ class EngineConfig:
         return blocks, dtype, blocks * self.bytes_per_block(model, dtype)
 
     def bytes_per_block(self, model: LlamaConfig, dtype) -> int:
-        return KVCache.bytes_per_block(model.num_hidden_layers, self.block_size, model.num_key_value_heads,
-                                       model.head_dim, dtype)
+        return KVCache.bytes_per_block(
+            model.num_hidden_layers, self.block_size, model.num_key_value_heads, model.head_dim, dtype
+        )
 
     def resolved_num_blocks(self, model: LlamaConfig, dtype) -> int:
         if self.num_blocks is not None:
@@ -76,7 +79,9 @@ class EngineConfig:
         else:
             blocks = parse_memory(self.kv_cache_memory) // self.bytes_per_block(model, dtype)
         if blocks < 1:
-            raise ValueError(f"the KV cache needs at least 1 block (got {blocks}); raise --kv-cache-memory or --num-blocks")
+            raise ValueError(
+                f"the KV cache needs at least 1 block (got {blocks}); raise --kv-cache-memory or --num-blocks"
+            )
         return blocks
 
     def max_single_token_rows(self, speculative) -> int:
@@ -95,5 +100,7 @@ class EngineConfig:
             if value is not None and value < 1:
                 raise ConfigError(f"{name} must be >= 1, got {value}", name)
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ConfigError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
-                              f"got {self.kv_cache_dtype!r}", "kv_cache_dtype")
+            raise ConfigError(
+                f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}",
+                "kv_cache_dtype",
+            )

@@ -14,11 +14,18 @@ from minivllm.spec_decode.config import SpeculativeConfig
 from minivllm.spec_decode.factory import load_draft
 
 
-def create_engine(model: str | None = None, config: EngineConfig | None = None, *, dtype: str = "float32",
-                  device: str | None = None, seed: int = 0, quantization: str | QuantConfig = "auto",
-                  threads: int | None = None,
-                  speculative_config: str | dict | SpeculativeConfig | None = None,
-                  enforce_eager: bool | None = None) -> LLMEngine:
+def create_engine(
+    model: str | None = None,
+    config: EngineConfig | None = None,
+    *,
+    dtype: str = "float32",
+    device: str | None = None,
+    seed: int = 0,
+    quantization: str | QuantConfig = "auto",
+    threads: int | None = None,
+    speculative_config: str | dict | SpeculativeConfig | None = None,
+    enforce_eager: bool | None = None,
+) -> LLMEngine:
     """`model`: an HF directory, a .gguf file, a cached hub id, random:<shape>, or None for the
     embedded SmolLM2. `threads`: torch's CPU threads (None: torch's choice). `speculative_config`:
     vLLM's JSON object (a string or a dict), None for no speculative decoding. `enforce_eager`: no
@@ -27,14 +34,20 @@ def create_engine(model: str | None = None, config: EngineConfig | None = None, 
     speculative = SpeculativeConfig.parse(speculative_config)  # a bad config fails before any load
     if threads:
         torch.set_num_threads(threads)
-    loaded = load_model(model, dtype=dtype, device=device, seed=seed, max_model_len=config.max_model_len,
-                        quantization=quantization)
+    loaded = load_model(
+        model, dtype=dtype, device=device, seed=seed, max_model_len=config.max_model_len, quantization=quantization
+    )
     use_compilation(loaded.model, loaded.device, eager_requested(enforce_eager))
     return engine_for(loaded, config, speculative=speculative)
 
 
-def engine_for(loaded: LoadedModel, config: EngineConfig | None = None, *, speculative: SpeculativeConfig | None = None,
-               draft: LoadedModel | None = None) -> LLMEngine:
+def engine_for(
+    loaded: LoadedModel,
+    config: EngineConfig | None = None,
+    *,
+    speculative: SpeculativeConfig | None = None,
+    draft: LoadedModel | None = None,
+) -> LLMEngine:
     """An engine around a model already loaded: benchmarks compare several engines over one load.
     `draft`: a draft model already loaded for `speculative` (loaded here when None and needed)."""
     config = config or EngineConfig()

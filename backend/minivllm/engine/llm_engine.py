@@ -19,26 +19,26 @@ from collections.abc import Callable
 
 import torch
 
-from minivllm.events import types as ev
 from minivllm.core.block_manager import BlockManager
 from minivllm.core.request import Request
 from minivllm.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from minivllm.engine.config import EngineConfig
-from minivllm.errors import EngineBusyError
-from minivllm.malloc_tuning import keep_freed_memory_for_reuse, release_free_heap
 from minivllm.engine.memory_budget import check_pool_fits
 from minivllm.engine.model_runner import ModelRunner
-from minivllm.engine.prompt_logprob_pass import token_cost as prompt_logprobs_token_cost
-from minivllm.engine.step_inputs import runner_inputs
 from minivllm.engine.output_processor import OutputProcessor
 from minivllm.engine.outputs import PoolingRequestOutput, RequestOutput
 from minivllm.engine.pooling import PoolingParams, finish_pooled, pooling_requests
+from minivllm.engine.prompt_logprob_pass import token_cost as prompt_logprobs_token_cost
 from minivllm.engine.request_tracker import RequestTracker
 from minivllm.engine.request_validation import RequestLimits, tokenize_bad_words, validate_request
+from minivllm.engine.step_inputs import runner_inputs
 from minivllm.engine.step_sampling import StepSampler
 from minivllm.engine.telemetry import EngineStats, StepTimer, Telemetry
+from minivllm.errors import EngineBusyError
+from minivllm.events import types as ev
 from minivllm.events.bus import EventBus
 from minivllm.loader import LoadedModel
+from minivllm.malloc_tuning import keep_freed_memory_for_reuse, release_free_heap
 from minivllm.model.attention import KVCache
 from minivllm.sampling.params import SamplingParams
 from minivllm.sampling.sampler import Sampler
@@ -50,8 +50,14 @@ Subscription = tuple[ev.Snapshot | None, list[ev.AnyEvent] | None, str | None]
 
 
 class LLMEngine:
-    def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None, bus: EventBus | None = None,
-                 speculative: SpeculativeConfig | None = None, draft: LoadedModel | None = None):
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        config: EngineConfig | None = None,
+        bus: EventBus | None = None,
+        speculative: SpeculativeConfig | None = None,
+        draft: LoadedModel | None = None,
+    ):
         """`speculative`: speculative decoding's setup (None: off); `draft`: its draft model."""
         config = config or EngineConfig()
         self.loaded = loaded
@@ -75,23 +81,48 @@ class LLMEngine:
         cfg, self.config = self.loaded.config, config
         self.max_model_len = config.resolved_max_model_len(cfg)
         num_blocks, kv_dtype, _ = config.kv_pool(cfg, self.loaded.kv_auto_dtype)
-        self.kv_cache = KVCache(cfg.num_hidden_layers, num_blocks, config.block_size, cfg.num_key_value_heads,
-                                cfg.head_dim, kv_dtype, self.loaded.device, scratch_block=self.loaded.model.may_capture)
+        self.kv_cache = KVCache(
+            cfg.num_hidden_layers,
+            num_blocks,
+            config.block_size,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+            kv_dtype,
+            self.loaded.device,
+            scratch_block=self.loaded.model.may_capture,
+        )
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
-        sched_cfg = SchedulerConfig(config.max_num_batched_tokens, config.max_num_seqs, self.max_model_len,
-                                    prompt_logprobs_token_cost=prompt_logprobs_token_cost(cfg))
+        sched_cfg = SchedulerConfig(
+            config.max_num_batched_tokens,
+            config.max_num_seqs,
+            self.max_model_len,
+            prompt_logprobs_token_cost=prompt_logprobs_token_cost(cfg),
+        )
         self.scheduler = Scheduler(sched_cfg, self.block_manager, self.telemetry.set_status)
         self.runner = ModelRunner(self.loaded.model, self.kv_cache).warmed_up(
-            config.max_num_seqs, self.max_model_len, graph_rows=config.max_single_token_rows(self.speculative))
-        self.speculator = (build_speculator(self.speculative, self.runner, self.block_manager, self.draft,
-                                            self.max_model_len, ModelRunner) if self.speculative else None)
+            config.max_num_seqs, self.max_model_len, graph_rows=config.max_single_token_rows(self.speculative)
+        )
+        self.speculator = (
+            build_speculator(
+                self.speculative, self.runner, self.block_manager, self.draft, self.max_model_len, ModelRunner
+            )
+            if self.speculative
+            else None
+        )
         self.telemetry.spec_method = self.speculator.method if self.speculator else None
         self.telemetry.bind(self.block_manager, self.scheduler, config.metrics_interval_s)
         self.tracker.scheduler = self.scheduler
         self.output_processor.max_model_len = self.max_model_len
-        self.limits = RequestLimits(self.max_model_len, cfg.vocab_size, num_blocks, config.block_size,
-                                    config.max_num_seqs, config.max_num_batched_tokens, config.max_stop_strings,
-                                    config.max_stop_chars)
+        self.limits = RequestLimits(
+            self.max_model_len,
+            cfg.vocab_size,
+            num_blocks,
+            config.block_size,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            config.max_stop_strings,
+            config.max_stop_chars,
+        )
         release_free_heap()  # loading's and warm-up's temporaries: ~300 MiB of RSS otherwise
 
     def reconfigure(self, **changes) -> None:
@@ -102,8 +133,9 @@ class LLMEngine:
         new.validate()  # a setting that can never apply is a 400 even while requests run
         num_blocks, _, new_bytes = new.kv_pool(self.loaded.config, self.loaded.kv_auto_dtype)
         new.resolved_max_model_len(self.loaded.config)
-        check_pool_fits(new_bytes, self.kv_cache.num_bytes, torch.device(self.loaded.device), num_blocks,
-                        new.max_kv_cache_memory)
+        check_pool_fits(
+            new_bytes, self.kv_cache.num_bytes, torch.device(self.loaded.device), num_blocks, new.max_kv_cache_memory
+        )
         if self.has_unfinished_requests():
             raise EngineBusyError("the engine configuration can only change while no request runs")
         self.kv_cache = self.runner = self.speculator = None  # all hold the old pool (and graphs): free it first
@@ -118,15 +150,23 @@ class LLMEngine:
     def info(self) -> ev.EngineInfo:
         quant = self.loaded.quant
         return ev.EngineInfo(
-            model=self.loaded.name, max_model_len=self.max_model_len,
-            num_blocks=self.block_manager.num_blocks, block_size=self.config.block_size,
-            max_num_batched_tokens=self.config.max_num_batched_tokens, max_num_seqs=self.config.max_num_seqs,
+            model=self.loaded.name,
+            max_model_len=self.max_model_len,
+            num_blocks=self.block_manager.num_blocks,
+            block_size=self.config.block_size,
+            max_num_batched_tokens=self.config.max_num_batched_tokens,
+            max_num_seqs=self.config.max_num_seqs,
             enable_prefix_caching=self.config.enable_prefix_caching,
-            dtype=str(self.loaded.dtype).removeprefix("torch."), device=str(self.loaded.device),
+            dtype=str(self.loaded.dtype).removeprefix("torch."),
+            device=str(self.loaded.device),
             kv_cache_dtype=str(self.kv_cache.k[0].dtype).removeprefix("torch."),
-            quantization=quant.mode, weight_bytes=quant.weight_bytes, weight_fp32_bytes=quant.fp32_bytes,
-            kernels=quant.kernel_lines(), compilation=self.loaded.model.compilation(),
-            speculative=self.speculative.describe() if self.speculative else None)
+            quantization=quant.mode,
+            weight_bytes=quant.weight_bytes,
+            weight_fp32_bytes=quant.fp32_bytes,
+            kernels=quant.kernel_lines(),
+            compilation=self.loaded.model.compilation(),
+            speculative=self.speculative.describe() if self.speculative else None,
+        )
 
     # ---- requests -----------------------------------------------------------------------------
 
@@ -139,9 +179,15 @@ class LLMEngine:
             raise ValueError(f"model {self.loaded.name} has no tokenizer: pass prompt token ids")
         return self.tokenizer.encode(prompt)
 
-    def add_request(self, request_id: str, prompt: str | None = None, params: SamplingParams | None = None,
-                    prompt_token_ids: list[int] | None = None, priority: int = 0,
-                    cache_salt: str | None = None) -> Request:
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | None = None,
+        params: SamplingParams | None = None,
+        prompt_token_ids: list[int] | None = None,
+        priority: int = 0,
+        cache_salt: str | None = None,
+    ) -> Request:
         """`cache_salt` (vLLM's): the request shares prefix-cache blocks only with those of the same salt."""
         params = params or SamplingParams()
         if request_id in self.requests:
@@ -149,12 +195,24 @@ class LLMEngine:
         ids = list(prompt_token_ids) if prompt_token_ids is not None else self.encode(prompt or "")
         max_tokens = validate_request(ids, params, self.limits)
         tokenize_bad_words(params, self.tokenizer)
-        return self.tracker.add(Request(request_id, prompt, ids, params, self.bus.now(), max_tokens=max_tokens,
-                                        priority=priority, preview=(prompt or "")[:120],
-                                        grammar=self.grammars.for_params(params), cache_salt=cache_salt))
+        return self.tracker.add(
+            Request(
+                request_id,
+                prompt,
+                ids,
+                params,
+                self.bus.now(),
+                max_tokens=max_tokens,
+                priority=priority,
+                preview=(prompt or "")[:120],
+                grammar=self.grammars.for_params(params),
+                cache_salt=cache_salt,
+            )
+        )
 
-    def add_pooling_requests(self, request_ids: list[str], prompts: list[list[int]], pooling: PoolingParams,
-                             priority: int = 0) -> None:
+    def add_pooling_requests(
+        self, request_ids: list[str], prompts: list[list[int]], pooling: PoolingParams, priority: int = 0
+    ) -> None:
         """Embeddings: each prompt (token ids) pooled into one vector (engine/pooling.py); all or none."""
         for request in pooling_requests(request_ids, prompts, pooling, priority, self.requests, self.limits):
             self.tracker.add(request)
@@ -225,8 +283,12 @@ class LLMEngine:
         live = sorted(self.requests.values(), key=lambda r: r.arrival_time)
         return self.telemetry.snapshot(self.info(), list(self.tracker.finished) + live)
 
-    def subscribe(self, feed: Callable[[ev.AnyEvent], None], since: int | None = None,
-                  on_snapshot: Callable[[ev.Snapshot], None] | None = None) -> Subscription:
+    def subscribe(
+        self,
+        feed: Callable[[ev.AnyEvent], None],
+        since: int | None = None,
+        on_snapshot: Callable[[ev.Snapshot], None] | None = None,
+    ) -> Subscription:
         """Start feeding events to `feed`. Returns (snapshot, replay, resync): from scratch (`since`
         None) a snapshot; resuming after `since`, the events to replay, or, when that is no longer
         possible, a snapshot and the reason. Atomic on the engine thread: no gap, no overlap."""
@@ -243,4 +305,3 @@ class LLMEngine:
         snapshot = self.snapshot()
         self.bus.unsubscribe(feed)
         return snapshot
-

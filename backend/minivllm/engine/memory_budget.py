@@ -43,12 +43,16 @@ def process_rss_bytes() -> int:
     return int(statm.read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def check_pool_fits(new_bytes: int, current_bytes: int, device: torch.device, num_blocks: int,
-                    cap: str | int | None = None) -> None:
+def check_pool_fits(
+    new_bytes: int, current_bytes: int, device: torch.device, num_blocks: int, cap: str | int | None = None
+) -> None:
     cap_bytes = parse_memory(cap) if cap is not None else None
     if cap_bytes is not None and new_bytes > cap_bytes:
-        raise ConfigRejectedError(f"num_blocks {num_blocks} needs a {_gib(new_bytes)} KV pool, over this server's "
-                                  f"cap of {_gib(cap_bytes)} (--max-kv-cache-memory)", "num_blocks")
+        raise ConfigRejectedError(
+            f"num_blocks {num_blocks} needs a {_gib(new_bytes)} KV pool, over this server's "
+            f"cap of {_gib(cap_bytes)} (--max-kv-cache-memory)",
+            "num_blocks",
+        )
     free = available_bytes(device)
     if free is None:
         return
@@ -57,7 +61,9 @@ def check_pool_fits(new_bytes: int, current_bytes: int, device: torch.device, nu
         raise ConfigRejectedError(
             f"num_blocks {num_blocks} needs a {_gib(new_bytes)} KV pool, but {_gib(budget)} is available for it "
             f"({_gib(free)} free on {device.type} plus the current {_gib(current_bytes)} pool, less a "
-            f"{RESERVE_FRACTION:.0%} reserve)", "num_blocks")
+            f"{RESERVE_FRACTION:.0%} reserve)",
+            "num_blocks",
+        )
 
 
 def _gib(n: int) -> str:

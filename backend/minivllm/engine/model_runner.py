@@ -10,18 +10,22 @@ split is by token count, not by a request's phase: a prefill may end with a one-
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
+from minivllm.arith import ceil_div
+from minivllm.cache import compiler_cache_dir
+from minivllm.console import progress
 from minivllm.core.step_work import PromptLogprobsRows, SeqWork
 from minivllm.engine.prompt_logprob_pass import target_logprobs
-from minivllm.model.attention import (AttentionMetadata, KVCache, PrefillChunk, native_decode_ready,
-                                      reads_pool_directly, reads_pool_with_triton)
-from minivllm.arith import ceil_div
-from minivllm.console import progress
-from minivllm.cache import compiler_cache_dir
+from minivllm.model.attention import (
+    AttentionMetadata,
+    KVCache,
+    PrefillChunk,
+    native_decode_ready,
+    reads_pool_directly,
+    reads_pool_with_triton,
+)
 from minivllm.model.compiled import compiled_step_for, graph_count, warm_up_shapes
 from minivllm.model.cuda_graphs import DecodeGraphs
 from minivllm.model.llama import LlamaModel
@@ -36,7 +40,7 @@ class ModelRunner:
         self.dtype = model.norm.weight.dtype  # the activations' dtype (quantized layers keep floats around them)
         self.graphs: DecodeGraphs | None = None  # CUDA: decode steps replayed from graphs (warmed_up)
 
-    def warmed_up(self, max_rows: int, max_model_len: int, graph_rows: int | None = None) -> "ModelRunner":
+    def warmed_up(self, max_rows: int, max_model_len: int, graph_rows: int | None = None) -> ModelRunner:
         """Compile every decode graph a step of up to `max_rows` sequences can need, now (with
         progress) rather than in the first requests' steps; none where the native step runs every
         decode step. Writes garbage K/V into block 0: only for a fresh pool. Eagerly only the decode
@@ -71,10 +75,9 @@ class ModelRunner:
         # Steps the native step runs (model/native_step.py) compile nothing; where it ran them all, a later
         # compiled call (a benchmark turning it off) must be free to compile, so guards stay checked.
         compiled.steady = graph_count() > graphs
-        progress(f"{compiled.describe()}: ready in {time.perf_counter() - started:.1f}s "
-                 f"(cache {compiler_cache_dir()})")
+        progress(f"{compiled.describe()}: ready in {time.perf_counter() - started:.1f}s (cache {compiler_cache_dir()})")
 
-    def _captured(self, max_rows: int, max_model_len: int) -> "ModelRunner":
+    def _captured(self, max_rows: int, max_model_len: int) -> ModelRunner:
         """Captures the decode graphs; a failure (an operator CUDA graphs cannot hold) leaves decode
         steps eager with one warning naming the cause, never a dead server."""
         try:
@@ -87,9 +90,14 @@ class ModelRunner:
         progress(f"decode steps: {self.model.compilation()}")
         return self
 
-    def execute(self, single: list[SeqWork], chunks: list[SeqWork],
-                copies: list[tuple[int, int]] | None = None,
-                hidden_states_out: list[torch.Tensor] | None = None, num_layers: int | None = None) -> torch.Tensor:
+    def execute(
+        self,
+        single: list[SeqWork],
+        chunks: list[SeqWork],
+        copies: list[tuple[int, int]] | None = None,
+        hidden_states_out: list[torch.Tensor] | None = None,
+        num_layers: int | None = None,
+    ) -> torch.Tensor:
         """Returns fp32 logits [rows, vocab]: each sequence's `num_logits` rows, in the order
         single-token rows, then chunks. `num_layers`: the early-exit draft (see LlamaModel). A work
         with `prompt_logprobs` also gets its rows' log-probs, handed to its sink.
@@ -104,30 +112,53 @@ class ModelRunner:
             return torch.cat([self._forward(single, [], None, num_layers), self._forward([], chunks, None, num_layers)])
         return self._forward(single, chunks, hidden_states_out, num_layers)
 
-    def _forward(self, single: list[SeqWork], chunks: list[SeqWork], hidden_states_out: list[torch.Tensor] | None,
-                 num_layers: int | None) -> torch.Tensor:
+    def _forward(
+        self,
+        single: list[SeqWork],
+        chunks: list[SeqWork],
+        hidden_states_out: list[torch.Tensor] | None,
+        num_layers: int | None,
+    ) -> torch.Tensor:
         ids, pos, slots, rows, wanted, pooled = self._host_inputs(single + chunks)
         hidden = None
         if self.graphs is not None and not chunks and hidden_states_out is None and num_layers is None:
-            hidden = self.graphs.run(ids, pos, slots, [w.num_computed + 1 for w in single],
-                                     [w.blocks_in_use(self.block_size) for w in single])  # None: no graph holds it
+            hidden = self.graphs.run(
+                ids,
+                pos,
+                slots,
+                [w.num_computed + 1 for w in single],
+                [w.blocks_in_use(self.block_size) for w in single],
+            )  # None: no graph holds it
         if hidden is None:
             dev = self.device
-            hidden = self.model(torch.tensor(ids, dtype=torch.long, device=dev),
-                                torch.tensor(pos, dtype=torch.long, device=dev), self.kv_cache,
-                                self._metadata(single, chunks, slots), hidden_states_out, num_layers)
+            hidden = self.model(
+                torch.tensor(ids, dtype=torch.long, device=dev),
+                torch.tensor(pos, dtype=torch.long, device=dev),
+                self.kv_cache,
+                self._metadata(single, chunks, slots),
+                hidden_states_out,
+                num_layers,
+            )
         for start, work in pooled:  # pooling requests: hidden states, no logits
-            work.pooled(work.num_computed, hidden[start:start + len(work.token_ids)])  # type: ignore[misc]
+            work.pooled(work.num_computed, hidden[start : start + len(work.token_ids)])  # type: ignore[misc]
         every_row = len(rows) == hidden.shape[0]  # rows ascend: all of them is hidden itself (a decode step)
         if not rows:  # only pooling chunks ran: no LM head call on zero rows
             logits = hidden.new_empty((0, self.model.config.vocab_size), dtype=torch.float32)
         else:
-            logits = self.model.compute_logits(hidden if every_row else hidden[torch.tensor(rows, dtype=torch.long,
-                                                                                            device=self.device)])
+            logits = self.model.compute_logits(
+                hidden if every_row else hidden[torch.tensor(rows, dtype=torch.long, device=self.device)]
+            )
         for start, asked in wanted:  # only requests that asked: nothing to do for the others
             first = start + asked.first_row
-            asked.sink(*target_logprobs(self.model.compute_logits, hidden[first:first + len(asked.targets)],
-                                        asked.targets, asked.top_n, self.model.config.vocab_size))
+            asked.sink(
+                *target_logprobs(
+                    self.model.compute_logits,
+                    hidden[first : first + len(asked.targets)],
+                    asked.targets,
+                    asked.top_n,
+                    self.model.config.vocab_size,
+                )
+            )
         return logits
 
     def _host_inputs(self, works: list[SeqWork]):
@@ -159,10 +190,10 @@ class ModelRunner:
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
             num_decode_tokens=len(single),
             decode_block_tables=self._padded_tables(single),
-            decode_context_lens=(torch.tensor([w.num_computed + 1 for w in single], device=dev)
-                                 if single else None),
+            decode_context_lens=(torch.tensor([w.num_computed + 1 for w in single], device=dev) if single else None),
             prefills=self._prefill_chunks(chunks, offset=len(single)),
-            block_size=self.block_size, dtype=self.dtype,
+            block_size=self.block_size,
+            dtype=self.dtype,
             decode_mask_read=not reads_pool_directly(self.kv_cache.k[0], len(single), self.dtype),
         )
 

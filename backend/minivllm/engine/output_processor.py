@@ -47,8 +47,15 @@ class OutputProcessor:
             if not t.seq.finished:  # a stop inside an accepted run of drafts ends the sequence there
                 self.append(t.seq, t.token, t.logprob, t.top, t.drafted, t.allowed_fraction)
 
-    def append(self, seq: Sequence, token: int, logprob: float | None, top, drafted: bool = False,
-               allowed_fraction: float | None = None) -> None:
+    def append(
+        self,
+        seq: Sequence,
+        token: int,
+        logprob: float | None,
+        top,
+        drafted: bool = False,
+        allowed_fraction: float | None = None,
+    ) -> None:
         text = append_token(seq, token, logprob, top, self.eos_ids, self.max_model_len)
         self.telemetry.token(seq, token, text, logprob, drafted, allowed_fraction)
 

@@ -119,7 +119,11 @@ def _merge(whole: RequestOutput, delta: RequestOutput) -> None:
                 old.logprobs = []
             old.logprobs.extend(new.logprobs)
         old.cumulative_logprob, old.finish_reason, old.stop_reason, old.num_tokens = (
-            new.cumulative_logprob, new.finish_reason, new.stop_reason, new.num_tokens)
+            new.cumulative_logprob,
+            new.finish_reason,
+            new.stop_reason,
+            new.num_tokens,
+        )
     whole.finished, whole.metrics, whole.error = delta.finished, delta.metrics, delta.error
     whole.error_param = delta.error_param
     if delta.prompt_logprobs is not None:

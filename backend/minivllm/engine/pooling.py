@@ -15,17 +15,23 @@ from collections.abc import Mapping
 from minivllm.core.pooling import PoolingParams, PromptPooling
 from minivllm.core.request import Request
 from minivllm.core.scheduler import SchedulerOutput
-from minivllm.errors import RequestRejectedError
 from minivllm.engine.outputs import PoolingRequestOutput, RequestMetrics
 from minivllm.engine.request_tracker import RequestTracker
 from minivllm.engine.request_validation import RequestLimits, validate_pooling_prompt
+from minivllm.errors import RequestRejectedError
 from minivllm.sampling.params import SamplingParams
 
 NO_SAMPLING = SamplingParams(max_tokens=1)  # what code shared with generation reads; nothing is drawn
 
 
-def pooling_requests(request_ids: list[str], prompts: list[list[int]], pooling: PoolingParams, priority: int,
-                     live: Mapping[str, Request], limits: RequestLimits) -> list[Request]:
+def pooling_requests(
+    request_ids: list[str],
+    prompts: list[list[int]],
+    pooling: PoolingParams,
+    priority: int,
+    live: Mapping[str, Request],
+    limits: RequestLimits,
+) -> list[Request]:
     """One request per prompt (token ids), every one checked before any is returned: all or none.
     With several prompts, a rejection names the prompt's index. Each gets its arrival time when
     `RequestTracker.add` queues it."""
@@ -40,9 +46,19 @@ def pooling_requests(request_ids: list[str], prompts: list[list[int]], pooling: 
             validate_pooling_prompt(ids, limits)
         except RequestRejectedError as exc:
             raise (RequestRejectedError(f"prompt {i}: {exc}", exc.param) if len(prompts) > 1 else exc) from None
-    return [Request(rid, None, list(ids), NO_SAMPLING, 0.0, max_tokens=0, priority=priority,
-                    pooling=PromptPooling(pooling, len(ids)))
-            for rid, ids in zip(request_ids, prompts)]
+    return [
+        Request(
+            rid,
+            None,
+            list(ids),
+            NO_SAMPLING,
+            0.0,
+            max_tokens=0,
+            priority=priority,
+            pooling=PromptPooling(pooling, len(ids)),
+        )
+        for rid, ids in zip(request_ids, prompts)
+    ]
 
 
 def finish_pooled(sched: SchedulerOutput, tracker: RequestTracker) -> list[PoolingRequestOutput]:
@@ -63,8 +79,14 @@ def finish_pooled(sched: SchedulerOutput, tracker: RequestTracker) -> list[Pooli
 def pooled_output(request: Request) -> PoolingRequestOutput:
     assert request.pooling is not None
     return PoolingRequestOutput(
-        request_id=request.request_id, prompt_token_ids=request.prompt_token_ids,
+        request_id=request.request_id,
+        prompt_token_ids=request.prompt_token_ids,
         embedding=request.pooling.vector(),
-        metrics=RequestMetrics(arrival_time=request.arrival_time, first_scheduled_time=request.first_scheduled_time,
-                               finished_time=request.finish_time, num_cached_tokens=request.num_cached_prompt_tokens,
-                               num_preemptions=request.num_preemptions))
+        metrics=RequestMetrics(
+            arrival_time=request.arrival_time,
+            first_scheduled_time=request.first_scheduled_time,
+            finished_time=request.finish_time,
+            num_cached_tokens=request.num_cached_prompt_tokens,
+            num_preemptions=request.num_preemptions,
+        ),
+    )

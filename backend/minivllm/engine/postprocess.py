@@ -6,8 +6,14 @@ from minivllm.core.request import Request, Sequence
 from minivllm.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 
 
-def append_token(seq: Sequence, token_id: int, logprob: float | None,
-                 top: list[tuple[int, float]] | None, eos_ids: frozenset[int], max_model_len: int) -> str:
+def append_token(
+    seq: Sequence,
+    token_id: int,
+    logprob: float | None,
+    top: list[tuple[int, float]] | None,
+    eos_ids: frozenset[int],
+    max_model_len: int,
+) -> str:
     """Adds the token, sets `seq.finish_reason` when it ends the sequence; returns the text to emit.
     A token that ends the sequence by itself (EOS, a stop token id) adds no text and no logprobs
     entry: it is not part of the completion a client sees."""
@@ -73,19 +79,22 @@ def completion_of(seq: Sequence) -> CompletionOutput:
     """What is new in the sequence since its previous output (advances its report marks)."""
     logprobs = None
     if seq.request.params.logprobs is not None:
-        logprobs = seq.top_logprobs[seq.reported_logprobs:]
+        logprobs = seq.top_logprobs[seq.reported_logprobs :]
     out = CompletionOutput(
         index=seq.sample_index,
-        text=seq.text[seq.reported_text_len:],
-        token_ids=seq.token_ids[seq.num_prompt_tokens + seq.reported_tokens:],  # the new ones only: no copy of all
+        text=seq.text[seq.reported_text_len :],
+        token_ids=seq.token_ids[seq.num_prompt_tokens + seq.reported_tokens :],  # the new ones only: no copy of all
         cumulative_logprob=seq.cumulative_logprob,
         logprobs=logprobs,
         finish_reason=seq.finish_reason,
         stop_reason=seq.stop_reason,
         num_tokens=seq.num_output_tokens,
     )
-    seq.reported_text_len, seq.reported_tokens, seq.reported_logprobs = (len(seq.text), seq.num_output_tokens,
-                                                                         len(seq.top_logprobs))
+    seq.reported_text_len, seq.reported_tokens, seq.reported_logprobs = (
+        len(seq.text),
+        seq.num_output_tokens,
+        len(seq.top_logprobs),
+    )
     return out
 
 

@@ -8,7 +8,6 @@ so a long prompt chunk never holds [chunk, vocab] logits (32 MiB of logits per p
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
@@ -28,8 +27,13 @@ def token_cost(config) -> int:
     return -(-(layers + head) // layers)
 
 
-def target_logprobs(compute_logits: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor,
-                    targets: list[int], top_n: int, vocab_size: int) -> tuple[list[dict[int, float]], list[int]]:
+def target_logprobs(
+    compute_logits: Callable[[torch.Tensor], torch.Tensor],
+    hidden: torch.Tensor,
+    targets: list[int],
+    top_n: int,
+    vocab_size: int,
+) -> tuple[list[dict[int, float]], list[int]]:
     """Per row of `hidden` [len(targets), hidden]: {target: logprob, then the top-N: logprob} under
     log_softmax of the fp32 logits, and the target's rank (1 + how many tokens are likelier; ties
     count against it, as vLLM's)."""
@@ -39,7 +43,7 @@ def target_logprobs(compute_logits: Callable[[torch.Tensor], torch.Tensor], hidd
     rows_per_pass = max(1, LOGITS_PER_PASS // vocab_size)
     with torch.inference_mode():
         for start in range(0, len(targets), rows_per_pass):
-            logits = compute_logits(hidden[start:start + rows_per_pass]).float()
+            logits = compute_logits(hidden[start : start + rows_per_pass]).float()
             end = start + logits.shape[0]
             lse = torch.logsumexp(logits, dim=-1, keepdim=True)
             chosen = logits.gather(1, target_ids[start:end].unsqueeze(1))

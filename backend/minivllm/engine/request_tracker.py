@@ -9,14 +9,14 @@ from collections import deque
 import torch
 
 from minivllm.core.request import Request, RequestStatus, Sequence
-from minivllm.engine import wire
-from minivllm.events import types as ev
 from minivllm.core.scheduler import Scheduler
-from minivllm.text.detokenizer import IncrementalDetokenizer
-from minivllm.errors import RequestRejectedError
+from minivllm.engine import wire
 from minivllm.engine.outputs import RequestOutput
 from minivllm.engine.postprocess import request_output
 from minivllm.engine.telemetry import Telemetry
+from minivllm.errors import RequestRejectedError
+from minivllm.events import types as ev
+from minivllm.text.detokenizer import IncrementalDetokenizer
 from minivllm.text.stop_strings import StopStringMatcher
 
 FINISHED_HISTORY = 256  # finished requests kept for snapshots (the timeline of late joiners)
@@ -38,8 +38,13 @@ class RequestTracker:
     def new_seq(self, request: Request, token_ids: list[int], index: int, parent: Sequence | None = None) -> Sequence:
         """A sequence with its own sampling state; not yet part of the request (see `add_fork`)."""
         p = request.params
-        seq = Sequence(request, token_ids, request.num_prompt_tokens, sample_index=index,
-                       parent_seq_id=parent.seq_id if parent else None)
+        seq = Sequence(
+            request,
+            token_ids,
+            request.num_prompt_tokens,
+            sample_index=index,
+            parent_seq_id=parent.seq_id if parent else None,
+        )
         if parent is not None:
             seq.inherit_block_hashes(parent)
         if p.seed is not None:
@@ -72,10 +77,17 @@ class RequestTracker:
         """A new request: its first sequence, its arrival (the event's time becomes its arrival time:
         one clock for the engine and the event log), then the waiting queue."""
         request.seqs.append(self.new_seq(request, list(request.prompt_token_ids), 0))
-        arrived = self.telemetry.emit(ev.RequestArrived(
-            request_id=request.request_id, prompt_tokens=request.num_prompt_tokens, max_tokens=request.max_tokens,
-            n=request.params.n, priority=request.priority, sampling=wire.sampling_summary(request),
-            prompt_preview=request.preview))
+        arrived = self.telemetry.emit(
+            ev.RequestArrived(
+                request_id=request.request_id,
+                prompt_tokens=request.num_prompt_tokens,
+                max_tokens=request.max_tokens,
+                n=request.params.n,
+                priority=request.priority,
+                sampling=wire.sampling_summary(request),
+                prompt_preview=request.preview,
+            )
+        )
         request.arrival_time = arrived.ts
         self.requests[request.request_id] = request
         self.telemetry.seq_added(request, request.seqs[0])
@@ -137,5 +149,8 @@ class RequestTracker:
 
 
 def finish_words(reason: str) -> str:
-    return {"stop": "finished: stop condition met", "length": "finished: length limit reached",
-            "abort": "aborted by the client"}.get(reason, f"finished: {reason}")
+    return {
+        "stop": "finished: stop condition met",
+        "length": "finished: length limit reached",
+        "abort": "aborted by the client",
+    }.get(reason, f"finished: {reason}")

@@ -30,14 +30,18 @@ def validate_request(ids: list[int], params: SamplingParams, limits: RequestLimi
     limit, vocab = limits.max_model_len, limits.vocab_size
     _check_stop_list(params, limits)
     if params.top_k > vocab:
-        raise RequestRejectedError(f"top_k must be -1 or 0 (disabled) or at most the vocabulary size {vocab}, "
-                                   f"got {params.top_k}", "top_k")
-    for field_name, token_ids in (("logit_bias", params.logit_bias or {}),
-                                  ("allowed_token_ids", params.allowed_token_ids or ())):
+        raise RequestRejectedError(
+            f"top_k must be -1 or 0 (disabled) or at most the vocabulary size {vocab}, got {params.top_k}", "top_k"
+        )
+    for field_name, token_ids in (
+        ("logit_bias", params.logit_bias or {}),
+        ("allowed_token_ids", params.allowed_token_ids or ()),
+    ):
         bad_ids = [t for t in token_ids if t >= vocab]
         if bad_ids:
-            raise RequestRejectedError(f"{field_name} token id {bad_ids[0]} is out of range for vocabulary size "
-                                       f"{vocab}", field_name)
+            raise RequestRejectedError(
+                f"{field_name} token id {bad_ids[0]} is out of range for vocabulary size {vocab}", field_name
+            )
     if not ids:
         raise RequestRejectedError("the prompt is empty", "prompt")
     bad = [t for t in ids if not 0 <= t < vocab]
@@ -46,13 +50,16 @@ def validate_request(ids: list[int], params: SamplingParams, limits: RequestLimi
     if len(ids) >= limit:
         raise RequestRejectedError(
             f"the prompt is {len(ids)} tokens long, which does not fit this model's maximum context length "
-            f"(max_model_len) of {limit} tokens", "prompt")
+            f"(max_model_len) of {limit} tokens",
+            "prompt",
+        )
     max_tokens = params.max_tokens if params.max_tokens is not None else limit - len(ids)
     if len(ids) + max_tokens > limit:
         raise RequestRejectedError(
             f"this model's maximum context length is {limit} tokens, but {len(ids) + max_tokens} were requested "
             f"({len(ids)} in the prompt and {max_tokens} for the completion); reduce the prompt or max_tokens",
-            "max_tokens")
+            "max_tokens",
+        )
     _check_fits_pool(len(ids), max_tokens, params, limits)
     return max_tokens
 
@@ -71,26 +78,32 @@ def _check_stop_list(params: SamplingParams, config: RequestLimits) -> None:
         raise RequestRejectedError(f"stop must hold at most {config.max_stop_strings} strings, got {len(stop)}", "stop")
     total = sum(map(len, stop))
     if total > config.max_stop_chars:
-        raise RequestRejectedError(f"stop strings must total at most {config.max_stop_chars} characters, "
-                                   f"got {total}", "stop")
+        raise RequestRejectedError(
+            f"stop strings must total at most {config.max_stop_chars} characters, got {total}", "stop"
+        )
 
 
 def _check_fits_pool(prompt_len: int, max_tokens: int, params: SamplingParams, cfg: RequestLimits) -> None:
     width = (params.beam_width or params.n) if params.use_beam_search else params.n
     if width > cfg.max_num_seqs:
         raise RequestRejectedError(
-            f"the request runs {width} sequences at once but max_num_seqs is {cfg.max_num_seqs}", "n")
+            f"the request runs {width} sequences at once but max_num_seqs is {cfg.max_num_seqs}", "n"
+        )
     if width > cfg.max_num_batched_tokens:  # its sequences decode together: one token each per step
         raise RequestRejectedError(
-            f"the request runs {width} sequences at once but max_num_batched_tokens is "
-            f"{cfg.max_num_batched_tokens}", "n")
+            f"the request runs {width} sequences at once but max_num_batched_tokens is {cfg.max_num_batched_tokens}",
+            "n",
+        )
     # the prompt is shared; each sequence needs its own copy of the last partial block onwards
-    needed = ceil_div(prompt_len + max_tokens, cfg.block_size) + (width - 1) * (ceil_div(max_tokens, cfg.block_size) + 1)
+    needed = ceil_div(prompt_len + max_tokens, cfg.block_size) + (width - 1) * (
+        ceil_div(max_tokens, cfg.block_size) + 1
+    )
     if needed > cfg.num_blocks:
         raise RequestRejectedError(
             f"the request needs up to {needed} KV blocks ({prompt_len} prompt tokens + {max_tokens} new tokens "
             f"x {width} sequence(s), block size {cfg.block_size}) but the whole KV pool has {cfg.num_blocks} blocks",
-            "max_tokens")
+            "max_tokens",
+        )
 
 
 def validate_pooling_prompt(ids: list[int], limits: RequestLimits) -> None:
@@ -102,9 +115,15 @@ def validate_pooling_prompt(ids: list[int], limits: RequestLimits) -> None:
     if bad is not None:
         raise RequestRejectedError(f"prompt token id {bad} is out of range for vocabulary size {vocab}", "prompt")
     if len(ids) > limit:
-        raise RequestRejectedError(f"the prompt is {len(ids)} tokens long, more than this model's maximum context "
-                                   f"length (max_model_len) of {limit} tokens", "prompt")
+        raise RequestRejectedError(
+            f"the prompt is {len(ids)} tokens long, more than this model's maximum context "
+            f"length (max_model_len) of {limit} tokens",
+            "prompt",
+        )
     needed = ceil_div(len(ids), limits.block_size)
     if needed > limits.num_blocks:
-        raise RequestRejectedError(f"the prompt needs {needed} KV blocks (block size {limits.block_size}) but the "
-                                   f"whole KV pool has {limits.num_blocks} blocks", "prompt")
+        raise RequestRejectedError(
+            f"the prompt needs {needed} KV blocks (block size {limits.block_size}) but the "
+            f"whole KV pool has {limits.num_blocks} blocks",
+            "prompt",
+        )

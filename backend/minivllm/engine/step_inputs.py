@@ -20,19 +20,38 @@ from minivllm.core.step_work import PromptLogprobsRows, SeqWork
 def runner_inputs(sched: SchedulerOutput, blocks: BlockManager) -> tuple[list[SeqWork], list[SeqWork]]:
     """A step's plan as the runner's (decode rows, chunks), in `sched.in_logits_order()`."""
     chunks = sched.in_logits_order()
-    return ([w for s in chunks if s.is_single_token for w in _decode_rows(s, blocks)],
-            [SeqWork(s.seq.token_ids[s.start:s.start + s.num_tokens], s.start, blocks.block_table(s.seq.seq_id),
-                     num_logits=int(s.samples), prompt_logprobs=_prompt_logprobs(s), pooled=_pooled(s))
-             for s in chunks if not s.is_single_token])
+    return (
+        [w for s in chunks if s.is_single_token for w in _decode_rows(s, blocks)],
+        [
+            SeqWork(
+                s.seq.token_ids[s.start : s.start + s.num_tokens],
+                s.start,
+                blocks.block_table(s.seq.seq_id),
+                num_logits=int(s.samples),
+                prompt_logprobs=_prompt_logprobs(s),
+                pooled=_pooled(s),
+            )
+            for s in chunks
+            if not s.is_single_token
+        ],
+    )
 
 
 def _decode_rows(s: ScheduledSeq, blocks: BlockManager) -> list[SeqWork]:
     """A decode token, or a verify chunk's last token and drafts, one decode row each."""
     table = blocks.block_table(s.seq.seq_id)
-    tokens = s.seq.token_ids[s.start:s.start + s.num_tokens - s.num_draft] + s.drafts
+    tokens = s.seq.token_ids[s.start : s.start + s.num_tokens - s.num_draft] + s.drafts
     if not s.num_draft:  # a decode token, or a one-token prefill chunk (which may want a prompt logprob)
-        return [SeqWork(tokens, s.start, table, num_logits=int(s.samples), prompt_logprobs=_prompt_logprobs(s),
-                        pooled=_pooled(s))]
+        return [
+            SeqWork(
+                tokens,
+                s.start,
+                table,
+                num_logits=int(s.samples),
+                prompt_logprobs=_prompt_logprobs(s),
+                pooled=_pooled(s),
+            )
+        ]
     return [SeqWork([t], s.start + i, table, num_logits=int(s.samples)) for i, t in enumerate(tokens)]
 
 
@@ -53,5 +72,6 @@ def _prompt_logprobs(s: ScheduledSeq) -> PromptLogprobsRows | None:
         return None
     first_row, targets = wanted
     first_token = s.start + first_row + 1
-    return PromptLogprobsRows(first_row, targets, state.top_n,
-                              lambda entries, ranks: state.add(first_token, entries, ranks))
+    return PromptLogprobsRows(
+        first_row, targets, state.top_n, lambda entries, ranks: state.add(first_token, entries, ranks)
+    )

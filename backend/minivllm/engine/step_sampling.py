@@ -58,7 +58,7 @@ class StepSampler:
         samples, plain = [], []
         for chunk, row in sched.sampled():
             if chunk.num_draft:
-                samples.append(self._verify(chunk, logits[row:row + chunk.num_logits]))
+                samples.append(self._verify(chunk, logits[row : row + chunk.num_logits]))
                 continue
             request = chunk.seq.request
             by_request.setdefault(request.request_id, (request, []))[1].append((chunk.seq, row))
@@ -68,8 +68,9 @@ class StepSampler:
                 # rows in beam order: after a preemption, some beams may finish recomputing as single
                 # tokens and others as chunks, which the runner lays out single tokens first
                 rows.sort(key=lambda item: request.seqs.index(item[0]))
-                drawn.beam_choices = self.tracker.contained(request, "sampling", self.beam_step, request,
-                                                            logits[[row for _, row in rows]])
+                drawn.beam_choices = self.tracker.contained(
+                    request, "sampling", self.beam_step, request, logits[[row for _, row in rows]]
+                )
                 if drawn.beam_choices is None:
                     continue
             else:
@@ -82,8 +83,9 @@ class StepSampler:
         """A verify chunk (one sequence, its request has no other): keep the drafts the target
         agrees with, then the target's own token."""
         seq, drawn = chunk.seq, RequestSamples(chunk.seq.request)
-        verified = self.tracker.contained(seq.request, "sampling", verify_drafts, self.sampler, seq, chunk.drafts,
-                                          logits, self.eos_id)
+        verified = self.tracker.contained(
+            seq.request, "sampling", verify_drafts, self.sampler, seq, chunk.drafts, logits, self.eos_id
+        )
         if verified is None:
             return drawn
         drawn.verified = verified
@@ -95,8 +97,9 @@ class StepSampler:
     def beam_step(self, request: Request, logits: torch.Tensor) -> list[tuple[int, int]]:
         if request.beam is None:
             p = request.params
-            request.beam = BeamSearchState(p.beam_width, p.length_penalty, self.eos_id,
-                                           request.max_tokens, request.num_prompt_tokens, p.n)
+            request.beam = BeamSearchState(
+                p.beam_width, p.length_penalty, self.eos_id, request.max_tokens, request.num_prompt_tokens, p.n
+            )
         return request.beam.step(torch.log_softmax(logits.float(), dim=-1))
 
     def _new_samples(self, drawn: RequestSamples, rows: Rows) -> Rows:
@@ -107,8 +110,9 @@ class StepSampler:
             return []
         request.forked = True
         parent, row = rows[0]
-        children = [self.tracker.new_seq(request, list(parent.token_ids), index, parent)
-                    for index in range(1, request.params.n)]
+        children = [
+            self.tracker.new_seq(request, list(parent.token_ids), index, parent) for index in range(1, request.params.n)
+        ]
         drawn.new_children = [(parent, child) for child in children]
         return [(child, row) for child in children]
 
@@ -118,8 +122,17 @@ class StepSampler:
         if not items:
             return
         generators = [(s.generator, s.generator.get_state()) for s, _ in items if s.generator is not None]
-        rows = [SamplingRow(s.request.params, s.request.prompt_token_ids, _outputs_for_sampler(s), s.generator,
-                            self.eos_id, s.grammar) for s, _ in items]
+        rows = [
+            SamplingRow(
+                s.request.params,
+                s.request.prompt_token_ids,
+                _outputs_for_sampler(s),
+                s.generator,
+                self.eos_id,
+                s.grammar,
+            )
+            for s, _ in items
+        ]
         try:
             result = self.sampler(_select_rows(logits, [row for _, row in items]), rows)
         except Exception as exc:  # noqa: BLE001 - contained below, per request
@@ -136,8 +149,9 @@ class StepSampler:
             for seq, _ in group:
                 top = result.top_logprobs[i] if result.top_logprobs else None
                 allowed = result.allowed_fractions[i] if result.allowed_fractions else None
-                drawn.tokens.append(SampledToken(seq, result.token_ids[i], result.logprobs[i], top,
-                                                 allowed_fraction=allowed))
+                drawn.tokens.append(
+                    SampledToken(seq, result.token_ids[i], result.logprobs[i], top, allowed_fraction=allowed)
+                )
                 i += 1
 
 

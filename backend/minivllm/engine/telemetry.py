@@ -11,12 +11,12 @@ import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 
-from minivllm.events import types as ev
 from minivllm.core.block_manager import BlockManager
 from minivllm.core.request import Request, RequestStatus, Sequence
 from minivllm.core.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from minivllm.engine import wire
 from minivllm.engine.memory_budget import process_rss_bytes
+from minivllm.events import types as ev
 from minivllm.events.bus import EventBus
 from minivllm.spec_decode.verify import Verified
 
@@ -95,29 +95,58 @@ class Telemetry:
             if wire_event is not None:
                 self.bus.emit(wire_event)
 
-    def set_status(self, request: Request, status: RequestStatus, reason: str,
-                   finish_reason: str | None = None) -> ev.RequestStateChanged:
+    def set_status(
+        self, request: Request, status: RequestStatus, reason: str, finish_reason: str | None = None
+    ) -> ev.RequestStateChanged:
         previous = request.status
         request.status = status
-        return self.emit(ev.RequestStateChanged(request_id=request.request_id, state=status.value,
-                                                previous=None if previous == status else previous.value,
-                                                reason=reason, finish_reason=finish_reason))
+        return self.emit(
+            ev.RequestStateChanged(
+                request_id=request.request_id,
+                state=status.value,
+                previous=None if previous == status else previous.value,
+                reason=reason,
+                finish_reason=finish_reason,
+            )
+        )
 
     def seq_added(self, request: Request, seq: Sequence) -> None:
-        self.emit(ev.SeqAdded(request_id=request.request_id, seq_id=seq.seq_id, parent_seq_id=seq.parent_seq_id,
-                              num_tokens=seq.num_tokens, num_prompt_tokens=seq.num_prompt_tokens))
+        self.emit(
+            ev.SeqAdded(
+                request_id=request.request_id,
+                seq_id=seq.seq_id,
+                parent_seq_id=seq.parent_seq_id,
+                num_tokens=seq.num_tokens,
+                num_prompt_tokens=seq.num_prompt_tokens,
+            )
+        )
 
     def seq_removed(self, request: Request, seq: Sequence, reason: str) -> None:
         self.emit(ev.SeqRemoved(request_id=request.request_id, seq_id=seq.seq_id, reason=reason))
 
-    def token(self, seq: Sequence, token: int, text: str, logprob: float | None, drafted: bool = False,
-              allowed_fraction: float | None = None) -> None:
+    def token(
+        self,
+        seq: Sequence,
+        token: int,
+        text: str,
+        logprob: float | None,
+        drafted: bool = False,
+        allowed_fraction: float | None = None,
+    ) -> None:
         request = seq.request
         request.num_generated_events += 1
         self.counters.generation_tokens += 1
-        event = self.emit(ev.TokenGenerated(request_id=request.request_id, seq_id=seq.seq_id,
-                                            token_id=token, text=text, logprob=logprob, drafted=drafted,
-                                            allowed_fraction=allowed_fraction))
+        event = self.emit(
+            ev.TokenGenerated(
+                request_id=request.request_id,
+                seq_id=seq.seq_id,
+                token_id=token,
+                text=text,
+                logprob=logprob,
+                drafted=drafted,
+                allowed_fraction=allowed_fraction,
+            )
+        )
         if request.first_token_time is None:
             request.first_token_time = event.ts
 
@@ -130,9 +159,17 @@ class Telemetry:
         per_position.extend([0] * (len(verified.proposed) - len(per_position)))
         for i in range(accepted):
             per_position[i] += 1
-        self.emit(ev.SpecVerified(request_id=seq.request.request_id, seq_id=seq.seq_id, step=c.steps,
-                                  method=self.spec_method or "", proposed=verified.proposed, accepted=accepted,
-                                  token_id=verified.tokens[-1]))
+        self.emit(
+            ev.SpecVerified(
+                request_id=seq.request.request_id,
+                seq_id=seq.seq_id,
+                step=c.steps,
+                method=self.spec_method or "",
+                proposed=verified.proposed,
+                accepted=accepted,
+                token_id=verified.tokens[-1],
+            )
+        )
 
     # ---- steps --------------------------------------------------------------------------------
 
@@ -146,21 +183,33 @@ class Telemetry:
         self.counters.steps += 1
 
         def chunk(s: ScheduledSeq) -> ev.ScheduledChunk:
-            return ev.ScheduledChunk(request_id=s.seq.request.request_id, seq_id=s.seq.seq_id,
-                                     start=s.start, num_tokens=s.num_tokens, num_draft=s.num_draft)
+            return ev.ScheduledChunk(
+                request_id=s.seq.request.request_id,
+                seq_id=s.seq.seq_id,
+                start=s.start,
+                num_tokens=s.num_tokens,
+                num_draft=s.num_draft,
+            )
 
         # prefill / decode here is the request's phase (the dashboard's lanes), not the runner's
         # single-token split: a recompute after preemption is prefill even for one token
         in_prefill = [s for s in sched.scheduled if s.seq.request.status == RequestStatus.PREFILL]
         decoding = [s for s in sched.scheduled if s.seq.request.status != RequestStatus.PREFILL]
         scheduler = self._scheduler
-        self.emit(ev.StepScheduled(
-            step=self.counters.steps, prefill=[chunk(s) for s in in_prefill], decode=[chunk(s) for s in decoding],
-            budget_used=sched.budget_used, budget=budget,
-            num_running=len(scheduler.running), num_waiting=len(scheduler.waiting),
-            preempted=[r.request_id for r in sched.preempted],
-            queue_head=sched.queue_head.request_id if sched.queue_head else None,
-            queue_head_reason=sched.queue_head_reason))
+        self.emit(
+            ev.StepScheduled(
+                step=self.counters.steps,
+                prefill=[chunk(s) for s in in_prefill],
+                decode=[chunk(s) for s in decoding],
+                budget_used=sched.budget_used,
+                budget=budget,
+                num_running=len(scheduler.running),
+                num_waiting=len(scheduler.waiting),
+                preempted=[r.request_id for r in sched.preempted],
+                queue_head=sched.queue_head.request_id if sched.queue_head else None,
+                queue_head_reason=sched.queue_head_reason,
+            )
+        )
 
     def step_ran(self, sched: SchedulerOutput) -> None:
         """The forward pass ran: count the prompt tokens it computed."""
@@ -170,11 +219,18 @@ class Telemetry:
 
     def step_finished(self, sched: SchedulerOutput, timer: StepTimer, num_generated: int) -> None:
         end = time.perf_counter()
-        self.emit(ev.StepFinished(
-            step=self.counters.steps, duration_ms=(end - timer.start) * 1e3,
-            num_tokens=sum(s.num_tokens for s in sched.scheduled), num_generated=num_generated,
-            schedule_ms=(timer.scheduled - timer.start) * 1e3, forward_ms=(timer.executed - timer.scheduled) * 1e3,
-            sample_ms=(timer.sampled - timer.executed) * 1e3, postprocess_ms=(end - timer.sampled) * 1e3))
+        self.emit(
+            ev.StepFinished(
+                step=self.counters.steps,
+                duration_ms=(end - timer.start) * 1e3,
+                num_tokens=sum(s.num_tokens for s in sched.scheduled),
+                num_generated=num_generated,
+                schedule_ms=(timer.scheduled - timer.start) * 1e3,
+                forward_ms=(timer.executed - timer.scheduled) * 1e3,
+                sample_ms=(timer.sampled - timer.executed) * 1e3,
+                postprocess_ms=(end - timer.sampled) * 1e3,
+            )
+        )
         self.metrics_if_due()
 
     def _count_admissions(self, admitted: Iterable[Request]) -> None:
@@ -188,13 +244,20 @@ class Telemetry:
     def stats(self) -> EngineStats:
         c, bm, scheduler = self.counters, self._bm, self._scheduler
         return EngineStats(
-            num_running=len(scheduler.running), num_waiting=len(scheduler.waiting), kv_usage=bm.usage(),
-            num_cached_free_blocks=bm.num_cached_free_blocks, prefix_cache_queries=c.prefix_queries,
-            prefix_cache_hits=c.prefix_hits, num_preemptions=scheduler.num_preemptions,
-            prompt_tokens=c.prompt_tokens, generation_tokens=c.generation_tokens,
-            spec_num_drafts=c.spec_drafts, spec_num_draft_tokens=c.spec_draft_tokens,
+            num_running=len(scheduler.running),
+            num_waiting=len(scheduler.waiting),
+            kv_usage=bm.usage(),
+            num_cached_free_blocks=bm.num_cached_free_blocks,
+            prefix_cache_queries=c.prefix_queries,
+            prefix_cache_hits=c.prefix_hits,
+            num_preemptions=scheduler.num_preemptions,
+            prompt_tokens=c.prompt_tokens,
+            generation_tokens=c.generation_tokens,
+            spec_num_drafts=c.spec_drafts,
+            spec_num_draft_tokens=c.spec_draft_tokens,
             spec_num_accepted_tokens=c.spec_accepted_tokens,
-            spec_accepted_per_position=tuple(c.spec_accepted_per_position))
+            spec_accepted_per_position=tuple(c.spec_accepted_per_position),
+        )
 
     def metrics_if_due(self, force: bool = False) -> None:
         now = self.bus.now()
@@ -204,12 +267,23 @@ class Telemetry:
         dt = max(now - last_t, 1e-9)
         stats = self.stats()
         self._last_metrics = (now, stats.generation_tokens, stats.prompt_tokens)
-        self.emit(ev.MetricsSample(
-            **asdict(stats), generation_throughput=(stats.generation_tokens - last_gen) / dt,
-            prompt_throughput=(stats.prompt_tokens - last_prompt) / dt, rss_bytes=process_rss_bytes()))
+        self.emit(
+            ev.MetricsSample(
+                **asdict(stats),
+                generation_throughput=(stats.generation_tokens - last_gen) / dt,
+                prompt_throughput=(stats.prompt_tokens - last_prompt) / dt,
+                rss_bytes=process_rss_bytes(),
+            )
+        )
 
     def snapshot(self, info: ev.EngineInfo, requests: Iterable[Request]) -> ev.Snapshot:
         self.flush_block_events()
         bm = self._bm
-        return ev.Snapshot(seq=self.bus.last_seq, ts=self.bus.now(), step=self.counters.steps, config=info,
-                           requests=[wire.request_state(r, bm) for r in requests], blocks=wire.block_states(bm))
+        return ev.Snapshot(
+            seq=self.bus.last_seq,
+            ts=self.bus.now(),
+            step=self.counters.steps,
+            config=info,
+            requests=[wire.request_state(r, bm) for r in requests],
+            blocks=wire.block_states(bm),
+        )

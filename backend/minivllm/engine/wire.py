@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from minivllm.events import types as ev
 from minivllm.core.block_manager import BlockEvent, BlockManager
 from minivllm.core.request import Request, Sequence
+from minivllm.events import types as ev
 from minivllm.sampling.params import SamplingParams
 
 
@@ -14,19 +14,41 @@ def block_event(e: BlockEvent) -> ev.Event | None:
     if e.kind == "allocated":
         return ev.BlocksAllocated(request_id=owner, seq_id=seq_id, block_ids=e.block_ids, table=e.table)
     if e.kind == "shared":
-        return ev.BlocksShared(request_id=owner, seq_id=seq_id, block_ids=e.block_ids, ref_counts=e.ref_counts,
-                               prefix_hit=e.prefix_hit, table=e.table)
+        return ev.BlocksShared(
+            request_id=owner,
+            seq_id=seq_id,
+            block_ids=e.block_ids,
+            ref_counts=e.ref_counts,
+            prefix_hit=e.prefix_hit,
+            table=e.table,
+        )
     if e.kind in ("freed", "released"):
-        return ev.BlocksFreed(request_id=owner, seq_id=seq_id, block_ids=e.block_ids, ref_counts=e.ref_counts,
-                              whole_table=e.seq_released, table=None if e.seq_released else e.table)
+        return ev.BlocksFreed(
+            request_id=owner,
+            seq_id=seq_id,
+            block_ids=e.block_ids,
+            ref_counts=e.ref_counts,
+            whole_table=e.seq_released,
+            table=None if e.seq_released else e.table,
+        )
     if e.kind == "cached":
-        return ev.BlocksCached(request_id=owner, seq_id=seq_id, block_ids=e.block_ids,
-                               hashes=[ev.hash_hex(h) or "" for h in e.block_hashes or []])
+        return ev.BlocksCached(
+            request_id=owner,
+            seq_id=seq_id,
+            block_ids=e.block_ids,
+            hashes=[ev.hash_hex(h) or "" for h in e.block_hashes or []],
+        )
     if e.kind == "evicted":
         return ev.BlocksEvicted(block_ids=e.block_ids, hashes=[ev.hash_hex(h) or "" for h in e.block_hashes or []])
     if e.kind == "copied":
-        return ev.BlocksCopied(request_id=owner, seq_id=seq_id, src_block_ids=e.src_block_ids or [],
-                               block_ids=e.block_ids, ref_counts=e.ref_counts, table=e.table)
+        return ev.BlocksCopied(
+            request_id=owner,
+            seq_id=seq_id,
+            src_block_ids=e.src_block_ids or [],
+            block_ids=e.block_ids,
+            ref_counts=e.ref_counts,
+            table=e.table,
+        )
     return None
 
 
@@ -38,11 +60,27 @@ def sampling_summary(request: Request) -> dict[str, object]:
     if request.pooling is not None:
         return {"pooling": request.pooling.params.describe()}
     defaults = _DEFAULT_PARAMS
-    keys = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
-            "frequency_penalty", "seed", "n", "use_beam_search", "beam_width", "length_penalty",
-            "min_tokens", "ignore_eos", "logprobs", "stop")
-    summary: dict[str, object] = {k: getattr(request.params, k) for k in keys
-                                  if getattr(request.params, k) != getattr(defaults, k)}
+    keys = (
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "repetition_penalty",
+        "presence_penalty",
+        "frequency_penalty",
+        "seed",
+        "n",
+        "use_beam_search",
+        "beam_width",
+        "length_penalty",
+        "min_tokens",
+        "ignore_eos",
+        "logprobs",
+        "stop",
+    )
+    summary: dict[str, object] = {
+        k: getattr(request.params, k) for k in keys if getattr(request.params, k) != getattr(defaults, k)
+    }
     if "stop" in summary:
         summary["stop"] = stop_summary(request.params.stop)  # type: ignore[arg-type]
     summary["max_tokens"] = request.max_tokens
@@ -65,14 +103,20 @@ STOP_SHOWN, STOP_CHARS_SHOWN = 4, 40
 def stop_summary(stop: list[str]) -> list[str]:
     """The stop list as shown in events and snapshots: a few entries, each cut short, and a count of
     the rest (a snapshot carries this for every request it lists)."""
-    shown = [s if len(s) <= STOP_CHARS_SHOWN else s[:STOP_CHARS_SHOWN - 1] + "…" for s in stop[:STOP_SHOWN]]
+    shown = [s if len(s) <= STOP_CHARS_SHOWN else s[: STOP_CHARS_SHOWN - 1] + "…" for s in stop[:STOP_SHOWN]]
     return shown + ([f"(+{len(stop) - STOP_SHOWN} more)"] if len(stop) > STOP_SHOWN else [])
 
 
 def seq_state(seq: Sequence, bm: BlockManager) -> ev.SeqState:
-    return ev.SeqState(seq_id=seq.seq_id, parent_seq_id=seq.parent_seq_id, num_tokens=seq.num_tokens,
-                       num_prompt_tokens=seq.num_prompt_tokens, num_computed=seq.num_computed,
-                       block_table=bm.block_table(seq.seq_id), finished=seq.finished)
+    return ev.SeqState(
+        seq_id=seq.seq_id,
+        parent_seq_id=seq.parent_seq_id,
+        num_tokens=seq.num_tokens,
+        num_prompt_tokens=seq.num_prompt_tokens,
+        num_computed=seq.num_computed,
+        block_table=bm.block_table(seq.seq_id),
+        finished=seq.finished,
+    )
 
 
 def request_state(request: Request, bm: BlockManager) -> ev.RequestState:
@@ -97,6 +141,11 @@ def request_state(request: Request, bm: BlockManager) -> ev.RequestState:
 
 def block_states(bm: BlockManager) -> list[ev.BlockState]:
     """Hashes are shown only for blocks reachable through the prefix cache."""
-    return [ev.BlockState(block_id=b.block_id, ref_count=b.ref_count,
-                          block_hash=ev.hash_hex(b.block_hash) if bm.is_cached(b.block_id) else None)
-            for b in bm.blocks]
+    return [
+        ev.BlockState(
+            block_id=b.block_id,
+            ref_count=b.ref_count,
+            block_hash=ev.hash_hex(b.block_hash) if bm.is_cached(b.block_id) else None,
+        )
+        for b in bm.blocks
+    ]

@@ -10,7 +10,7 @@ import logging
 import threading
 import time
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 from minivllm.events.types import AnyEvent
 

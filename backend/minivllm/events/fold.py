@@ -20,7 +20,7 @@ class StateFolder:
         self.requests: dict[str, ev.RequestState] = {r.request_id: r for r in snap.requests}
         self.blocks: list[ev.BlockState] = snap.blocks
 
-    def apply_all(self, events: Iterable[ev.Event]) -> "StateFolder":
+    def apply_all(self, events: Iterable[ev.Event]) -> StateFolder:
         for event in events:
             self.apply(event)
         return self
@@ -34,8 +34,14 @@ class StateFolder:
             handler(e)
 
     def snapshot(self) -> ev.Snapshot:
-        return ev.Snapshot(seq=self.seq, ts=self.ts, step=self.step, config=self.config,
-                           requests=list(self.requests.values()), blocks=self.blocks)
+        return ev.Snapshot(
+            seq=self.seq,
+            ts=self.ts,
+            step=self.step,
+            config=self.config,
+            requests=list(self.requests.values()),
+            blocks=self.blocks,
+        )
 
     # ---- helpers ------------------------------------------------------------------------------
 
@@ -58,8 +64,16 @@ class StateFolder:
 
     def _on_RequestArrived(self, e: ev.RequestArrived) -> None:
         self.requests[e.request_id] = ev.RequestState(
-            request_id=e.request_id, state="WAITING", prompt_tokens=e.prompt_tokens, max_tokens=e.max_tokens,
-            n=e.n, priority=e.priority, arrival_ts=e.ts, sampling=e.sampling, prompt_preview=e.prompt_preview)
+            request_id=e.request_id,
+            state="WAITING",
+            prompt_tokens=e.prompt_tokens,
+            max_tokens=e.max_tokens,
+            n=e.n,
+            priority=e.priority,
+            arrival_ts=e.ts,
+            sampling=e.sampling,
+            prompt_preview=e.prompt_preview,
+        )
 
     def _on_RequestStateChanged(self, e: ev.RequestStateChanged) -> None:
         request = self.requests.get(e.request_id)
@@ -78,10 +92,16 @@ class StateFolder:
         if request is None:
             return
         parent = self._seq(e.request_id, e.parent_seq_id) if e.parent_seq_id is not None else None
-        request.seqs.append(ev.SeqState(
-            seq_id=e.seq_id, parent_seq_id=e.parent_seq_id, num_tokens=e.num_tokens,
-            num_prompt_tokens=e.num_prompt_tokens, num_computed=parent.num_computed if parent else 0,
-            block_table=[]))
+        request.seqs.append(
+            ev.SeqState(
+                seq_id=e.seq_id,
+                parent_seq_id=e.parent_seq_id,
+                num_tokens=e.num_tokens,
+                num_prompt_tokens=e.num_prompt_tokens,
+                num_computed=parent.num_computed if parent else 0,
+                block_table=[],
+            )
+        )
 
     def _on_SeqRemoved(self, e: ev.SeqRemoved) -> None:
         request = self.requests.get(e.request_id)

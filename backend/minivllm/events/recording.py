@@ -34,7 +34,7 @@ class Recorder:
         self.max_bytes = max_bytes  # past this the recorder drops events (the footer still lands)
         self.num_bytes = 0
         self.num_dropped = 0
-        self.created = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        self.created = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
         self.first_ts = self.last_ts = 0.0
         self.num_events = 0
         self._lock = threading.Lock()
@@ -124,13 +124,15 @@ def summarize(header: ev.RecordingHeader, events: list[ev.Event]) -> str:
     preempted = sum(len(e.preempted) for e in events if isinstance(e, ev.StepScheduled))
     hits = sum(len(e.block_ids) for e in events if isinstance(e, ev.BlocksShared) and e.prefix_hit)
     cfg = header.snapshot.config
+    finished = ", ".join(f"{k}: {v}" for k, v in sorted(reasons.items(), key=str))
     lines = [
         f"recording of {cfg.model}: {len(events)} events over {duration:.2f}s, created {header.created}",
         f"engine: {cfg.num_blocks} blocks x {cfg.block_size} tokens, budget {cfg.max_num_batched_tokens} tokens/step, "
         f"max {cfg.max_num_seqs} seqs, prefix caching {'on' if cfg.enable_prefix_caching else 'off'}",
         f"requests: {sum(isinstance(e, ev.RequestArrived) for e in events)} arrived, "
-        f"{sum(reasons.values())} finished ({', '.join(f'{k}: {v}' for k, v in sorted(reasons.items(), key=str)) or '-'})",
-        f"steps: {len(steps)}, tokens generated: {generated}, preemptions: {preempted}, prefix-cache block hits: {hits}",
+        f"{sum(reasons.values())} finished ({finished or '-'})",
+        f"steps: {len(steps)}, tokens generated: {generated}, preemptions: {preempted}, "
+        f"prefix-cache block hits: {hits}",
     ]
     if steps:
         durations = sorted(s.duration_ms for s in steps)

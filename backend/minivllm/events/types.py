@@ -198,13 +198,26 @@ class BlocksCopied(Event, tag="blocks_copied"):
 class ConfigChanged(Event, tag="config_changed"):
     """The engine was rebuilt with a new configuration; a fresh snapshot follows."""
 
-    config: "EngineInfo"
+    config: EngineInfo
 
 
-AnyEvent = Union[
-    RequestArrived, RequestStateChanged, SeqAdded, SeqRemoved, TokenGenerated, StepScheduled,
-    StepFinished, MetricsSample, BlocksAllocated, BlocksShared, BlocksFreed, BlocksCached,
-    BlocksEvicted, BlocksCopied, ConfigChanged, SpecVerified,
+AnyEvent = Union[  # noqa: UP007 - msgspec needs the Union form for a tagged union alias
+    RequestArrived,
+    RequestStateChanged,
+    SeqAdded,
+    SeqRemoved,
+    TokenGenerated,
+    StepScheduled,
+    StepFinished,
+    MetricsSample,
+    BlocksAllocated,
+    BlocksShared,
+    BlocksFreed,
+    BlocksCached,
+    BlocksEvicted,
+    BlocksCopied,
+    ConfigChanged,
+    SpecVerified,
 ]
 
 
@@ -287,7 +300,7 @@ class Resync(msgspec.Struct, tag_field="type", tag="resync"):
     reason: str
 
 
-WsMessage = Union[Snapshot, EventBatch, Resync]
+WsMessage = Union[Snapshot, EventBatch, Resync]  # noqa: UP007 - as AnyEvent
 
 
 # ---- recordings ------------------------------------------------------------------------------

@@ -21,24 +21,37 @@ import torch
 
 from minivllm.console import progress
 from minivllm.loader import gguf_loader, hf_loader, random_shapes
+from minivllm.loader.gguf_tensors import read_gguf_tensors
 from minivllm.loader.hf_loader import ModelNotFoundError
 from minivllm.loader.huge_pages import thp_mode
+from minivllm.loader.install_quantized import QuantReport
 from minivllm.loader.weights import CorruptCheckpointError, build_model
 from minivllm.model.config import LlamaConfig, UnsupportedModelError
 from minivllm.model.families import FAMILIES
 from minivllm.model.llama import LlamaModel
 from minivllm.quant import choice_cache
-from minivllm.loader.gguf_tensors import read_gguf_tensors
-from minivllm.loader.install_quantized import QuantReport
 from minivllm.quant.policy import QuantConfig
 
-__all__ = ["LoadedModel", "load_model", "ModelNotFoundError", "CorruptCheckpointError",
-           "UnsupportedModelError", "parse_dtype", "resolve_device"]
+__all__ = [
+    "LoadedModel",
+    "load_model",
+    "ModelNotFoundError",
+    "CorruptCheckpointError",
+    "UnsupportedModelError",
+    "parse_dtype",
+    "resolve_device",
+]
 
 log = logging.getLogger("minivllm.loader")
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-          "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp32": torch.float32,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+}
 
 
 @dataclass
@@ -80,9 +93,14 @@ def resolve_device(device: str | None) -> torch.device:
     return torch.device(device)
 
 
-def load_model(spec: str | None = None, dtype: str | torch.dtype = "float32", device: str | None = None,
-               seed: int = 0, max_model_len: int | None = None,
-               quantization: str | QuantConfig = "auto") -> LoadedModel:
+def load_model(
+    spec: str | None = None,
+    dtype: str | torch.dtype = "float32",
+    device: str | None = None,
+    seed: int = 0,
+    max_model_len: int | None = None,
+    quantization: str | QuantConfig = "auto",
+) -> LoadedModel:
     """`quantization`: auto | none | int8 | int4, or a QuantConfig (group size, forced kernel)."""
     quant = (quantization if isinstance(quantization, QuantConfig) else QuantConfig(quantization)).validate()
     torch_dtype, torch_device = parse_dtype(dtype), resolve_device(device)
@@ -94,8 +112,10 @@ def load_model(spec: str | None = None, dtype: str | torch.dtype = "float32", de
         loaded = _load_random(spec.removeprefix("random:"), seed, options)
     else:
         loaded = _load_path_or_hub(spec, options)
-    progress(f"loaded {loaded.name} ({loaded.config.num_parameters / 1e6:.0f}M parameters, "
-              f"{str(torch_dtype).removeprefix('torch.')}, {torch_device}) in {time.perf_counter() - started:.1f}s")
+    progress(
+        f"loaded {loaded.name} ({loaded.config.num_parameters / 1e6:.0f}M parameters, "
+        f"{str(torch_dtype).removeprefix('torch.')}, {torch_device}) in {time.perf_counter() - started:.1f}s"
+    )
     _report_quantization(loaded.quant, torch_device)
     return loaded
 
@@ -112,15 +132,24 @@ def _report_quantization(report: QuantReport, device: torch.device) -> None:
     for note in (report.dequantized_note, report.requantized_note):
         if note:
             progress(note)
-    pages = ("" if device.type != "cpu" or sys.platform != "linux" else ", on 2 MiB pages" if report.huge_page_bytes
-             else f", on 4 KiB pages (transparent huge pages: {thp_mode() or 'unavailable'})")
-    progress(f"weights: {report.mode}, {report.weight_bytes / 2**20:.0f} MiB "
-              f"({report.ratio:.0%} of the {report.fp32_bytes / 2**20:.0f} MiB fp32 model){pages}")
+    pages = (
+        ""
+        if device.type != "cpu" or sys.platform != "linux"
+        else ", on 2 MiB pages"
+        if report.huge_page_bytes
+        else f", on 4 KiB pages (transparent huge pages: {thp_mode() or 'unavailable'})"
+    )
+    progress(
+        f"weights: {report.mode}, {report.weight_bytes / 2**20:.0f} MiB "
+        f"({report.ratio:.0%} of the {report.fp32_bytes / 2**20:.0f} MiB fp32 model){pages}"
+    )
     if report.kernel_choices and not any(c.timings_ms for c in report.kernel_choices):
         progress("kernels forced ($MINIVLLM_QUANT_KERNEL), not timed:")
     elif report.kernel_choices and all(c.cached for c in report.kernel_choices):
-        progress(f"kernels as timed on this machine before ({choice_cache.path()}; "
-                 f"{choice_cache.RETIME_ENV}=1 times them again):")
+        progress(
+            f"kernels as timed on this machine before ({choice_cache.path()}; "
+            f"{choice_cache.RETIME_ENV}=1 times them again):"
+        )
     elif report.kernel_choices:
         progress(f"kernels chosen by timing each candidate at load ({report.choose_seconds:.1f}s):")
     for line in report.kernel_lines():
@@ -137,7 +166,8 @@ def _load_path_or_hub(spec: str, options: _Options) -> LoadedModel:
         return _load_hf_dir(hf_loader.resolve_hub_id(spec), spec, options)
     raise ModelNotFoundError(
         f"model '{spec}' not found: tried a local path ({path.resolve()} does not exist), a hub id "
-        f"(needs the form owner/name) and the named random shapes (random:{'|'.join(random_shapes.SHAPES)})")
+        f"(needs the form owner/name) and the named random shapes (random:{'|'.join(random_shapes.SHAPES)})"
+    )
 
 
 def _load_gguf(path: Path, name: str, options: _Options) -> LoadedModel:
@@ -158,20 +188,26 @@ def _dequantized_note(gguf) -> str | None:
         return None
     kinds = ", ".join(sorted({gguf.types[n] for n in gguf.dequantized}))
     if gguf.rerounded:
-        targets = ", ".join(f"{kind} -> {target}" for kind, target in
-                            sorted({(gguf.types[n], t) for n, t in gguf.rerounded.items()}))
-        return (f"warning: {len(gguf.rerounded)} tensor(s) of GGUF type {kinds} have no native kernel: re-rounded "
-                f"to the nearest native format ({targets}), a second rounding on top of the file's; "
-                f"--quantization none runs their exact values in floats")
-    return (f"{len(gguf.dequantized)} tensor(s) of GGUF type {kinds} have no native kernel here: "
-            f"dequantized at load")
+        targets = ", ".join(
+            f"{kind} -> {target}" for kind, target in sorted({(gguf.types[n], t) for n, t in gguf.rerounded.items()})
+        )
+        return (
+            f"warning: {len(gguf.rerounded)} tensor(s) of GGUF type {kinds} have no native kernel: re-rounded "
+            f"to the nearest native format ({targets}), a second rounding on top of the file's; "
+            f"--quantization none runs their exact values in floats"
+        )
+    return f"{len(gguf.dequantized)} tensor(s) of GGUF type {kinds} have no native kernel here: dequantized at load"
 
 
 def _read_gguf(path: Path, cfg: LlamaConfig, nearest_native: bool):
     try:
-        return read_gguf_tensors(path, cfg.num_attention_heads, cfg.num_key_value_heads,
-                                 rotary_interleaved=FAMILIES[cfg.family].rotary_interleaved_in_gguf,
-                                 nearest_native=nearest_native)
+        return read_gguf_tensors(
+            path,
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            rotary_interleaved=FAMILIES[cfg.family].rotary_interleaved_in_gguf,
+            nearest_native=nearest_native,
+        )
     except Exception as exc:  # the reader raises many types for a damaged file
         raise CorruptCheckpointError(f"cannot read tensors of GGUF file {path}: {exc}") from exc
 
@@ -202,6 +238,12 @@ def _load_random(shape: str, seed: int, options: _Options) -> LoadedModel:
 def _finish(cfg, tensors, tokenizer, name, source, options: _Options) -> LoadedModel:
     if options.quant.mode not in ("none", "auto"):
         progress(f"quantizing to {options.quant.mode} and choosing kernels")
-    model, report = build_model(cfg, tensors, options.dtype, options.device,
-                                max_positions=options.max_len or cfg.max_position_embeddings, quant=options.quant)
+    model, report = build_model(
+        cfg,
+        tensors,
+        options.dtype,
+        options.device,
+        max_positions=options.max_len or cfg.max_position_embeddings,
+        quant=options.quant,
+    )
     return LoadedModel(model, cfg, tokenizer, name, source, options.dtype, options.device, report)

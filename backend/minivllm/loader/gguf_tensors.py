@@ -20,8 +20,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from minivllm.quant.formats import (KQUANT_BYTES, SUPER_BLOCK, Int4Weight, Int8Weight, KQuantWeight, QuantizedWeight,
-                                    quantize_int4, quantize_int8)
+from minivllm.quant.formats import (
+    KQUANT_BYTES,
+    SUPER_BLOCK,
+    Int4Weight,
+    Int8Weight,
+    KQuantWeight,
+    QuantizedWeight,
+    quantize_int4,
+    quantize_int8,
+)
 from minivllm.quant.kquant_pack import quantize_q4_k
 
 GROUP = 32  # elements per Q4_1 / Q8_0 block
@@ -34,10 +42,17 @@ EIGHT_BIT_NEAREST = ("Q5_1",)  # re-rounded to int8 g32 (4 bits would lose more 
 TABLE_NAMES = ("model.embed_tokens.weight", "lm_head.weight")
 
 _LAYER_NAMES = {
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-    "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",  # Qwen3's per-head norms
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",  # Qwen3's per-head norms
 }
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 
@@ -65,8 +80,9 @@ def rotary_unpermute_index(rows: int, heads: int) -> torch.Tensor:
     return torch.arange(rows).reshape(heads, half, 2).transpose(1, 2).reshape(rows)
 
 
-def read_gguf_tensors(path: Path, num_heads: int, num_kv_heads: int, rotary_interleaved: bool = True,
-                      nearest_native: bool = False) -> GGUFTensors:
+def read_gguf_tensors(
+    path: Path, num_heads: int, num_kv_heads: int, rotary_interleaved: bool = True, nearest_native: bool = False
+) -> GGUFTensors:
     """`rotary_interleaved`: whether llama.cpp permuted this family's Q/K rows (Llama; not Qwen2/Qwen3).
     `nearest_native`: re-round the types no kernel reads into the nearest one that does (else: floats)."""
     from minivllm.loader.gguf_cache import tensor_records
@@ -118,8 +134,10 @@ def q4_1_blocks(raw: np.ndarray, rows: int, cols: int) -> Int4Weight:
     """The blocks regrouped into Int4Weight's rows (every d, every m, then the nibble bytes as stored):
     one copy of the file's bytes, nothing unpacked."""
     blocks = raw.reshape(rows, cols // GROUP, Q4_1_BYTES)
-    packed = np.concatenate([blocks[..., 0:2].reshape(rows, -1), blocks[..., 2:4].reshape(rows, -1),
-                             blocks[..., 4:].reshape(rows, -1)], axis=1)
+    packed = np.concatenate(
+        [blocks[..., 0:2].reshape(rows, -1), blocks[..., 2:4].reshape(rows, -1), blocks[..., 4:].reshape(rows, -1)],
+        axis=1,
+    )
     return Int4Weight(torch.from_numpy(packed), GROUP)
 
 
@@ -141,8 +159,10 @@ def q4_0_blocks(raw: np.ndarray, rows: int, cols: int) -> Int4Weight:
     m = (_leading_d(blocks).astype(np.float32) * -8).astype(np.float16)
     if not np.isfinite(m).all():
         raise ValueError("a Q4_0 scale is too large for its minimum (-8d) to be an fp16 value")
-    packed = np.concatenate([blocks[..., 0:2].reshape(rows, -1), m.view(np.uint8).reshape(rows, -1),
-                             blocks[..., 2:].reshape(rows, -1)], axis=1)
+    packed = np.concatenate(
+        [blocks[..., 0:2].reshape(rows, -1), m.view(np.uint8).reshape(rows, -1), blocks[..., 2:].reshape(rows, -1)],
+        axis=1,
+    )
     return Int4Weight(torch.from_numpy(packed), GROUP)
 
 

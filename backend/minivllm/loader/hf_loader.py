@@ -25,14 +25,18 @@ def resolve_hub_id(repo_id: str) -> Path:
     from huggingface_hub import snapshot_download
 
     try:
-        return Path(snapshot_download(repo_id, local_files_only=True,
-                                      allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt"]))
+        return Path(
+            snapshot_download(
+                repo_id, local_files_only=True, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt"]
+            )
+        )
     except Exception as exc:
         raise ModelNotFoundError(
             f"model '{repo_id}' is neither a local directory nor in the Hugging Face cache, and it is "
             f"not downloaded at run time. Fetch it first on a machine with internet: "
             f"`hf download {repo_id}` (then copy ~/.cache/huggingface), or pass "
-            f"--model /path/to/a/local/directory") from exc
+            f"--model /path/to/a/local/directory"
+        ) from exc
 
 
 def load_hf_config(directory: Path):

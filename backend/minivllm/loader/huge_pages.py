@@ -35,7 +35,7 @@ def thp_mode() -> str | None:
     except OSError:
         return None
     start, end = text.find("["), text.find("]")
-    return text[start + 1:end] if 0 <= start < end else None
+    return text[start + 1 : end] if 0 <= start < end else None
 
 
 def move_to_huge_pages(tensors: Iterable[torch.Tensor]) -> int:
@@ -57,7 +57,7 @@ def move_to_huge_pages(tensors: Iterable[torch.Tensor]) -> int:
         for ptr in list(storages):
             storage = storages.pop(ptr)  # dropped as soon as its viewers move: one weight's copy at a time
             start = offsets[ptr]
-            arena[start:start + storage.nbytes()].copy_(torch.empty(0, dtype=torch.uint8).set_(storage))
+            arena[start : start + storage.nbytes()].copy_(torch.empty(0, dtype=torch.uint8).set_(storage))
             del storage
             for t in viewers.pop(ptr):
                 t.set_(target, (base + start) // t.element_size() + t.storage_offset(), t.shape, t.stride())
@@ -92,12 +92,13 @@ def _storage_ptr(t: torch.Tensor) -> int | None:
 def _huge_page_bytes(size: int) -> torch.Tensor | None:
     """`size` bytes (uint8) starting on a 2 MiB boundary of a fresh anonymous mapping advised to take
     huge pages; None if the advice is refused. The tensor keeps the mapping alive."""
-    mapping = mmap.mmap(-1, -(-size // HUGE_PAGE) * HUGE_PAGE + HUGE_PAGE,
-                        flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    mapping = mmap.mmap(-1, -(-size // HUGE_PAGE) * HUGE_PAGE + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     whole = torch.frombuffer(mapping, dtype=torch.uint8)
     start = -whole.data_ptr() % HUGE_PAGE
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.madvise(ctypes.c_void_p(whole.data_ptr() + start), ctypes.c_size_t(whole.numel() - start),
-                    MADV_HUGEPAGE) != 0:
+    if (
+        libc.madvise(ctypes.c_void_p(whole.data_ptr() + start), ctypes.c_size_t(whole.numel() - start), MADV_HUGEPAGE)
+        != 0
+    ):
         return None
-    return whole[start:start + size]
+    return whole[start : start + size]

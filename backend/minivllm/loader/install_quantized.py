@@ -10,8 +10,8 @@ from torch import nn
 
 from minivllm.quant.chooser import GroupChoice, choose_kernels, describe
 from minivllm.quant.formats import Int8Weight, KQuantWeight, QuantizedWeight, weight_bytes
-from minivllm.quant.matmul_paths import lm_head_candidates
 from minivllm.quant.linear import KQuantEmbedding, QuantEmbedding, QuantLinear
+from minivllm.quant.matmul_paths import lm_head_candidates
 
 
 @dataclass
@@ -36,13 +36,15 @@ class QuantReport:
         return describe(self.kernel_choices)
 
 
-def install_quantized(model: nn.Module, quantized: dict[str, QuantizedWeight], device: torch.device,
-                      dtype: torch.dtype, tied: bool) -> None:
+def install_quantized(
+    model: nn.Module, quantized: dict[str, QuantizedWeight], device: torch.device, dtype: torch.dtype, tied: bool
+) -> None:
     """Replace the (meta) modules whose weights are quantized."""
     if "embed_tokens.weight" in quantized:
         table = quantized["embed_tokens.weight"]
-        model.embed_tokens = (KQuantEmbedding(table, dtype) if isinstance(table, KQuantWeight)
-                              else QuantEmbedding(table, device, dtype))
+        model.embed_tokens = (
+            KQuantEmbedding(table, dtype) if isinstance(table, KQuantWeight) else QuantEmbedding(table, device, dtype)
+        )
         if tied:  # one int8 table serves the lookup and the head
             model.lm_head = _lm_head(model.embed_tokens.as_weight(), device, dtype)
     for name, weight in quantized.items():

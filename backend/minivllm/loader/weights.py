@@ -8,14 +8,19 @@ from collections.abc import Iterable, Mapping, MutableMapping
 import torch
 
 from minivllm.loader.huge_pages import move_to_huge_pages
+from minivllm.loader.install_quantized import (
+    QuantReport,
+    choose_model_kernels,
+    fp32_bytes,
+    install_quantized,
+    stored_bytes,
+    weight_tensors,
+)
 from minivllm.model.config import LlamaConfig
 from minivllm.model.llama import LlamaModel
 from minivllm.model.packed_linear import pack_model
 from minivllm.quant.formats import QuantizedWeight
-from minivllm.loader.install_quantized import (QuantReport, choose_model_kernels, fp32_bytes, install_quantized,
-                                   stored_bytes, weight_tensors)
-from minivllm.quant.policy import (QuantConfig, apply_policy, compounded_rounding_note, dequantize, describe_mode,
-                                   fuse)
+from minivllm.quant.policy import QuantConfig, apply_policy, compounded_rounding_note, dequantize, describe_mode, fuse
 
 NO_HUGE_PAGES_ENV = "MINIVLLM_NO_HUGE_PAGES"  # 1: weights stay where loading put them (A/B benchmarks)
 
@@ -29,10 +34,20 @@ def hf_tensor_names(cfg: LlamaConfig) -> list[str]:
     names = ["model.embed_tokens.weight", "model.norm.weight"]
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."
-        names += [p + n for n in (
-            "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
-            "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
-            "mlp.down_proj.weight", "input_layernorm.weight", "post_attention_layernorm.weight")]
+        names += [
+            p + n
+            for n in (
+                "self_attn.q_proj.weight",
+                "self_attn.k_proj.weight",
+                "self_attn.v_proj.weight",
+                "self_attn.o_proj.weight",
+                "mlp.gate_proj.weight",
+                "mlp.up_proj.weight",
+                "mlp.down_proj.weight",
+                "input_layernorm.weight",
+                "post_attention_layernorm.weight",
+            )
+        ]
         names += [p + n for n in _family_piece_names(cfg)]
     if not cfg.tie_word_embeddings:
         names.append("lm_head.weight")
@@ -51,15 +66,15 @@ def fused_state_dict(cfg: LlamaConfig, hf: MutableMapping[str, torch.Tensor]) ->
     it goes, so each fused part is freed once its fused weight exists, not when the load returns."""
     missing = [n for n in hf_tensor_names(cfg) if n not in hf]
     if missing:
-        raise CorruptCheckpointError(
-            f"checkpoint is missing {len(missing)} tensor(s), e.g. {missing[:3]}")
+        raise CorruptCheckpointError(f"checkpoint is missing {len(missing)} tensor(s), e.g. {missing[:3]}")
     embedding = hf.pop("model.embed_tokens.weight")
     out = {"embed_tokens.weight": embedding, "norm.weight": hf.pop("model.norm.weight")}
     for i in range(cfg.num_hidden_layers):
         src, dst = f"model.layers.{i}.", f"layers.{i}."
         attn, mlp = src + "self_attn.", src + "mlp."
         out[dst + "self_attn.qkv_proj.weight"] = fuse(
-            [hf.pop(attn + "q_proj.weight"), hf.pop(attn + "k_proj.weight"), hf.pop(attn + "v_proj.weight")])
+            [hf.pop(attn + "q_proj.weight"), hf.pop(attn + "k_proj.weight"), hf.pop(attn + "v_proj.weight")]
+        )
         out[dst + "self_attn.o_proj.weight"] = hf.pop(attn + "o_proj.weight")
         out[dst + "mlp.gate_up_proj.weight"] = fuse([hf.pop(mlp + "gate_proj.weight"), hf.pop(mlp + "up_proj.weight")])
         out[dst + "mlp.down_proj.weight"] = hf.pop(mlp + "down_proj.weight")
@@ -83,9 +98,14 @@ def _family_pieces(cfg: LlamaConfig, hf: MutableMapping[str, torch.Tensor], src:
     return out
 
 
-def build_model(cfg: LlamaConfig, hf_tensors: MutableMapping[str, torch.Tensor | QuantizedWeight], dtype: torch.dtype,
-                device: str | torch.device, max_positions: int | None = None,
-                quant: QuantConfig = QuantConfig("none")) -> tuple[LlamaModel, QuantReport]:
+def build_model(
+    cfg: LlamaConfig,
+    hf_tensors: MutableMapping[str, torch.Tensor | QuantizedWeight],
+    dtype: torch.dtype,
+    device: str | torch.device,
+    max_positions: int | None = None,
+    quant: QuantConfig = QuantConfig("none"),
+) -> tuple[LlamaModel, QuantReport]:
     """The model, with each weight in the precision `quant` decides, and a report of that. The model's
     tensors are taken out of `hf_tensors` (it is left holding only what the model does not use)."""
     device = torch.device(device)
@@ -107,8 +127,15 @@ def build_model(cfg: LlamaConfig, hf_tensors: MutableMapping[str, torch.Tensor |
     choices, seconds = choose_model_kernels(model, quant.kernel)
     if os.environ.get("MINIVLLM_NO_PACK") != "1":  # escape hatch for A/B benchmarks
         pack_model(model)
-    report = QuantReport(describe_mode(state), stored_bytes(model), fp32_bytes(cfg), choices, seconds,
-                         quantized=bool(quantized), requantized_note=requantized_note)
+    report = QuantReport(
+        describe_mode(state),
+        stored_bytes(model),
+        fp32_bytes(cfg),
+        choices,
+        seconds,
+        quantized=bool(quantized),
+        requantized_note=requantized_note,
+    )
     if device.type == "cpu" and os.environ.get(NO_HUGE_PAGES_ENV) != "1":
         report.huge_page_bytes = move_to_huge_pages(weight_tensors(model))
     return model, report
@@ -119,7 +146,8 @@ def _check_shapes(model: LlamaModel, state: Mapping[str, torch.Tensor | Quantize
     for name, tensor in state.items():
         if tuple(tensor.shape) != tuple(expected[name]):
             raise CorruptCheckpointError(
-                f"tensor {name} has shape {tuple(tensor.shape)}, expected {tuple(expected[name])}")
+                f"tensor {name} has shape {tuple(tensor.shape)}, expected {tuple(expected[name])}"
+            )
 
 
 def iter_progress(items: Iterable, total: int, desc: str):

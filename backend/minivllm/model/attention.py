@@ -97,8 +97,17 @@ class KVCache:
     `scratch_block`: one more block past the others, never handed out, where a decode graph's padding
     rows write (model/cuda_graphs.py); its id is `scratch_block` (None without one)."""
 
-    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
-                 head_dim: int, dtype: torch.dtype, device: torch.device | str = "cpu", scratch_block: bool = False):
+    def __init__(
+        self,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+        scratch_block: bool = False,
+    ):
         shape = (num_blocks + int(scratch_block), block_size, num_kv_heads, head_dim)
         self.k = [untouched_zeros(shape, dtype, device) for _ in range(num_layers)]
         self.v = [untouched_zeros(shape, dtype, device) for _ in range(num_layers)]
@@ -110,8 +119,7 @@ class KVCache:
         return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))
 
     @staticmethod
-    def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
-                        dtype: torch.dtype) -> int:
+    def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
         return 2 * num_layers * block_size * num_kv_heads * head_dim * dtype.itemsize
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
@@ -124,8 +132,9 @@ class KVCache:
             pool[dst] = pool[src]
 
 
-def write_kv(k_pool: torch.Tensor, v_pool: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
+def write_kv(
+    k_pool: torch.Tensor, v_pool: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
     k_pool.view(-1, *k_pool.shape[2:]).index_copy_(0, slot_mapping, k.to(k_pool.dtype))
     v_pool.view(-1, *v_pool.shape[2:]).index_copy_(0, slot_mapping, v.to(v_pool.dtype))
 
@@ -139,15 +148,23 @@ def gather_blocks(pool: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor
     return blocks.unflatten(0, block_table.shape).flatten(-4, -3)
 
 
-def decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
-                     context_lens: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+def decode_attention(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     """q: [B, heads, head_dim], one query per sequence -> [B, heads, head_dim]. `context_lens` [B]
     (the new token included) bound what the native and Triton kernels read; `mask` [B, 1, 1, L] is
     the same bound as an additive mask (-inf past each context) for the portable path (None where a
     kernel reads the pool: `reads_pool_directly`)."""
     if reads_pool_natively(k_pool):
         out = torch.ops.minivllm_native.paged_decode_attention(  # q: a strided view, read as it is
-            q.float(), k_pool, v_pool, block_tables, context_lens, scale)
+            q.float(), k_pool, v_pool, block_tables, context_lens, scale
+        )
         return out.to(q.dtype)
     if triton_serves(k_pool, q.shape[0], q.dtype):  # q: a strided view, read as it is
         return torch.ops.minivllm_triton.paged_decode_attention(q, k_pool, v_pool, block_tables, context_lens, scale)
@@ -169,8 +186,9 @@ def triton_serves(k_pool: torch.Tensor, rows: int, dtype: torch.dtype) -> bool:
     of 128-2,000 tokens; 32/4 heads bf16 with tensor-core products 0.15-0.51x SDPA's time at 1-32
     sequences (with CUDA-core products 0.41-3.8x: slower from 8 sequences, where SDPA's bf16 kernels
     use tensor cores). A batch of half-precision activations over a pool of another dtype keeps SDPA."""
-    return ((dtype == torch.float32 or rows == 1 or tensor_core_dtypes(dtype, k_pool.dtype))
-            and reads_pool_with_triton(k_pool))
+    return (dtype == torch.float32 or rows == 1 or tensor_core_dtypes(dtype, k_pool.dtype)) and reads_pool_with_triton(
+        k_pool
+    )
 
 
 def tensor_core_dtypes(dtype: torch.dtype, pool_dtype: torch.dtype) -> bool:
@@ -183,8 +201,12 @@ def reads_pool_natively(k_pool: torch.Tensor) -> bool:
     """Whether the native paged kernel serves decode attention over this pool: on a CPU, of a dtype it
     reads, a head size it vectorizes, and the native kernels built (without a compiler they are not:
     the portable path runs)."""
-    return (k_pool.device.type == "cpu" and k_pool.shape[-1] % 8 == 0 and k_pool.dtype in POOL_KERNEL_DTYPES
-            and native_decode_ready())
+    return (
+        k_pool.device.type == "cpu"
+        and k_pool.shape[-1] % 8 == 0
+        and k_pool.dtype in POOL_KERNEL_DTYPES
+        and native_decode_ready()
+    )
 
 
 USE_NATIVE_DECODE = True  # tests turn it off to cover the portable path
@@ -203,8 +225,13 @@ def reads_pool_with_triton(k_pool: torch.Tensor) -> bool:
     """Whether the Triton kernel serves decode attention over this pool: on CUDA, of a dtype it reads,
     a head size up to 256 (padded to a power of two inside), and triton importable. The device is
     checked first: nothing on a CPU imports triton (CPU-only installs have none)."""
-    return (k_pool.device.type == "cuda" and k_pool.dtype in POOL_KERNEL_DTYPES and k_pool.shape[-1] <= 256
-            and k_pool.stride(-1) == 1 and triton_decode_ready())
+    return (
+        k_pool.device.type == "cuda"
+        and k_pool.dtype in POOL_KERNEL_DTYPES
+        and k_pool.shape[-1] <= 256
+        and k_pool.stride(-1) == 1
+        and triton_decode_ready()
+    )
 
 
 _triton_missing: list[str | None] = []  # once known: None where the kernel passed its self-check, else why not
@@ -224,13 +251,21 @@ def triton_decode_ready() -> bool:
             _triton_missing.append(None)
         except Exception as exc:  # noqa: BLE001 - no triton, an older one, no compiler: the portable path serves
             _triton_missing.append(f"{type(exc).__name__}: {str(exc).strip()[:300]}")
-            progress(f"WARNING: Triton decode attention unavailable ({_triton_missing[0]}); "
-                     "the gather + SDPA path serves decode attention")
+            progress(
+                f"WARNING: Triton decode attention unavailable ({_triton_missing[0]}); "
+                "the gather + SDPA path serves decode attention"
+            )
     return _triton_missing[0] is None
 
 
-def gathered_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
-                              block_tables: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+def gathered_decode_attention(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    block_tables: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     """The portable decode attention: every sequence's K/V gathered into contiguous copies, then one
     fused SDPA call for the whole batch (measured 2.5-3.5x faster on CPU than matmul, mask, softmax,
     matmul at 8-32 sequences). Query heads are grouped per KV head ([B, kv_heads, group, D]) so GQA
@@ -245,8 +280,9 @@ def gathered_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: tor
     return out.reshape(batch, heads, dim)
 
 
-def attention_by_sums(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor,
-                      scale: float) -> torch.Tensor:
+def attention_by_sums(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor, scale: float
+) -> torch.Tensor:
     """SDPA for a few queries per KV head, as broadcast products and sums: inductor fuses it (with the
     block gather) into a few loops, where SDPA stays an opaque call (measured in a compiled graph,
     GQA 9/3 heads: 46 vs 135 us at 1 sequence, 0.63 vs 2.0 ms at 32 sequences of 256 tokens).
@@ -256,8 +292,15 @@ def attention_by_sums(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_ma
     return (scores.softmax(-1).unsqueeze(-1) * v.unsqueeze(2)).sum(-2)
 
 
-def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk: PrefillChunk,
-                      k_pool: torch.Tensor, v_pool: torch.Tensor, scale: float) -> torch.Tensor:
+def prefill_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    chunk: PrefillChunk,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     """q/k/v: this chunk's new tokens [n, heads|kv_heads, D]. Attends causally to the cached
     prefix (read through the block table) plus the chunk itself."""
     n = q.shape[0]
@@ -270,25 +313,39 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk: 
     # [1, heads, n, D]: with a batch dimension torch runs its CPU flash kernel; 3-D inputs fell back to
     # the math path, which builds the whole score matrix (3.5-5.5x slower: 2,000 tokens, 203 vs 37 ms a layer)
     out = F.scaled_dot_product_attention(
-        q.transpose(0, 1)[None], keys.transpose(0, 1)[None], values.transpose(0, 1)[None],
-        attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True,
+        q.transpose(0, 1)[None],
+        keys.transpose(0, 1)[None],
+        values.transpose(0, 1)[None],
+        attn_mask=mask,
+        is_causal=causal,
+        scale=scale,
+        enable_gqa=True,
     )[0]
     return out.transpose(0, 1).reshape(n, -1)
 
 
-def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pool: torch.Tensor,
-                    v_pool: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
     """q: [T, heads, D], k/v: [T, kv_heads, D] for all tokens of the step -> [T, heads * D]."""
     write_kv(k_pool, v_pool, k, v, meta.slot_mapping)
     if not meta.prefills:  # every row is one sequence's single token: no slicing by a row count
-        out = decode_attention(q, k_pool, v_pool, meta.decode_block_tables, meta.decode_context_lens,
-                               meta.decode_mask, scale)
+        out = decode_attention(
+            q, k_pool, v_pool, meta.decode_block_tables, meta.decode_context_lens, meta.decode_mask, scale
+        )
         return out.reshape(q.shape[0], -1)
     parts = []
     nd = meta.num_decode_tokens
     if nd:
-        out = decode_attention(q[:nd], k_pool, v_pool, meta.decode_block_tables, meta.decode_context_lens,
-                               meta.decode_mask, scale)
+        out = decode_attention(
+            q[:nd], k_pool, v_pool, meta.decode_block_tables, meta.decode_context_lens, meta.decode_mask, scale
+        )
         parts.append(out.reshape(nd, -1))
     for chunk in meta.prefills:
         s, e = chunk.start, chunk.end

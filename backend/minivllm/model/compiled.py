@@ -78,8 +78,12 @@ class CompiledLayers:
         # Guards on our modules' attributes cost ~0.26 ms a call (measured: dynamo's cache lookup, 0.35 ->
         # 0.09 ms, 6 layers a graph) and guard nothing that changes: a model's modules are fixed once
         # loaded (kernel plans are chosen before the first compile). Tensor and shape guards stay.
-        self.step = torch.compile(_own_copy(run_layers), backend=backend, dynamic=None,
-                                  options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
+        self.step = torch.compile(
+            _own_copy(run_layers),
+            backend=backend,
+            dynamic=None,
+            options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe},
+        )
         self.error: str | None = None
         # After warm-up (ModelRunner.warmed_up) dynamo checks only the guards that told its graphs apart
         # there (none with one graph; a kernel plan's row edges): every graph a step can need exists
@@ -103,8 +107,14 @@ class CompiledLayers:
         layers = tuple(layers)  # slicing a ModuleList builds a ModuleList (~0.1 ms of module registration)
         with self._calling(x, rope, meta):
             for i in range(0, done, self.group):
-                x = self(layers[i:i + self.group], x, rope, tuple(kv_cache.k[i:i + self.group]),
-                         tuple(kv_cache.v[i:i + self.group]), meta)
+                x = self(
+                    layers[i : i + self.group],
+                    x,
+                    rope,
+                    tuple(kv_cache.k[i : i + self.group]),
+                    tuple(kv_cache.v[i : i + self.group]),
+                    meta,
+                )
         return x, done
 
     def _calling(self, x, rope, meta):
@@ -159,7 +169,7 @@ def use_compilation(model: torch.nn.Module, device: torch.device | str, enforce_
         model.may_compile = True
 
 
-def compiled_step_for(model: torch.nn.Module, max_rows: int, k_pool: torch.Tensor) -> "CompiledLayers | None":
+def compiled_step_for(model: torch.nn.Module, max_rows: int, k_pool: torch.Tensor) -> CompiledLayers | None:
     """The model's compiled step, built now if some decode step of up to `max_rows` rows over this
     pool needs one: where the native step runs them all, none is built. Why not always: importing
     dynamo and inductor costs ~130 MiB of resident memory and ~2 s of start-up that such a process
@@ -173,8 +183,11 @@ def _native_runs_every_step(model: torch.nn.Module, max_rows: int, k_pool: torch
     """Whether the native step serves every decode step up to `max_rows` rows: kernel plans change
     only at their edges, which `decode_row_counts` covers on both sides."""
     step = model.native_step
-    return (step is not None and reads_pool_natively(k_pool)
-            and all(step.kinds(rows) is not None for rows in decode_row_counts(model, max_rows)))
+    return (
+        step is not None
+        and reads_pool_natively(k_pool)
+        and all(step.kinds(rows) is not None for rows in decode_row_counts(model, max_rows))
+    )
 
 
 def attach_compiled_step(model: torch.nn.Module) -> None:

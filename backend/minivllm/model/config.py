@@ -46,13 +46,13 @@ class LlamaConfig:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod
-    def from_json_dict(cls, values: dict[str, Any]) -> "LlamaConfig":
+    def from_json_dict(cls, values: dict[str, Any]) -> LlamaConfig:
         """The inverse of `to_json_dict` after a JSON round trip (a list back to a tuple); a TypeError
         when a field is missing or unknown."""
         return cls(**{**values, "eos_token_ids": tuple(values.get("eos_token_ids") or ())})
 
     @classmethod
-    def from_hf(cls, hf: Any, name: str = "llama") -> "LlamaConfig":
+    def from_hf(cls, hf: Any, name: str = "llama") -> LlamaConfig:
         """Build from a `transformers.PretrainedConfig` (v4 `rope_scaling` or v5 `rope_parameters`)."""
         family = family_of(hf, name)
         heads = hf.num_attention_heads

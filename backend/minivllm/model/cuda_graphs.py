@@ -87,23 +87,40 @@ class _Graph:
 
     def views(self) -> tuple[torch.Tensor, ...]:
         r = self.rows
-        ids, pos, slots, lens = self.inputs[:4 * r].view(4, r).unbind(0)
-        return ids, pos, slots, lens, self.inputs[4 * r:].view(r, self.width)
+        ids, pos, slots, lens = self.inputs[: 4 * r].view(4, r).unbind(0)
+        return ids, pos, slots, lens, self.inputs[4 * r :].view(r, self.width)
 
-    def padded(self, ids: list[int], positions: list[int], slots: list[int], context_lens: list[int],
-               tables: list[list[int]]) -> list[int]:
+    def padded(
+        self, ids: list[int], positions: list[int], slots: list[int], context_lens: list[int], tables: list[list[int]]
+    ) -> list[int]:
         """The buffer's contents for a step of len(ids) <= rows rows (an empty step: all padding)."""
         pad = self.rows - len(ids)
         flat = [b for t in tables for b in (*t, *[self.pad_block] * (self.width - len(t)))]
-        return [*ids, *[0] * pad, *positions, *[0] * pad, *slots, *[self.pad_slot] * pad,
-                *context_lens, *[1] * pad, *flat, *[self.pad_block] * (pad * self.width)]
+        return [
+            *ids,
+            *[0] * pad,
+            *positions,
+            *[0] * pad,
+            *slots,
+            *[self.pad_slot] * pad,
+            *context_lens,
+            *[1] * pad,
+            *flat,
+            *[self.pad_block] * (pad * self.width),
+        ]
 
 
 class DecodeGraphs:
     """The decode graphs of one model over one KV pool."""
 
-    def __init__(self, model: torch.nn.Module, kv_cache: KVCache, max_rows: int, max_width: int,
-                 capture: Callable[[Step], Step] | None = None):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        kv_cache: KVCache,
+        max_rows: int,
+        max_width: int,
+        capture: Callable[[Step], Step] | None = None,
+    ):
         if kv_cache.scratch_block is None:
             raise ValueError("decode graphs need a KV pool with a scratch block (KVCache(scratch_block=True))")
         self.model, self.kv_cache = model, kv_cache
@@ -114,8 +131,11 @@ class DecodeGraphs:
         self.capture_s = 0.0
         compiled = model.compiled
         # what the graphs hold: the compiled layers' kernels where compiling worked, else eager ones
-        self.holds = (f"compiled layers ({compiled.backend}, {compiled.group} a graph)"
-                      if compiled is not None and compiled.active else "eager kernels")
+        self.holds = (
+            f"compiled layers ({compiled.backend}, {compiled.group} a graph)"
+            if compiled is not None and compiled.active
+            else "eager kernels"
+        )
         self.replays = 0  # steps served by a graph (tests: none captured or missed in steady state)
         self._capture_all(capture or CudaGraphCapture())
 
@@ -139,20 +159,29 @@ class DecodeGraphs:
             # built inside the step: where the portable attention runs, the decode mask is computed from
             # the static context lengths on replay; a kernel that reads the pool needs none
             meta = AttentionMetadata(
-                slot_mapping=slots, num_decode_tokens=graph.rows, decode_block_tables=tables,
-                decode_context_lens=context_lens, prefills=[], block_size=self.kv_cache.block_size,
-                dtype=self.dtype, decode_mask_read=not reads_pool_directly(self.kv_cache.k[0], graph.rows, self.dtype))
+                slot_mapping=slots,
+                num_decode_tokens=graph.rows,
+                decode_block_tables=tables,
+                decode_context_lens=context_lens,
+                prefills=[],
+                block_size=self.kv_cache.block_size,
+                dtype=self.dtype,
+                decode_mask_read=not reads_pool_directly(self.kv_cache.k[0], graph.rows, self.dtype),
+            )
             return self.model(ids, positions, self.kv_cache, meta)
 
         return step
 
     def describe(self) -> str:
-        return (f"CUDA graphs of {self.holds} (decode steps: {len(self.row_sizes)} row buckets up to "
-                f"{self.row_sizes[-1]} x {len(self.width_sizes)} block-table widths up to {self.width_sizes[-1]}, "
-                f"{len(self.graphs)} graphs captured in {self.capture_s:.1f}s; prefill chunks eager)")
+        return (
+            f"CUDA graphs of {self.holds} (decode steps: {len(self.row_sizes)} row buckets up to "
+            f"{self.row_sizes[-1]} x {len(self.width_sizes)} block-table widths up to {self.width_sizes[-1]}, "
+            f"{len(self.graphs)} graphs captured in {self.capture_s:.1f}s; prefill chunks eager)"
+        )
 
-    def run(self, ids: list[int], positions: list[int], slots: list[int], context_lens: list[int],
-            tables: list[list[int]]) -> torch.Tensor | None:
+    def run(
+        self, ids: list[int], positions: list[int], slots: list[int], context_lens: list[int], tables: list[list[int]]
+    ) -> torch.Tensor | None:
         """The final-normed hidden states of a decode step's rows, or None where no bucket holds it.
         `tables`: each row's blocks in use (no padding)."""
         rows = bucket_for(self.row_sizes, len(ids))
@@ -163,4 +192,4 @@ class DecodeGraphs:
         host = torch.tensor(graph.padded(ids, positions, slots, context_lens, tables), dtype=torch.long)
         graph.inputs.copy_(host)
         self.replays += 1
-        return graph.replay()[:len(ids)]
+        return graph.replay()[: len(ids)]

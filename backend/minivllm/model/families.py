@@ -33,12 +33,19 @@ def _attention_bias(hf: Any) -> dict[str, bool]:
     return {"qkv_bias": bias, "o_bias": bias}
 
 
-FAMILIES: dict[str, Family] = {f.model_type: f for f in (
-    Family("llama", "LlamaForCausalLM", _attention_bias, rotary_interleaved_in_gguf=True),
-    Family("qwen2", "Qwen2ForCausalLM", lambda hf: {"qkv_bias": True}, rotary_interleaved_in_gguf=False),
-    Family("qwen3", "Qwen3ForCausalLM", lambda hf: {**_attention_bias(hf), "qk_norm": True},
-           rotary_interleaved_in_gguf=False),
-)}
+FAMILIES: dict[str, Family] = {
+    f.model_type: f
+    for f in (
+        Family("llama", "LlamaForCausalLM", _attention_bias, rotary_interleaved_in_gguf=True),
+        Family("qwen2", "Qwen2ForCausalLM", lambda hf: {"qkv_bias": True}, rotary_interleaved_in_gguf=False),
+        Family(
+            "qwen3",
+            "Qwen3ForCausalLM",
+            lambda hf: {**_attention_bias(hf), "qk_norm": True},
+            rotary_interleaved_in_gguf=False,
+        ),
+    )
+}
 
 SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
 
@@ -54,7 +61,8 @@ def family_of(hf: Any, name: str) -> Family:
         archs = getattr(hf, "architectures", None) or [model_type]
         raise UnsupportedModelError(
             f"model '{name}' has architecture {archs} (model_type={model_type!r}); "
-            f"mini-vllm supports {supported_architectures()}")
+            f"mini-vllm supports {supported_architectures()}"
+        )
     _refuse_sliding_window(hf, name)
     return FAMILIES[model_type]
 
@@ -66,4 +74,5 @@ def _refuse_sliding_window(hf: Any, name: str) -> None:
         raise UnsupportedModelError(
             f"model '{name}' enables sliding-window attention (use_sliding_window: true, window "
             f"{getattr(hf, 'sliding_window', None)}); mini-vllm attends over the full context only (setting "
-            f"use_sliding_window to false in config.json serves it so, differing from it past the window)")
+            f"use_sliding_window to false in config.json serves it so, differing from it past the window)"
+        )

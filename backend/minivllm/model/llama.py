@@ -36,7 +36,10 @@ class Attention(nn.Module):
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = (
-            cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        )
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.qkv_proj = PackedLinear(cfg.hidden_size, q_size + 2 * kv_size, bias=False)
         self.o_proj = PackedLinear(q_size, cfg.hidden_size, bias=False)
@@ -52,8 +55,14 @@ class Attention(nn.Module):
         """Whether this attention has a piece beyond Llama's (a bias, Q/K norms)."""
         return any(p is not None for p in (self.qkv_bias, self.o_bias, self.q_norm))
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], k_pool: torch.Tensor,
-                v_pool: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        k_pool: torch.Tensor,
+        v_pool: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
         tokens = x.shape[0]
         qkv = self.qkv_proj(x)
         if self.qkv_bias is not None:
@@ -61,11 +70,11 @@ class Attention(nn.Module):
         qkv = qkv.view(tokens, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
         qk = qkv[:, : self.num_heads + self.num_kv_heads]
         if self.q_norm is not None:
-            qk = torch.cat([self.q_norm(qk[:, : self.num_heads]), self.k_norm(qk[:, self.num_heads:])], dim=1)
+            qk = torch.cat([self.q_norm(qk[:, : self.num_heads]), self.k_norm(qk[:, self.num_heads :])], dim=1)
         # Q and K heads are contiguous, so one rotary call covers both.
         qk = RotaryEmbedding.rotate(qk, *rope)
-        q, k = qk[:, : self.num_heads], qk[:, self.num_heads:]
-        v = qkv[:, self.num_heads + self.num_kv_heads:]
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
+        v = qkv[:, self.num_heads + self.num_kv_heads :]
         out = self.o_proj(paged_attention(q, k, v, k_pool, v_pool, meta, self.scale))
         return out if self.o_bias is None else out + self.o_bias
 
@@ -99,8 +108,9 @@ class LlamaModel(nn.Module):
     def __init__(self, cfg: LlamaConfig, max_positions: int | None = None):
         super().__init__()
         self.config = cfg
-        self.rotary = RotaryEmbedding(cfg.head_dim, max_positions or cfg.max_position_embeddings,
-                                      cfg.rope_theta, cfg.rope_scaling)
+        self.rotary = RotaryEmbedding(
+            cfg.head_dim, max_positions or cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling
+        )
         # from an uninitialised table: the loader builds the model on the meta device, where the
         # default random init would import torch's compiler (~70 MiB resident) for nothing
         self.embed_tokens = nn.Embedding.from_pretrained(torch.empty(cfg.vocab_size, cfg.hidden_size), freeze=False)
@@ -118,9 +128,15 @@ class LlamaModel(nn.Module):
         self.eager_reason = "--enforce-eager"  # shown when `compiled` is None
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache,
-                meta: AttentionMetadata, hidden_states_out: list[torch.Tensor] | None = None,
-                num_layers: int | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_cache: KVCache,
+        meta: AttentionMetadata,
+        hidden_states_out: list[torch.Tensor] | None = None,
+        num_layers: int | None = None,
+    ) -> torch.Tensor:
         """Returns the final-normed hidden state of every token [T, hidden]. When `hidden_states_out`
         is given, it receives every layer's input and then the final normed output (HF's convention
         for `output_hidden_states`). `num_layers`: stop after that many layers and norm there (early

@@ -19,12 +19,12 @@ from __future__ import annotations
 import torch
 
 from minivllm.console import progress
+from minivllm.kernels.cpu import native
 from minivllm.model.attention import AttentionMetadata, KVCache, reads_pool_natively
 from minivllm.model.packed_linear import PackedLinear
 from minivllm.model.rope import RotaryEmbedding
-from minivllm.kernels.cpu import native
-from minivllm.quant.matmul_paths import Int4Native, KQuantNative
 from minivllm.quant.linear import QuantLinear
+from minivllm.quant.matmul_paths import Int4Native, KQuantNative
 
 # A product's kind, as decode_step.cpp numbers them: a 4-bit weight on our kernel by activation precision,
 # an fp32 weight on our fp32 kernel, or a GGUF K-quant weight on ours by activation precision
@@ -75,21 +75,32 @@ class NativeDecodeStep:
     @staticmethod
     def _layer_weights(layer) -> tuple[torch.Tensor, ...]:
         qkv, o, gate_up, down = (native_weight(p) for p in products(layer))
-        return (layer.input_layernorm.weight.detach(), qkv, o, layer.post_attention_layernorm.weight.detach(),
-                gate_up, down)
+        return (
+            layer.input_layernorm.weight.detach(),
+            qkv,
+            o,
+            layer.post_attention_layernorm.weight.detach(),
+            gate_up,
+            down,
+        )
 
     @staticmethod
-    def for_model(model: torch.nn.Module) -> "NativeDecodeStep | None":
+    def for_model(model: torch.nn.Module) -> NativeDecodeStep | None:
         """The model's native step, or None where it can never run (no native kernels, a product on
         torch's kernels or MKL, activations not fp32)."""
         if native.available() is not None or model.norm.weight.dtype != torch.float32:
             return None
         if any(layer.self_attn.has_family_pieces for layer in model.layers):
-            progress(f"native decode step off: the {model.config.family} family's attention biases / Q-K norms "
-                     f"are not in decode_step.cpp; decode steps take the compiled step (or run eagerly)")
+            progress(
+                f"native decode step off: the {model.config.family} family's attention biases / Q-K norms "
+                f"are not in decode_step.cpp; decode steps take the compiled step (or run eagerly)"
+            )
             return None
-        if any(norm.eps != model.norm.eps for layer in model.layers
-               for norm in (layer.input_layernorm, layer.post_attention_layernorm)):
+        if any(
+            norm.eps != model.norm.eps
+            for layer in model.layers
+            for norm in (layer.input_layernorm, layer.post_attention_layernorm)
+        ):
             return None  # one eps for every norm in the call
         if any(native_weight(p) is None for layer in model.layers for p in products(layer)):
             return None
@@ -105,8 +116,15 @@ class NativeDecodeStep:
             self._kinds[rows] = product_kinds(self.layers, rows)
         return self._kinds[rows]
 
-    def run(self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding, kv_cache: KVCache,
-            meta: AttentionMetadata, num_layers: int) -> torch.Tensor | None:
+    def run(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        rotary: RotaryEmbedding,
+        kv_cache: KVCache,
+        meta: AttentionMetadata,
+        num_layers: int,
+    ) -> torch.Tensor | None:
         """x after the first `num_layers` layers and the final norm, or None when this step cannot run
         natively. The rotary tables go in whole: the call reads each row's position there."""
         if meta.prefills or not reads_pool_natively(kv_cache.k[0]):  # before a prefill's row count is looked up
@@ -115,10 +133,22 @@ class NativeDecodeStep:
         if kinds is None:
             return None
         return torch.ops.minivllm_native.decode_layers(
-            x, positions, rotary.cos, rotary.signed_sin, self.weights[: WEIGHTS_PER_LAYER * num_layers],
-            kv_cache.k[:num_layers], kv_cache.v[:num_layers], meta.slot_mapping, meta.decode_block_tables,
-            meta.decode_context_lens, kinds[: PRODUCTS_PER_LAYER * num_layers],
-            self.heads, self.eps, self.scale, self.final_norm)
+            x,
+            positions,
+            rotary.cos,
+            rotary.signed_sin,
+            self.weights[: WEIGHTS_PER_LAYER * num_layers],
+            kv_cache.k[:num_layers],
+            kv_cache.v[:num_layers],
+            meta.slot_mapping,
+            meta.decode_block_tables,
+            meta.decode_context_lens,
+            kinds[: PRODUCTS_PER_LAYER * num_layers],
+            self.heads,
+            self.eps,
+            self.scale,
+            self.final_norm,
+        )
 
     @staticmethod
     def describe() -> str:

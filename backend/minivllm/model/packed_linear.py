@@ -7,8 +7,8 @@ on the 2-core dev box; `minivllm bench throughput` shows the end-to-end effect).
 serves its exact row count, so a batch is padded up to the next bucket (4, 8, 16 or 32 rows;
 measured on the dev box for the SmolLM2 shapes at 8 rows: plain 53 ms, padded to 16 25 ms, an
 8-row pack 17 ms per step's worth of GEMMs). One or two rows (a stream or two) are memory-bound
-GEMVs where packing does not help, and longer prefill chunks are already efficient plainly. The packed copies cost memory (one per bucket), so the buckets are chosen
-from the model size.
+GEMVs where packing does not help, and longer prefill chunks are already efficient plainly. The packed
+copies cost memory (one per bucket), so the buckets are chosen from the model size.
 
 Our own fp32 kernel (`kernels/cpu/f32_matmul.cpp`, one weight row at a time, read front to back) is
 the other candidate, timed against MKL at load (`choose_fp32_kernel`; kept per machine like the
@@ -42,8 +42,12 @@ PACK_MEMORY_BUDGET = 3 * 2**30  # bytes of packed copies, all buckets together
 
 
 def packing_supported(weight: torch.Tensor) -> bool:
-    return (weight.device.type == "cpu" and weight.dtype == torch.float32
-            and torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear"))
+    return (
+        weight.device.type == "cpu"
+        and weight.dtype == torch.float32
+        and torch.backends.mkl.is_available()
+        and hasattr(torch.ops.mkl, "_mkl_linear")
+    )
 
 
 def choose_buckets(weight_bytes: int) -> tuple[int, ...]:
@@ -74,8 +78,9 @@ class PackedLinear(nn.Linear):
 
 
 @torch.library.custom_op("minivllm::packed_linear", mutates_args=())
-def packed_linear(x: torch.Tensor, packs: list[torch.Tensor], buckets: list[int], weight: torch.Tensor,
-                  use_native: bool) -> torch.Tensor:
+def packed_linear(
+    x: torch.Tensor, packs: list[torch.Tensor], buckets: list[int], weight: torch.Tensor, use_native: bool
+) -> torch.Tensor:
     """x @ weight.T through our fp32 kernel (`use_native`), else the packed copy of the smallest
     bucket that holds x's rows (padded up to it), else plainly. One opaque operator, the path picked
     inside: a compiled graph then stays dynamic in the row count, where branching in Python gave each
@@ -115,9 +120,15 @@ def pack_model(model: nn.Module) -> tuple[int, ...]:
 
 
 def native_fp32_usable(layers: list[PackedLinear]) -> bool:
-    return (all(layer.weight.device.type == "cpu" and layer.weight.dtype == torch.float32
-                and layer.weight.shape[1] % native.BLOCK == 0 for layer in layers)
-            and native.available() is None)
+    return (
+        all(
+            layer.weight.device.type == "cpu"
+            and layer.weight.dtype == torch.float32
+            and layer.weight.shape[1] % native.BLOCK == 0
+            for layer in layers
+        )
+        and native.available() is None
+    )
 
 
 def choose_fp32_kernel(layers: list[PackedLinear]) -> bool:
@@ -128,15 +139,19 @@ def choose_fp32_kernel(layers: list[PackedLinear]) -> bool:
         return False
     largest = max(layer.weight.numel() for layer in layers)
     weights = [layer.weight.detach() for layer in layers if layer.weight.numel() == largest][:8]
-    key = choice_cache.entry_key(torch.device("cpu"), f"fp32 linear {tuple(weights[0].shape)} x{len(weights)}",
-                                 ["f32_linear", "mkl"], None)
+    key = choice_cache.entry_key(
+        torch.device("cpu"), f"fp32 linear {tuple(weights[0].shape)} x{len(weights)}", ["f32_linear", "mkl"], None
+    )
     plan, timings_ms, kept = choice_cache.kept_or_timed(
-        key, lambda: _time_ours_and_mkl(weights), lambda ms: [(0, "f32_linear" if _ours_wins(ms) else "mkl")])
+        key, lambda: _time_ours_and_mkl(weights), lambda ms: [(0, "f32_linear" if _ours_wins(ms) else "mkl")]
+    )
     name = plan[0][1]
     how = "as timed on this machine before" if kept else "timed now"
-    progress(f"fp32 linears ({how}; ms for {len(weights)} weights {tuple(weights[0].shape)}, ours vs MKL): "
-             + ", ".join(f"{rows} rows {t['f32_linear']:.2f} vs {t['mkl']:.2f}" for rows, t in sorted(timings_ms.items()))
-             + (": our kernel serves every row count" if name == "f32_linear" else ": MKL serves them"))
+    progress(
+        f"fp32 linears ({how}; ms for {len(weights)} weights {tuple(weights[0].shape)}, ours vs MKL): "
+        + ", ".join(f"{rows} rows {t['f32_linear']:.2f} vs {t['mkl']:.2f}" for rows, t in sorted(timings_ms.items()))
+        + (": our kernel serves every row count" if name == "f32_linear" else ": MKL serves them")
+    )
     return name == "f32_linear"
 
 
@@ -145,14 +160,20 @@ def _time_ours_and_mkl(weights: list[torch.Tensor]) -> dict[int, dict[str, float
     8-row packed copy, at a prefill chunk against plain F.linear."""
     packed = {id(w): torch.ops.mkl._mkl_reorder_linear_weight(w, 8) for w in weights}
     mkl8 = lambda x, w: torch.ops.mkl._mkl_linear(x, packed[id(w)], w, None, 8)  # noqa: E731
-    return {rows: {"f32_linear": 1e3 * _time_products(weights, rows, torch.ops.minivllm_native.f32_linear),
-                   "mkl": 1e3 * _time_products(weights, rows, mkl)}
-            for rows, mkl in ((1, F.linear), (8, mkl8), (PREFILL_ROWS, F.linear))}
+    return {
+        rows: {
+            "f32_linear": 1e3 * _time_products(weights, rows, torch.ops.minivllm_native.f32_linear),
+            "mkl": 1e3 * _time_products(weights, rows, mkl),
+        }
+        for rows, mkl in ((1, F.linear), (8, mkl8), (PREFILL_ROWS, F.linear))
+    }
 
 
 def _ours_wins(ms: dict[int, dict[str, float]]) -> bool:
-    return (all(ms[rows]["f32_linear"] <= ms[rows]["mkl"] for rows in (1, 8))
-            and ms[PREFILL_ROWS]["f32_linear"] <= PREFILL_SLOWDOWN * ms[PREFILL_ROWS]["mkl"])
+    return (
+        all(ms[rows]["f32_linear"] <= ms[rows]["mkl"] for rows in (1, 8))
+        and ms[PREFILL_ROWS]["f32_linear"] <= PREFILL_SLOWDOWN * ms[PREFILL_ROWS]["mkl"]
+    )
 
 
 def _time_products(weights: list[torch.Tensor], rows: int, product) -> float:

@@ -67,8 +67,10 @@ class RotaryEmbedding(torch.nn.Module):
         every layer."""
         # index_select, not indexing: the same rows without Python's advanced-indexing path (~10-25 us
         # a call in a decode step whose weights have just evicted the caches)
-        return (self.cos.index_select(0, positions).unsqueeze(1).to(dtype),
-                self.signed_sin.index_select(0, positions).unsqueeze(1).to(dtype))
+        return (
+            self.cos.index_select(0, positions).unsqueeze(1).to(dtype),
+            self.signed_sin.index_select(0, positions).unsqueeze(1).to(dtype),
+        )
 
     @staticmethod
     def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:

@@ -66,13 +66,16 @@ def lookup(key: str) -> tuple[list[tuple[int, str]], dict[int, dict[str, float]]
 
 def store(key: str, plan: list[tuple[int, str]], timings_ms: dict[int, dict[str, float]]) -> None:
     entries = _read()
-    entries[key] = {"plan": [list(step) for step in plan],
-                    "timings_ms": {str(rows): t for rows, t in timings_ms.items()}}
+    entries[key] = {
+        "plan": [list(step) for step in plan],
+        "timings_ms": {str(rows): t for rows, t in timings_ms.items()},
+    }
     write_json_atomic(path(), entries)
 
 
-def kept_or_timed(key: str, time, plan_from, usable=lambda plan: True
-                  ) -> tuple[list[tuple[int, str]], dict[int, dict[str, float]], bool]:
+def kept_or_timed(
+    key: str, time, plan_from, usable=lambda plan: True
+) -> tuple[list[tuple[int, str]], dict[int, dict[str, float]], bool]:
     """The plan this machine chose before under `key` (if `usable`), else `plan_from(time())`, kept for
     the next load. Returns (plan, timings in ms, whether it was kept from before)."""
     stored = lookup(key)

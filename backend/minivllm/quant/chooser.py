@@ -48,8 +48,9 @@ class GroupChoice:
     cached: bool = False  # the plan this machine's earlier timing chose (choice_cache)
 
 
-def choose_kernels(layers: list[QuantLinear], forced: str | None = None,
-                   buckets: tuple[int, ...] = ROW_BUCKETS) -> list[GroupChoice]:
+def choose_kernels(
+    layers: list[QuantLinear], forced: str | None = None, buckets: tuple[int, ...] = ROW_BUCKETS
+) -> list[GroupChoice]:
     """Time and set every layer's plan; `forced` (a kernel name, an activation precision, or "exact")
     skips the timing, "fast" times every candidate with no preference for precision."""
     groups: dict[str, list[QuantLinear]] = defaultdict(list)
@@ -78,9 +79,11 @@ def _timed_plan(key: str, members: list[QuantLinear], buckets: tuple[int, ...], 
     device = next(iter(layer.candidates[0].tensors())).device
     entry = choice_cache.entry_key(device, f"{key}{' head' if head else ''} {buckets}", names, forced)
     return choice_cache.kept_or_timed(
-        entry, lambda: _time_group(members, tuple(b for b in buckets if b <= HEAD_MAX_ROWS or not head)),
+        entry,
+        lambda: _time_group(members, tuple(b for b in buckets if b <= HEAD_MAX_ROWS or not head)),
         lambda timings: _plan_from(timings, layer, prefer_precise=forced != FAST),
-        usable=lambda plan: all(name in names for _, name in plan))
+        usable=lambda plan: all(name in names for _, name in plan),
+    )
 
 
 def _forced_name(forced: str, layer: QuantLinear) -> str:
@@ -136,8 +139,9 @@ def _worst(timings: dict[int, dict[str, float]], name: str, pool: list[str]) -> 
     return max(t.get(name, math.inf) / min(t.get(n, math.inf) for n in pool) for t in timings.values())
 
 
-def _plan_from(timings: dict[int, dict[str, float]], layer: QuantLinear,
-               prefer_precise: bool = True) -> list[tuple[int, str]]:
+def _plan_from(
+    timings: dict[int, dict[str, float]], layer: QuantLinear, prefer_precise: bool = True
+) -> list[tuple[int, str]]:
     """One kernel for every row count. The pool: the precise kernels if one of them costs at most
     PRECISION_MARGIN on average (geometric mean over buckets of its time over the best), else all.
     From the pool, the kernel whose worst bucket is least behind the pool's best there (a mean would
@@ -162,7 +166,9 @@ def _plan_from(timings: dict[int, dict[str, float]], layer: QuantLinear,
 def describe(choices: list[GroupChoice]) -> list[str]:
     lines = []
     for c in choices:
-        steps = ", ".join(f"{'rows <= ' + str(rows) if i < len(c.plan) - 1 else 'more rows' if i else 'all rows'}: {name}"
-                          for i, (rows, name) in enumerate(c.plan))
+        steps = ", ".join(
+            f"{'rows <= ' + str(rows) if i < len(c.plan) - 1 else 'more rows' if i else 'all rows'}: {name}"
+            for i, (rows, name) in enumerate(c.plan)
+        )
         lines.append(f"{c.key} x{c.layers}: {steps}")
     return lines

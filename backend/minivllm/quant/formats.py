@@ -42,7 +42,7 @@ class Int4Weight:
     bits = 4
 
     @classmethod
-    def from_values(cls, q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, group_size: int) -> "Int4Weight":
+    def from_values(cls, q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, group_size: int) -> Int4Weight:
         """q [N, K] in 0..15; scale (d) and minimum (m) [N, K / group], fp16 values (as fp32 or fp16)."""
         n, k = q.shape
         repeat = group_size // BLOCK
@@ -60,7 +60,7 @@ class Int4Weight:
     def q(self) -> torch.Tensor:
         """uint8 [N, K], values 0..15."""
         n, k = self.shape
-        nibbles = self.packed[:, 4 * (k // BLOCK):].reshape(n, k // BLOCK, 16)
+        nibbles = self.packed[:, 4 * (k // BLOCK) :].reshape(n, k // BLOCK, 16)
         return torch.cat([nibbles & 0x0F, nibbles >> 4], dim=-1).reshape(n, k)
 
     @property
@@ -75,15 +75,15 @@ class Int4Weight:
 
     def _halves(self, which: int) -> torch.Tensor:
         blocks = self.shape[1] // BLOCK
-        values = self.packed[:, 2 * blocks * which:2 * blocks * (which + 1)].contiguous().view(torch.float16)
-        return values[:, ::self.group_size // BLOCK].float()
+        values = self.packed[:, 2 * blocks * which : 2 * blocks * (which + 1)].contiguous().view(torch.float16)
+        return values[:, :: self.group_size // BLOCK].float()
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         scale = self.scale.repeat_interleave(self.group_size, dim=1)
         zero = self.zero.repeat_interleave(self.group_size, dim=1)
         return ((self.q.float() - 8) * scale + zero).to(dtype)
 
-    def rows(self, index: torch.Tensor) -> "Int4Weight":
+    def rows(self, index: torch.Tensor) -> Int4Weight:
         return Int4Weight(_take_rows(self.packed, index), self.group_size)
 
 
@@ -105,7 +105,7 @@ class Int8Weight:
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return (self.q.float() * self.scale.repeat_interleave(self.group_size, dim=1)).to(dtype)
 
-    def rows(self, index: torch.Tensor) -> "Int8Weight":
+    def rows(self, index: torch.Tensor) -> Int8Weight:
         return Int8Weight(_take_rows(self.q, index), self.scale[index], self.group_size)
 
 
@@ -136,10 +136,11 @@ class KQuantWeight:
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         from gguf import GGMLQuantizationType, quants
 
-        return torch.cat([torch.from_numpy(quants.dequantize(data.numpy(), GGMLQuantizationType[kind]))
-                          for kind, data in self.parts]).to(dtype)
+        return torch.cat(
+            [torch.from_numpy(quants.dequantize(data.numpy(), GGMLQuantizationType[kind])) for kind, data in self.parts]
+        ).to(dtype)
 
-    def rows(self, index: torch.Tensor) -> "KQuantWeight":
+    def rows(self, index: torch.Tensor) -> KQuantWeight:
         """Rows by index from a one-part weight (the loader's Q/K un-permutation, an embedding's lookup)."""
         if len(self.parts) != 1:
             raise QuantizationError("row selection applies to a K-quant weight of one part")
@@ -159,8 +160,10 @@ def concat_rows(parts: list[QuantizedWeight]) -> QuantizedWeight:
     """Fuse weights that share an input (q|k|v, gate|up) into one."""
     first = parts[0]
     if any(type(p) is not type(first) or p.group_size != first.group_size for p in parts):
-        raise QuantizationError("cannot fuse weights of different quantized formats: "
-                                + ", ".join(f"{type(p).__name__}(group {p.group_size})" for p in parts))
+        raise QuantizationError(
+            "cannot fuse weights of different quantized formats: "
+            + ", ".join(f"{type(p).__name__}(group {p.group_size})" for p in parts)
+        )
     if isinstance(first, Int4Weight):
         return Int4Weight(torch.cat([p.packed for p in parts]), first.group_size)
     if isinstance(first, KQuantWeight):
@@ -173,7 +176,8 @@ def _check_groups(name: str, weight: torch.Tensor, group_size: int) -> None:
         raise QuantizationError(
             f"cannot quantize {name} of shape {tuple(weight.shape)} with group size {group_size}: "
             f"its input dimension ({weight.shape[-1]}) is not a multiple of the group size; "
-            f"choose a group size that divides it or --quantization none")
+            f"choose a group size that divides it or --quantization none"
+        )
 
 
 def quantize_int4(name: str, weight: torch.Tensor, group_size: int) -> Int4Weight:

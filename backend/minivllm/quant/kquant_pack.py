@@ -47,8 +47,14 @@ def _pack(d, dmin, sc, m, q) -> np.ndarray:
     """144 bytes a super-block: fp16 d, fp16 dmin, 12 bytes of 6-bit scales and minimums (sub-blocks 0-3 in
     the low 6 bits of bytes 0-3 / 4-7, 4-7 split into nibbles in bytes 8-11 and the top 2 bits of 0-7), then
     per 64 weights 32 bytes: sub-block 2c in the low nibbles, 2c + 1 in the high ones."""
-    scales = np.concatenate([sc[..., :4] | ((sc[..., 4:] >> 4) << 6), m[..., :4] | ((m[..., 4:] >> 4) << 6),
-                             (sc[..., 4:] & 0x0F) | ((m[..., 4:] & 0x0F) << 4)], axis=-1)
+    scales = np.concatenate(
+        [
+            sc[..., :4] | ((sc[..., 4:] >> 4) << 6),
+            m[..., :4] | ((m[..., 4:] >> 4) << 6),
+            (sc[..., 4:] & 0x0F) | ((m[..., 4:] & 0x0F) << 4),
+        ],
+        axis=-1,
+    )
     pairs = q.reshape(*q.shape[:-2], SUBS // 2, 2, SUB_BLOCK)
     nibbles = (pairs[..., 0, :] | (pairs[..., 1, :] << 4)).reshape(*q.shape[:-2], -1)
     return np.concatenate([d[..., None].view(np.uint8), dmin[..., None].view(np.uint8), scales, nibbles], axis=-1)

@@ -17,8 +17,14 @@ from minivllm.quant.matmul_paths import Kernel, candidates
 
 
 class QuantLinear(nn.Module):
-    def __init__(self, name: str, weight: QuantizedWeight, device: torch.device, dtype: torch.dtype,
-                 kernels: list[Kernel] | None = None):
+    def __init__(
+        self,
+        name: str,
+        weight: QuantizedWeight,
+        device: torch.device,
+        dtype: torch.dtype,
+        kernels: list[Kernel] | None = None,
+    ):
         super().__init__()
         self.name = name
         self.out_features, self.in_features = weight.shape
@@ -75,9 +81,14 @@ class QuantEmbedding(nn.Module):
         self.dtype = dtype
         self.num_embeddings, self.embedding_dim = self.q.shape
         # one native call (embedding.cpp) instead of six small operators, the same bits
-        self.looks_up_natively = (self.q.device.type == "cpu" and dtype == torch.float32
-                                  and self.scale.dtype == torch.float32 and self.q.is_contiguous()
-                                  and self.scale.is_contiguous() and native.available() is None)
+        self.looks_up_natively = (
+            self.q.device.type == "cpu"
+            and dtype == torch.float32
+            and self.scale.dtype == torch.float32
+            and self.q.is_contiguous()
+            and self.scale.is_contiguous()
+            and native.available() is None
+        )
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.looks_up_natively:

@@ -40,8 +40,15 @@ import torch.nn.functional as F
 
 from minivllm.arith import ceil_div
 from minivllm.kernels.cpu import native
-from minivllm.quant.formats import (KQUANT_TYPES, Int4Weight, Int8Weight, KQuantWeight, QuantizedWeight,
-                                    to_per_channel, weight_bytes)
+from minivllm.quant.formats import (
+    KQUANT_TYPES,
+    Int4Weight,
+    Int8Weight,
+    KQuantWeight,
+    QuantizedWeight,
+    to_per_channel,
+    weight_bytes,
+)
 
 NATIVE_ACTS = ("int8", "int8x2", "fp32")  # our kernels' activation precisions, coarsest first
 CPU_INT4_ROW_MULTIPLE = 16  # torch's CPU int4 packing needs N % 16 == 0: pad with zero rows
@@ -73,13 +80,13 @@ class Int4PackCPU(Kernel):
     first use (a timing or a call), so a load whose kept kernel plan names another kernel never
     builds it: ~0.5 bytes a weight less at the load's peak, and its packing time."""
 
-    def __init__(self, pack: Callable[[], "_Int4Pack"], act_dtype: torch.dtype):
+    def __init__(self, pack: Callable[[], _Int4Pack], act_dtype: torch.dtype):
         self._pack, self.act_dtype = pack, act_dtype
         self.name = f"int4pack/{_short(act_dtype)}"
         self.exact = self.precise = act_dtype == torch.float32
 
     @functools.cached_property
-    def packed(self) -> "_Int4Pack":
+    def packed(self) -> _Int4Pack:
         return self._pack()
 
     @functools.cached_property
@@ -87,8 +94,9 @@ class Int4PackCPU(Kernel):
         return self.packed.scales_zeros.to(self.act_dtype)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch._weight_int4pack_mm_for_cpu(x.to(self.act_dtype), self.packed.weight, self.packed.group_size,
-                                              self.scales_zeros)
+        y = torch._weight_int4pack_mm_for_cpu(
+            x.to(self.act_dtype), self.packed.weight, self.packed.group_size, self.scales_zeros
+        )
         if self.packed.padded:
             y = y[:, : self.packed.out_features]
         return y.to(x.dtype)
@@ -191,12 +199,13 @@ def pack_kquant(weight: KQuantWeight) -> torch.Tensor:
     """The weight as our K-quant kernels read it: one uint8 tensor, a 64-byte header (int32: magic, parts, then
     each part's type and rows) and the parts' super-blocks back to back, their bytes as the file has them.
     One tensor per weight, whatever its parts: the decode step passes it like any other weight."""
-    fields = [KQUANT_MAGIC, len(weight.parts)] + [v for kind, data in weight.parts
-                                                  for v in (KQUANT_TYPES.index(kind), data.shape[0])]
+    fields = [KQUANT_MAGIC, len(weight.parts)] + [
+        v for kind, data in weight.parts for v in (KQUANT_TYPES.index(kind), data.shape[0])
+    ]
     if len(fields) * 4 > KQUANT_HEADER_BYTES:
         raise ValueError(f"a K-quant weight of {len(weight.parts)} parts: at most {KQUANT_HEADER_BYTES // 8 - 1}")
     header = torch.zeros(KQUANT_HEADER_BYTES // 4, dtype=torch.int32)
-    header[:len(fields)] = torch.tensor(fields, dtype=torch.int32)
+    header[: len(fields)] = torch.tensor(fields, dtype=torch.int32)
     return torch.cat([header.view(torch.uint8)] + [data.reshape(-1) for _, data in weight.parts])
 
 
@@ -304,8 +313,9 @@ class Int4PackCUDA(Kernel):
         q = weight.q.to(device)
         nibbles = (q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8)
         self.weight = torch._convert_weight_to_int4pack(nibbles.contiguous(), inner_k_tiles)
-        self.scales_zeros = torch.stack([weight.scale, weight.zero], -1).transpose(0, 1).contiguous().to(
-            device, torch.bfloat16)
+        self.scales_zeros = (
+            torch.stack([weight.scale, weight.zero], -1).transpose(0, 1).contiguous().to(device, torch.bfloat16)
+        )
         self.group_size = weight.group_size
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -367,6 +377,17 @@ def _short(dtype: torch.dtype) -> str:
     return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
 
 
-__all__ = ["Kernel", "Int4PackCPU", "Int8PackCPU", "Int4Native", "Int8Native", "KQuantNative", "KQuantDequant",
-           "Int4PackCUDA", "Dequant",
-           "ExactTopLogits", "candidates", "lm_head_candidates"]
+__all__ = [
+    "Kernel",
+    "Int4PackCPU",
+    "Int8PackCPU",
+    "Int4Native",
+    "Int8Native",
+    "KQuantNative",
+    "KQuantDequant",
+    "Int4PackCUDA",
+    "Dequant",
+    "ExactTopLogits",
+    "candidates",
+    "lm_head_candidates",
+]

@@ -22,8 +22,15 @@ from dataclasses import dataclass
 
 import torch
 
-from minivllm.quant.formats import (Int4Weight, Int8Weight, KQuantWeight, QuantizedWeight, concat_rows,
-                                    quantize_int4, quantize_int8)
+from minivllm.quant.formats import (
+    Int4Weight,
+    Int8Weight,
+    KQuantWeight,
+    QuantizedWeight,
+    concat_rows,
+    quantize_int4,
+    quantize_int8,
+)
 
 QUANTIZATION_CHOICES = ("auto", "none", "int8", "int4")
 INT4_GROUP_SIZES = (32, 64, 128)
@@ -36,7 +43,7 @@ class QuantConfig:
     group_size: int = 32  # int4 groups when quantizing at load
     kernel: str | None = None  # force one kernel for every quantized layer (tests, A/B benchmarks)
 
-    def validate(self) -> "QuantConfig":
+    def validate(self) -> QuantConfig:
         if self.mode not in QUANTIZATION_CHOICES:
             raise ValueError(f"unknown quantization {self.mode!r}; choose one of {', '.join(QUANTIZATION_CHOICES)}")
         if self.group_size not in INT4_GROUP_SIZES:
@@ -49,8 +56,11 @@ def fuse(parts: list[torch.Tensor | QuantizedWeight]) -> torch.Tensor | Quantize
     fused in floats; the policy then decides."""
     if all(isinstance(p, torch.Tensor) for p in parts):
         return torch.cat(parts)
-    if any(isinstance(p, torch.Tensor) for p in parts) or len({type(p) for p in parts}) > 1 \
-            or len({p.group_size for p in parts}) > 1:
+    if (
+        any(isinstance(p, torch.Tensor) for p in parts)
+        or len({type(p) for p in parts}) > 1
+        or len({p.group_size for p in parts}) > 1
+    ):
         return torch.cat([dequantize(p) for p in parts])
     return concat_rows(parts)
 
@@ -59,8 +69,9 @@ def dequantize(value: torch.Tensor | QuantizedWeight) -> torch.Tensor:
     return value if isinstance(value, torch.Tensor) else value.dequantize()
 
 
-def apply_policy(state: Mapping[str, torch.Tensor | QuantizedWeight], config: QuantConfig,
-                 dtype: torch.dtype) -> dict[str, torch.Tensor | QuantizedWeight]:
+def apply_policy(
+    state: Mapping[str, torch.Tensor | QuantizedWeight], config: QuantConfig, dtype: torch.dtype
+) -> dict[str, torch.Tensor | QuantizedWeight]:
     """Model-named tensors in, the same names in the precision they will run in out."""
     return {name: _decide(name, value, config, dtype) for name, value in state.items()}
 
@@ -90,14 +101,18 @@ def compounded_rounding_note(state: Mapping[str, torch.Tensor | QuantizedWeight]
     fp32, PPL 14.3 -> 28.7 in `bench quality`, where g32 keeps the file's values exactly)."""
     if config.mode != "int4":
         return None
-    rerounded = [v.group_size for v in state.values() if isinstance(v, Int4Weight) and v.group_size != config.group_size]
+    rerounded = [
+        v.group_size for v in state.values() if isinstance(v, Int4Weight) and v.group_size != config.group_size
+    ]
     if not rerounded:
         return None
     groups = sorted(set(rerounded))
-    return (f"warning: {len(rerounded)} weight(s) stored in 4 bits (groups of {'/'.join(map(str, groups))}) re-quantized to int4 "
-            f"g{config.group_size}: a second 4-bit rounding on top of the checkpoint's, which costs far more "
-            f"quality than either alone; --quantization auto (or int4 with group {groups[0]}) keeps the "
-            f"stored values")
+    return (
+        f"warning: {len(rerounded)} weight(s) stored in 4 bits (groups of {'/'.join(map(str, groups))}) "
+        f"re-quantized to int4 g{config.group_size}: a second 4-bit rounding on top of the checkpoint's, "
+        f"which costs far more quality than either alone; --quantization auto (or int4 with group {groups[0]}) "
+        f"keeps the stored values"
+    )
 
 
 def describe_mode(state: Mapping[str, torch.Tensor | QuantizedWeight]) -> str:

@@ -143,9 +143,7 @@ class BeamSearchState:
         # g. stopping condition
         self._cur_len += 1
         best_running = self._running_scores[:, :1] / ((self._cur_len - self.prompt_len) ** self.length_penalty)
-        worst_finished = torch.where(
-            self._is_finished, torch.min(self._finished_scores, dim=1, keepdim=True)[0], -_BIG
-        )
+        worst_finished = torch.where(self._is_finished, torch.min(self._finished_scores, dim=1, keepdim=True)[0], -_BIG)
         self._improvement_possible = self._improvement_possible & torch.any(
             best_running > worst_finished, dim=-1, keepdim=True
         )

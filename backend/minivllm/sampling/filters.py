@@ -12,7 +12,7 @@ per vocabulary entry (~1 ms a row)."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -23,8 +23,9 @@ CANDIDATE_WIDTHS = (256, 4096)
 DRAW_BLOCK = 256  # tokens per block of the two-level draw
 
 
-def apply_top_k_top_p_min_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None,
-                            min_p: torch.Tensor | None) -> torch.Tensor:
+def apply_top_k_top_p_min_p(
+    logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None, min_p: torch.Tensor | None
+) -> torch.Tensor:
     """top-k, then top-p, then min-p, as one ``-inf`` mask (out of place); each may be None (= off for
     every row). ``k``: ``[R]`` ints (the vocab size = off); ``p``: ``[R]`` floats (1.0 = off); ``min_p``:
     ``[R]`` floats (0 = off).
@@ -47,12 +48,16 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     return apply_top_k_top_p_min_p(logits, None, None, min_p)
 
 
-def truncation_threshold(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None,
-                         min_p: torch.Tensor | None) -> torch.Tensor:
+def truncation_threshold(
+    logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None, min_p: torch.Tensor | None
+) -> torch.Tensor:
     """Each row's lowest logit that top-k, top-p and min-p all keep (``-inf``: keep everything)."""
     rows, vocab = logits.shape
-    k = (torch.full((rows,), vocab, dtype=torch.long, device=logits.device) if k is None
-         else k.to(device=logits.device, dtype=torch.long).clamp(1, vocab))
+    k = (
+        torch.full((rows,), vocab, dtype=torch.long, device=logits.device)
+        if k is None
+        else k.to(device=logits.device, dtype=torch.long).clamp(1, vocab)
+    )
     threshold = torch.full((rows,), _NEG_INF, dtype=logits.dtype, device=logits.device)
     limited = k < vocab
     any_limited = bool(limited.any())
@@ -71,8 +76,9 @@ def truncation_threshold(logits: torch.Tensor, k: torch.Tensor | None, p: torch.
     return threshold
 
 
-def _top_p_threshold(logits: torch.Tensor, top: torch.Tensor, k_threshold: torch.Tensor,
-                     p: torch.Tensor) -> torch.Tensor:
+def _top_p_threshold(
+    logits: torch.Tensor, top: torch.Tensor, k_threshold: torch.Tensor, p: torch.Tensor
+) -> torch.Tensor:
     """Each row's lowest logit inside its top-p nucleus, over the distribution left by top-k. `top`:
     each row's highest logits, descending; more are looked at while a nucleus does not end in them."""
     vocab = logits.shape[1]
@@ -151,8 +157,9 @@ def _uniforms(generators: Sequence[torch.Generator | None], device: torch.device
     u = torch.empty(len(generators), dtype=torch.float64, device=device)
     shared = [i for i, g in enumerate(generators) if g is None]
     if shared:
-        u[torch.tensor(shared, dtype=torch.long, device=device)] = torch.rand(len(shared), dtype=torch.float64,
-                                                                             device=device)
+        u[torch.tensor(shared, dtype=torch.long, device=device)] = torch.rand(
+            len(shared), dtype=torch.float64, device=device
+        )
     for i, g in enumerate(generators):
         if g is not None:
             u[i] = torch.rand((), dtype=torch.float64, generator=g, device=g.device)

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import math
 import re
+from dataclasses import dataclass
 
 from minivllm.structured.params import StructuredOutputsParams
 
@@ -103,46 +102,45 @@ class SamplingParams:
             raise ValueError(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty!r}")
         width = max(self.n, self.beam_width if _is_int(self.beam_width) else 1)
         if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= MAX_SEED - (width - 1)):
-            raise ValueError(f"seed must be an integer in [0, {MAX_SEED - (width - 1)}] (2**63 - 1 less one per "
-                             f"extra sample), got {self.seed!r}")
+            raise ValueError(
+                f"seed must be an integer in [0, {MAX_SEED - (width - 1)}] (2**63 - 1 less one per "
+                f"extra sample), got {self.seed!r}"
+            )
         if not all(isinstance(s, str) for s in self.stop):  # type: ignore[union-attr]
             raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}")
         if any(s == "" for s in self.stop):  # type: ignore[union-attr]
             raise ValueError(f"stop must not contain empty strings, got {self.stop!r}")
         if not all(_is_int(t) and t >= 0 for t in self.stop_token_ids):  # type: ignore[union-attr]
-            raise ValueError(
-                f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}"
-            )
+            raise ValueError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
         if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
             raise ValueError(f"max_tokens must be an integer >= 1 or None, got {self.max_tokens!r}")
         if not _is_int(self.min_tokens) or self.min_tokens < 0:
             raise ValueError(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise ValueError(
-                f"min_tokens must be <= max_tokens={self.max_tokens}, got {self.min_tokens!r}"
-            )
-        if self.logprobs is not None and (
-            not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS
-        ):
+            raise ValueError(f"min_tokens must be <= max_tokens={self.max_tokens}, got {self.min_tokens!r}")
+        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
             raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}] or None, got {self.logprobs!r}")
         if not _is_number(self.length_penalty) or abs(self.length_penalty) > MAX_LENGTH_PENALTY:
-            raise ValueError(f"length_penalty must be in [-{MAX_LENGTH_PENALTY:g}, {MAX_LENGTH_PENALTY:g}], "
-                             f"got {self.length_penalty!r}")
+            raise ValueError(
+                f"length_penalty must be in [-{MAX_LENGTH_PENALTY:g}, {MAX_LENGTH_PENALTY:g}], "
+                f"got {self.length_penalty!r}"
+            )
         if self.beam_width is not None and (not _is_int(self.beam_width) or self.beam_width < 1):
             raise ValueError(f"beam_width must be an integer >= 1, got {self.beam_width!r}")
         self._validate_extras()
         if self.use_beam_search:
             assert self.beam_width is not None
             if self.n > self.beam_width:
-                raise ValueError(
-                    f"n must be <= beam_width={self.beam_width} for beam search, got {self.n!r}"
-                )
+                raise ValueError(f"n must be <= beam_width={self.beam_width} for beam search, got {self.n!r}")
 
     def _validate_token_lists(self) -> None:
         if self.allowed_token_ids is not None and (
-                not self.allowed_token_ids or not all(_is_int(t) and t >= 0 for t in self.allowed_token_ids)):
-            raise ValueError(f"allowed_token_ids must be a non-empty list of token ids (integers >= 0), "
-                             f"got {self.allowed_token_ids!r}")
+            not self.allowed_token_ids or not all(_is_int(t) and t >= 0 for t in self.allowed_token_ids)
+        ):
+            raise ValueError(
+                f"allowed_token_ids must be a non-empty list of token ids (integers >= 0), "
+                f"got {self.allowed_token_ids!r}"
+            )
         if self.bad_words is not None:
             if len(self.bad_words) > MAX_BAD_WORDS or not all(isinstance(w, str) for w in self.bad_words):
                 raise ValueError(f"bad_words must be a list of at most {MAX_BAD_WORDS} strings")
@@ -161,9 +159,11 @@ class SamplingParams:
         ):
             raise ValueError(f"prompt_logprobs must be in [0, {MAX_LOGPROBS}] or None, got {self.prompt_logprobs!r}")
         if self.structured_outputs is not None and self.use_beam_search:
-            raise ValueError(f"structured_outputs cannot be combined with beam search (use_beam_search): a beam "
-                             f"keeps the most likely continuations, which a grammar mask would have to follow per "
-                             f"beam; use sampling or greedy decoding")
+            raise ValueError(
+                "structured_outputs cannot be combined with beam search (use_beam_search): a beam "
+                "keeps the most likely continuations, which a grammar mask would have to follow per "
+                "beam; use sampling or greedy decoding"
+            )
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -172,11 +172,7 @@ class SamplingParams:
 
     @property
     def needs_penalties(self) -> bool:
-        return (
-            self.repetition_penalty != 1.0
-            or self.presence_penalty != 0.0
-            or self.frequency_penalty != 0.0
-        )
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     @property
     def reads_output_tokens(self) -> bool:

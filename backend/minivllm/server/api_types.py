@@ -67,5 +67,12 @@ class ErrorBody(msgspec.Struct):
     error: ErrorDetail
 
 
-WIRE_TYPES: list[type] = [EngineInfo, ConfigUpdate, RecordingInfo, RecordingStatus, RequestTimings, HealthStatus,
-                          ErrorBody]
+WIRE_TYPES: list[type] = [
+    EngineInfo,
+    ConfigUpdate,
+    RecordingInfo,
+    RecordingStatus,
+    RequestTimings,
+    HealthStatus,
+    ErrorBody,
+]

@@ -47,19 +47,39 @@ async def _lifespan(app: Litestar) -> AsyncIterator[None]:
 def create_app(config: ServerConfig | LLMEngine) -> Litestar:
     if isinstance(config, LLMEngine):
         config = ServerConfig(engine=config)
-    openapi = OpenAPIConfig(title="mini-vllm", version="0.1.0", path="/docs",
-                            description="OpenAI-compatible API, dashboard API and live engine events.",
-                            render_plugins=[SwaggerRenderPlugin(path="/"), DocumentedJsonRenderPlugin(path="/openapi.json")])
+    openapi = OpenAPIConfig(
+        title="mini-vllm",
+        version="0.1.0",
+        path="/docs",
+        description="OpenAI-compatible API, dashboard API and live engine events.",
+        render_plugins=[SwaggerRenderPlugin(path="/"), DocumentedJsonRenderPlugin(path="/openapi.json")],
+    )
     return Litestar(
-        route_handlers=[openai_router(), responses_router(), embeddings_router(), tokenize_router(), dashboard_router(),
-                        events_router(), health, metrics, version, frontend_index, frontend],
+        route_handlers=[
+            openai_router(),
+            responses_router(),
+            embeddings_router(),
+            tokenize_router(),
+            dashboard_router(),
+            events_router(),
+            health,
+            metrics,
+            version,
+            frontend_index,
+            frontend,
+        ],
         lifespan=[_lifespan],
-        state=State({"server": ServerState(config),
-                     "responses": ResponseStore(config.responses_max_stored, config.responses_ttl_s)}),
+        state=State(
+            {
+                "server": ServerState(config),
+                "responses": ResponseStore(config.responses_max_stored, config.responses_ttl_s),
+            }
+        ),
         middleware=[request_id_middleware, exposure_guard(config.allowed_hosts, config.cors_origins)],
         exception_handlers={Exception: handle_exception},
         cors_config=CORSConfig(allow_origins=config.cors_origins, expose_headers=["X-Request-Id"])
-        if config.cors_origins else None,
+        if config.cors_origins
+        else None,
         openapi_config=openapi,
         request_max_body_size=config.max_body_size,
     )

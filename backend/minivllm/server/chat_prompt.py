@@ -11,26 +11,53 @@ from minivllm.server.tools import ToolPlan, offer_tools
 from minivllm.text.tokenizer_utils import load_chat_template_prompt
 
 # apply_chat_template's own parameters and the names the renderer binds itself: not template variables
-RESERVED_TEMPLATE_KWARGS = frozenset((
-    "conversation", "conversations", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
-    "continue_final_message", "tokenize", "sanitize_control_tokens", "padding", "truncation", "max_length",
-    "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"))
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    (
+        "conversation",
+        "conversations",
+        "messages",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "sanitize_control_tokens",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+    )
+)
 
 
-def check_template_options(add_generation_prompt: bool, continue_final_message: bool,
-                           template_kwargs: dict[str, Any] | None) -> None:
+def check_template_options(
+    add_generation_prompt: bool, continue_final_message: bool, template_kwargs: dict[str, Any] | None
+) -> None:
     if add_generation_prompt and continue_final_message:
-        raise bad_request("continue_final_message and add_generation_prompt cannot both be true",
-                          "continue_final_message")
+        raise bad_request(
+            "continue_final_message and add_generation_prompt cannot both be true", "continue_final_message"
+        )
     reserved = sorted(RESERVED_TEMPLATE_KWARGS & set(template_kwargs or {}))
     if reserved:
         raise bad_request(f"chat_template_kwargs may not set {', '.join(reserved)}", "chat_template_kwargs")
 
 
-def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, str]], tools: ToolPlan | None, *,
-                    add_generation_prompt: bool = True, continue_final_message: bool = False,
-                    template_kwargs: dict[str, Any] | None = None, add_special_tokens: bool = False,
-                    chat_template: str | None = None, documents: list[dict[str, str]] | None = None) -> list[int]:
+def chat_prompt_ids(
+    tokenizer: Any,
+    messages: list[dict[str, str]],
+    tools: ToolPlan | None,
+    *,
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+    template_kwargs: dict[str, Any] | None = None,
+    add_special_tokens: bool = False,
+    chat_template: str | None = None,
+    documents: list[dict[str, str]] | None = None,
+) -> list[int]:
     """Runs on the tokenizer pool. `add_special_tokens`: also the tokenizer's own BOS (chat templates
     write their own); `chat_template`: the request's own Jinja template instead of the model's;
     `documents`: the template's RAG variable (a template without one ignores them)."""
@@ -46,12 +73,14 @@ def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, str]], tools: ToolP
         options["documents"] = documents
     try:
         if not add_special_tokens and chat_template is None:
-            return load_chat_template_prompt(tokenizer, messages, add_generation_prompt, tools=template_tools,
-                                             **options)
+            return load_chat_template_prompt(
+                tokenizer, messages, add_generation_prompt, tools=template_tools, **options
+            )
         if chat_template is not None:
             options["chat_template"] = chat_template
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
-                                             tools=template_tools, tokenize=False, **options)
+        text = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=add_generation_prompt, tools=template_tools, tokenize=False, **options
+        )
     except (TemplateError, TypeError) as exc:  # what the request put in the template broke it
         raise ValueError(f"the chat template could not render this request: {exc}") from None
     return list(tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])

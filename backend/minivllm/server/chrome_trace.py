@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from minivllm.events import types as ev
-from minivllm.events.recording import Recording
 from minivllm.events.fold import StateFolder
+from minivllm.events.recording import Recording
 
 ENGINE_PID, REQUESTS_PID = 1, 2
 STEPS_TID = 1
@@ -43,11 +43,18 @@ class _TraceBuilder:
         for rid, (state, since, reason) in list(self.open.items()):
             self._segment(rid, state, since, end, {"reason": reason, "note": "still open when the recording ended"})
         cfg = self.header.snapshot.config
-        return {"traceEvents": self.out, "displayTimeUnit": "ms",
-                "otherData": {"model": cfg.model, "recording_created": self.header.created,
-                              "num_blocks": cfg.num_blocks, "block_size": cfg.block_size,
-                              "max_num_batched_tokens": cfg.max_num_batched_tokens,
-                              "max_num_seqs": cfg.max_num_seqs}}
+        return {
+            "traceEvents": self.out,
+            "displayTimeUnit": "ms",
+            "otherData": {
+                "model": cfg.model,
+                "recording_created": self.header.created,
+                "num_blocks": cfg.num_blocks,
+                "block_size": cfg.block_size,
+                "max_num_batched_tokens": cfg.max_num_batched_tokens,
+                "max_num_seqs": cfg.max_num_seqs,
+            },
+        }
 
     def _end_ts(self) -> float:
         return self.events[-1].ts if self.events else self.t0
@@ -57,20 +64,35 @@ class _TraceBuilder:
     def _metadata(self) -> None:
         for pid, name in ((ENGINE_PID, "engine"), (REQUESTS_PID, "requests")):
             self.out.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": name}})
-            self.out.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
-        self.out.append({"ph": "M", "name": "thread_name", "pid": ENGINE_PID, "tid": STEPS_TID, "args": {"name": "steps"}})
+            self.out.append(
+                {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}}
+            )
+        self.out.append(
+            {"ph": "M", "name": "thread_name", "pid": ENGINE_PID, "tid": STEPS_TID, "args": {"name": "steps"}}
+        )
 
     def _tid(self, rid: str) -> int:
         if rid not in self.tids:
             tid = self.tids[rid] = len(self.tids) + 1
             self.out.append({"ph": "M", "name": "thread_name", "pid": REQUESTS_PID, "tid": tid, "args": {"name": rid}})
-            self.out.append({"ph": "M", "name": "thread_sort_index", "pid": REQUESTS_PID, "tid": tid,
-                             "args": {"sort_index": tid}})
+            self.out.append(
+                {"ph": "M", "name": "thread_sort_index", "pid": REQUESTS_PID, "tid": tid, "args": {"sort_index": tid}}
+            )
         return self.tids[rid]
 
     def _segment(self, rid: str, state: str, start: float, end: float, args: dict[str, Any]) -> None:
-        self.out.append({"ph": "X", "name": state, "cat": "request", "pid": REQUESTS_PID, "tid": self._tid(rid),
-                         "ts": self.us(start), "dur": max(self.us(end) - self.us(start), 0.0), "args": args})
+        self.out.append(
+            {
+                "ph": "X",
+                "name": state,
+                "cat": "request",
+                "pid": REQUESTS_PID,
+                "tid": self._tid(rid),
+                "ts": self.us(start),
+                "dur": max(self.us(end) - self.us(start), 0.0),
+                "args": args,
+            }
+        )
 
     def _open(self, rid: str, state: str, since: float, reason: str) -> None:
         self._tid(rid)
@@ -80,18 +102,40 @@ class _TraceBuilder:
         for e in self.events:
             if isinstance(e, ev.RequestArrived):
                 self._tid(e.request_id)
-                self.out.append({"ph": "i", "s": "t", "name": "arrived", "pid": REQUESTS_PID,
-                                 "tid": self._tid(e.request_id), "ts": self.us(e.ts),
-                                 "args": {"prompt_tokens": e.prompt_tokens, "max_tokens": e.max_tokens, "n": e.n,
-                                          "priority": e.priority, "prompt": e.prompt_preview}})
+                self.out.append(
+                    {
+                        "ph": "i",
+                        "s": "t",
+                        "name": "arrived",
+                        "pid": REQUESTS_PID,
+                        "tid": self._tid(e.request_id),
+                        "ts": self.us(e.ts),
+                        "args": {
+                            "prompt_tokens": e.prompt_tokens,
+                            "max_tokens": e.max_tokens,
+                            "n": e.n,
+                            "priority": e.priority,
+                            "prompt": e.prompt_preview,
+                        },
+                    }
+                )
             elif isinstance(e, ev.RequestStateChanged):
                 current = self.open.pop(e.request_id, None)
                 if current is not None:
                     state, since, reason = current
                     self._segment(e.request_id, state, since, e.ts, {"reason": reason, "ended_by": e.reason})
                 if e.state == "FINISHED":
-                    self.out.append({"ph": "i", "s": "t", "name": f"finished: {e.finish_reason}", "pid": REQUESTS_PID,
-                                     "tid": self._tid(e.request_id), "ts": self.us(e.ts), "args": {"reason": e.reason}})
+                    self.out.append(
+                        {
+                            "ph": "i",
+                            "s": "t",
+                            "name": f"finished: {e.finish_reason}",
+                            "pid": REQUESTS_PID,
+                            "tid": self._tid(e.request_id),
+                            "ts": self.us(e.ts),
+                            "args": {"reason": e.reason},
+                        }
+                    )
                 else:
                     self._open(e.request_id, e.state, e.ts, e.reason)
             elif isinstance(e, ev.ConfigChanged):
@@ -109,9 +153,17 @@ class _TraceBuilder:
                 start = e.ts - e.duration_ms / 1e3
                 args: dict[str, Any] = {"num_tokens": e.num_tokens, "num_generated": e.num_generated}
                 if s is not None:
-                    args.update(prefill_chunks=len(s.prefill), decode_seqs=len(s.decode), budget_used=s.budget_used,
-                                budget=s.budget, num_running=s.num_running, num_waiting=s.num_waiting,
-                                preempted=s.preempted, queue_head=s.queue_head, queue_head_reason=s.queue_head_reason)
+                    args.update(
+                        prefill_chunks=len(s.prefill),
+                        decode_seqs=len(s.decode),
+                        budget_used=s.budget_used,
+                        budget=s.budget,
+                        num_running=s.num_running,
+                        num_waiting=s.num_waiting,
+                        preempted=s.preempted,
+                        queue_head=s.queue_head,
+                        queue_head_reason=s.queue_head_reason,
+                    )
                 self._slice(f"step {e.step}", start, e.duration_ms, args)
                 t = start
                 for phase in PHASES:
@@ -120,8 +172,18 @@ class _TraceBuilder:
                     t += ms / 1e3
 
     def _slice(self, name: str, start: float, ms: float, args: dict[str, Any]) -> None:
-        self.out.append({"ph": "X", "name": name, "cat": "step", "pid": ENGINE_PID, "tid": STEPS_TID,
-                         "ts": self.us(start), "dur": round(ms * 1e3, 3), "args": args})
+        self.out.append(
+            {
+                "ph": "X",
+                "name": name,
+                "cat": "step",
+                "pid": ENGINE_PID,
+                "tid": STEPS_TID,
+                "ts": self.us(start),
+                "dur": round(ms * 1e3, 3),
+                "args": args,
+            }
+        )
 
     def _counter(self, name: str, ts: float, values: dict[str, float]) -> None:
         self.out.append({"ph": "C", "name": name, "pid": ENGINE_PID, "ts": self.us(ts), "args": values})
@@ -145,8 +207,11 @@ class _TraceBuilder:
                 self._counter("requests", e.ts, {"running": e.num_running, "waiting": e.num_waiting})
             elif isinstance(e, ev.MetricsSample):
                 self._counter("KV usage", e.ts, {"fraction": e.kv_usage})
-                self._counter("throughput (tokens/s)", e.ts, {"generation": e.generation_throughput,
-                                                              "prompt": e.prompt_throughput})
+                self._counter(
+                    "throughput (tokens/s)",
+                    e.ts,
+                    {"generation": e.generation_throughput, "prompt": e.prompt_throughput},
+                )
 
 
 def chrome_trace(recording: Recording) -> dict[str, Any]:

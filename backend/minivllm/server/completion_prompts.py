@@ -23,11 +23,15 @@ def completion_prompts(prompt: str | list, max_prompts: int) -> list[Prompt]:
     if all(isinstance(x, int) for x in prompt):
         return [(None, list(prompt))]
     if not all(isinstance(x, str) or (isinstance(x, list) and all(isinstance(t, int) for t in x)) for x in prompt):
-        raise bad_request("prompt must be a string, a list of token ids, or a list of strings or of token-id lists",
-                          "prompt")
+        raise bad_request(
+            "prompt must be a string, a list of token ids, or a list of strings or of token-id lists", "prompt"
+        )
     if len(prompt) > max_prompts:
-        raise bad_request(f"prompt is a list of {len(prompt)} prompts; this server runs at most {max_prompts} per "
-                          f"request (max_num_seqs): send the rest in another request", "prompt")
+        raise bad_request(
+            f"prompt is a list of {len(prompt)} prompts; this server runs at most {max_prompts} per "
+            f"request (max_num_seqs): send the rest in another request",
+            "prompt",
+        )
     return [(x, None) if isinstance(x, str) else (None, list(x)) for x in prompt]
 
 
@@ -61,8 +65,14 @@ class EchoPart:
     logprobs: p.CompletionLogprobs | None
 
 
-def echo_part(out: RequestOutput, entries: list[dict[int, float] | None] | None, engine_n: int,
-              logprobs: int | None, text_of: TextOf, decode: Callable[[list[int]], str]) -> EchoPart:
+def echo_part(
+    out: RequestOutput,
+    entries: list[dict[int, float] | None] | None,
+    engine_n: int,
+    logprobs: int | None,
+    text_of: TextOf,
+    decode: Callable[[list[int]], str],
+) -> EchoPart:
     """OpenAI's echo: the prompt text (as sent, or the token ids decoded); with `logprobs`, one
     entry per prompt token, the first without a logprob (null), offsets from the prompt's start."""
     text = out.prompt if out.prompt is not None else decode(out.prompt_token_ids)
@@ -93,12 +103,17 @@ def with_echo(echo: EchoPart, completion: p.CompletionLogprobs | None) -> p.Comp
     if completion is None:
         return echo.logprobs
     a, b = echo.logprobs, completion
-    return p.CompletionLogprobs(tokens=a.tokens + b.tokens, token_logprobs=a.token_logprobs + b.token_logprobs,
-                                top_logprobs=a.top_logprobs + b.top_logprobs, text_offset=a.text_offset + b.text_offset)
+    return p.CompletionLogprobs(
+        tokens=a.tokens + b.tokens,
+        token_logprobs=a.token_logprobs + b.token_logprobs,
+        top_logprobs=a.top_logprobs + b.top_logprobs,
+        text_offset=a.text_offset + b.text_offset,
+    )
 
 
-def vllm_prompt_logprobs(out: RequestOutput, engine_n: int, n: int,
-                         text_of: TextOf) -> list[dict[str, dict[str, Any]] | None] | None:
+def vllm_prompt_logprobs(
+    out: RequestOutput, engine_n: int, n: int, text_of: TextOf
+) -> list[dict[str, dict[str, Any]] | None] | None:
     """vLLM's `prompt_logprobs`: per prompt token, null for the first, else {token id: {"logprob",
     "rank", "decoded_token"}}, the prompt token first (its rank in the whole vocabulary), then the
     top `n` (ranks 1..n)."""
@@ -120,6 +135,18 @@ def vllm_prompt_logprobs(out: RequestOutput, engine_n: int, n: int,
 
 def without_generation(out: RequestOutput) -> RequestOutput:
     """The output with its samples emptied: echo with max_tokens 0 shows the prompt alone."""
-    return replace(out, outputs=[replace(o, text="", token_ids=[], logprobs=None if o.logprobs is None else [],
-                                         finish_reason=o.finish_reason and "length", stop_reason=None, num_tokens=0)
-                                 for o in out.outputs])
+    return replace(
+        out,
+        outputs=[
+            replace(
+                o,
+                text="",
+                token_ids=[],
+                logprobs=None if o.logprobs is None else [],
+                finish_reason=o.finish_reason and "length",
+                stop_reason=None,
+                num_tokens=0,
+            )
+            for o in out.outputs
+        ],
+    )

@@ -42,8 +42,9 @@ class ServerConfig:
 
     def __post_init__(self) -> None:
         if self.embedding_pooling not in POOLING_TYPES:
-            raise ValueError(f"embedding_pooling must be one of {', '.join(POOLING_TYPES)}, "
-                             f"got {self.embedding_pooling!r}")
+            raise ValueError(
+                f"embedding_pooling must be one of {', '.join(POOLING_TYPES)}, got {self.embedding_pooling!r}"
+            )
 
     @property
     def dist_dir(self) -> Path:

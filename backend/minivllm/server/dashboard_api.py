@@ -7,15 +7,14 @@ from litestar import Request, Response, Router, get, post, put
 from litestar.params import FromPath
 from litestar.response import File
 
-from minivllm.events import types as ev
 from minivllm.engine.api import EngineBusyError
+from minivllm.events import types as ev
 from minivllm.server.api_types import ConfigUpdate, RecordingInfo, RecordingStatus
 from minivllm.server.auth import require_api_key
 from minivllm.server.chrome_trace import chrome_trace
 from minivllm.server.config import MAX_UPLOAD_SIZE
 from minivllm.server.errors import APIError, bad_request, decode_body
 from minivllm.server.state import server_of
-
 
 
 @get("/state", summary="A full snapshot of the engine (the WebSocket's first message)")
@@ -48,8 +47,10 @@ def _config_update(body: bytes) -> ConfigUpdate:
     given = msgspec.json.decode(body, type=dict[str, msgspec.Raw])  # the keys only: values stay undecoded
     refused = [name for name in given if name not in settable]
     if refused:
-        kinds = ["read-only (set when the server starts)" if name in ev.EngineInfo.__struct_fields__ else "unknown"
-                 for name in refused]
+        kinds = [
+            "read-only (set when the server starts)" if name in ev.EngineInfo.__struct_fields__ else "unknown"
+            for name in refused
+        ]
         named = ", ".join(f"{name} ({kind})" for name, kind in zip(refused, kinds))
         raise bad_request(f"PUT /api/config cannot change {named}; it takes {', '.join(settable)}", refused[0])
     return update
@@ -84,8 +85,12 @@ async def download_recording(request: Request, recording_id: FromPath[str]) -> F
     return File(path, filename=path.name, media_type="application/x-ndjson")
 
 
-@post("/recordings", status_code=201, summary="Upload a recording (JSONL body or multipart file)",
-      request_max_body_size=MAX_UPLOAD_SIZE)
+@post(
+    "/recordings",
+    status_code=201,
+    summary="Upload a recording (JSONL body or multipart file)",
+    request_max_body_size=MAX_UPLOAD_SIZE,
+)
 async def upload_recording(request: Request) -> RecordingInfo:
     store = server_of(request).recordings
     if request.content_type[0] == "multipart/form-data":
@@ -102,11 +107,26 @@ async def upload_recording(request: Request) -> RecordingInfo:
 @get("/recordings/{recording_id:str}/trace", summary="A recording as a Chrome trace (opens in Perfetto)")
 async def recording_trace(request: Request, recording_id: FromPath[str]) -> Response:
     recording = server_of(request).recordings.load(recording_id)
-    return Response(chrome_trace(recording),
-                    headers={"Content-Disposition": f'attachment; filename="{recording_id}.trace.json"'})
+    return Response(
+        chrome_trace(recording), headers={"Content-Disposition": f'attachment; filename="{recording_id}.trace.json"'}
+    )
 
 
 def dashboard_router() -> Router:
-    return Router("/api", route_handlers=[get_state, get_config, put_config, start_recording, stop_recording,
-                                          recording_status, list_recordings, download_recording, upload_recording,
-                                          recording_trace], guards=[require_api_key], tags=["Dashboard API"])
+    return Router(
+        "/api",
+        route_handlers=[
+            get_state,
+            get_config,
+            put_config,
+            start_recording,
+            stop_recording,
+            recording_status,
+            list_recordings,
+            download_recording,
+            upload_recording,
+            recording_trace,
+        ],
+        guards=[require_api_key],
+        tags=["Dashboard API"],
+    )

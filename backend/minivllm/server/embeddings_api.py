@@ -27,8 +27,13 @@ from minivllm.server.auth import require_api_key
 from minivllm.server.chat_prompt import chat_prompt_ids, check_template_options
 from minivllm.server.errors import APIError, bad_request, decode_either
 from minivllm.server.middleware import request_id_of, unique_request_id
-from minivllm.server.openai_api import (ClientDisconnected, check_model, check_prompt_size, engine_errors,
-                                        until_disconnect)
+from minivllm.server.openai_api import (
+    ClientDisconnected,
+    check_model,
+    check_prompt_size,
+    engine_errors,
+    until_disconnect,
+)
 from minivllm.server.state import ServerState, server_of
 from minivllm.server.vllm_fields import adopt_body_request_id, truncated
 
@@ -45,8 +50,9 @@ def embedding_inputs(value: str | list) -> list[str | list[int]]:
     if isinstance(value, str) or (value and all(isinstance(x, int) for x in value)):
         inputs: list[str | list[int]] = [value]  # type: ignore[list-item]
     elif not all(isinstance(x, (str, list)) for x in value):
-        raise bad_request("input must be a string, a list of token ids, or a list of strings or of token-id lists",
-                          "input")
+        raise bad_request(
+            "input must be a string, a list of token ids, or a list of strings or of token-id lists", "input"
+        )
     else:
         inputs = list(value)
     if not inputs:
@@ -62,8 +68,11 @@ def embedding_inputs(value: str | list) -> list[str | list[int]]:
 
 def pooling_params(server: ServerState, req: EmbeddingRequest, hidden_size: int) -> PoolingParams:
     if req.dimensions is not None and req.dimensions != hidden_size:
-        raise bad_request(f"this model has no matryoshka dimensions: its embeddings have {hidden_size} dimensions "
-                          f"(its hidden size); leave `dimensions` out or set it to {hidden_size}", "dimensions")
+        raise bad_request(
+            f"this model has no matryoshka dimensions: its embeddings have {hidden_size} dimensions "
+            f"(its hidden size); leave `dimensions` out or set it to {hidden_size}",
+            "dimensions",
+        )
     return PoolingParams(server.config.embedding_pooling, normalize=req.normalize is not False)
 
 
@@ -82,10 +91,19 @@ async def prompt_ids(server: ServerState, ae: AsyncEngine, req: EmbeddingRequest
         check_template_options(req.add_generation_prompt, req.continue_final_message, req.chat_template_kwargs)
         messages = s.chat_messages(p.ChatCompletionRequest(messages=req.messages))
         check_prompt_size(server, sum(len(m["content"]) for m in messages), "messages")
-        prompts = [await ae.tokenize(lambda tok: chat_prompt_ids(
-            tok, messages, None, add_generation_prompt=req.add_generation_prompt,
-            continue_final_message=req.continue_final_message, template_kwargs=req.chat_template_kwargs,
-            add_special_tokens=req.add_special_tokens))]
+        prompts = [
+            await ae.tokenize(
+                lambda tok: chat_prompt_ids(
+                    tok,
+                    messages,
+                    None,
+                    add_generation_prompt=req.add_generation_prompt,
+                    continue_final_message=req.continue_final_message,
+                    template_kwargs=req.chat_template_kwargs,
+                    add_special_tokens=req.add_special_tokens,
+                )
+            )
+        ]
     return [truncated(ids, keep, limit) for ids in prompts]
 
 
@@ -106,14 +124,19 @@ def encoded(vector: list[float], encoding_format: str) -> list[float] | str:
     return base64.b64encode(values.tobytes()).decode("ascii")
 
 
-def embedding_response(rid: str, model: str, outs: list[PoolingRequestOutput],
-                       encoding_format: str) -> e.EmbeddingResponse:
+def embedding_response(
+    rid: str, model: str, outs: list[PoolingRequestOutput], encoding_format: str
+) -> e.EmbeddingResponse:
     tokens = sum(len(out.prompt_token_ids) for out in outs)
     return e.EmbeddingResponse(
-        id=f"embd-{rid}", created=int(time.time()), model=model,
-        data=[e.EmbeddingData(index=i, embedding=encoded(out.embedding, encoding_format))
-              for i, out in enumerate(outs)],
-        usage=e.EmbeddingUsage(prompt_tokens=tokens, total_tokens=tokens))
+        id=f"embd-{rid}",
+        created=int(time.time()),
+        model=model,
+        data=[
+            e.EmbeddingData(index=i, embedding=encoded(out.embedding, encoding_format)) for i, out in enumerate(outs)
+        ],
+        usage=e.EmbeddingUsage(prompt_tokens=tokens, total_tokens=tokens),
+    )
 
 
 @contextmanager
@@ -139,8 +162,9 @@ async def embeddings(request: Request) -> Response:
     field = "input" if isinstance(req, e.EmbeddingCompletionRequest) else "messages"
     with _errors_naming(field):
         prompts = await prompt_ids(server, ae, req)
-        rid = unique_request_id(request.scope, lambda r: ae.has_stream(r)
-                                or any(ae.has_stream(f"{r}-{i}") for i in range(len(prompts))))
+        rid = unique_request_id(
+            request.scope, lambda r: ae.has_stream(r) or any(ae.has_stream(f"{r}-{i}") for i in range(len(prompts)))
+        )
         try:
             outs = await until_disconnect(request, ae.embed(prompts, pooling, rid, req.priority))
         except ClientDisconnected:

@@ -17,9 +17,17 @@ from minivllm.server.middleware import SCOPE_KEY
 
 log = logging.getLogger("minivllm.server")
 
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-          404: "not_found_error", 405: "invalid_request_error", 409: "conflict_error",
-          413: "invalid_request_error", 500: "server_error", 503: "service_unavailable"}
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    409: "conflict_error",
+    413: "invalid_request_error",
+    500: "server_error",
+    503: "service_unavailable",
+}
 
 
 class APIError(Exception):
@@ -31,8 +39,9 @@ class APIError(Exception):
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> ErrorBody:
-    return ErrorBody(error=ErrorDetail(message=message, type=_TYPES.get(status, "invalid_request_error"),
-                                       param=param, code=code))
+    return ErrorBody(
+        error=ErrorDetail(message=message, type=_TYPES.get(status, "invalid_request_error"), param=param, code=code)
+    )
 
 
 def error_response(status: int, message: str, param: str | None = None, code: str | None = None) -> Response:
@@ -133,13 +142,16 @@ def handle_exception(request: Request, exc: Exception) -> Response:
         elif exc.status_code == 404 or (exc.status_code == 405 and not _has_route(request)):
             # a 405 on a path no route declares comes from the dashboard's GET catch-all: a 404
             return error_response(404, f"no route for {request.method} {request.url.path}")
-        return Response(error_body(exc.status_code, detail), status_code=exc.status_code,
-                        headers=exc.headers or None)
+        return Response(error_body(exc.status_code, detail), status_code=exc.status_code, headers=exc.headers or None)
     if isinstance(exc, RequestFailedError):  # the engine's own account of what failed in the request
         if exc.param is not None:  # the request's own input could not be followed
             return error_response(400, str(exc), exc.param)
         return error_response(500, str(exc), code="request_failed")
     log.exception("internal error while handling %s %s", request.method, request.url.path)
     # the exception text can hold paths and internals: it goes to the log, not to the client
-    return error_response(500, f"internal server error ({type(exc).__name__}); the server log has the details "
-                               f"under request id {request.scope.get(SCOPE_KEY, '?')}", code="internal_error")
+    return error_response(
+        500,
+        f"internal server error ({type(exc).__name__}); the server log has the details "
+        f"under request id {request.scope.get(SCOPE_KEY, '?')}",
+        code="internal_error",
+    )

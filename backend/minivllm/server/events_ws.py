@@ -16,8 +16,8 @@ import msgspec
 from litestar import Router, WebSocket, websocket
 from litestar.exceptions import WebSocketDisconnect
 
-from minivllm.events import types as ev
 from minivllm.engine.api import AsyncEngine, EngineDeadError
+from minivllm.events import types as ev
 from minivllm.server.auth import key_problem
 from minivllm.server.client_feed import ClientFeed
 from minivllm.server.errors import APIError
@@ -31,7 +31,9 @@ CLOSE_UNAUTHORIZED = 4401
 class _Client:
     def __init__(self, socket: WebSocket, ae: AsyncEngine, feed: ClientFeed, binary: bool):
         self.socket, self.ae, self.feed = socket, ae, feed
-        self.encode: Callable[[object], bytes] = (msgspec.msgpack.Encoder() if binary else msgspec.json.Encoder()).encode
+        self.encode: Callable[[object], bytes] = (
+            msgspec.msgpack.Encoder() if binary else msgspec.json.Encoder()
+        ).encode
         self.mode = "binary" if binary else "text"
 
     async def send(self, message: ev.Snapshot | ev.EventBatch | ev.Resync) -> None:
@@ -53,7 +55,7 @@ class _Client:
         if snapshot is not None:
             await self.send(snapshot)
         for i in range(0, len(replay or []), REPLAY_BATCH):
-            await self.send(ev.EventBatch(events=replay[i:i + REPLAY_BATCH]))
+            await self.send(ev.EventBatch(events=replay[i : i + REPLAY_BATCH]))
 
     async def pump(self, flush_interval_s: float) -> None:
         while True:
@@ -90,13 +92,16 @@ async def events_socket(socket: WebSocket) -> None:
         ae = server.engine()
     except (ValueError, APIError) as exc:
         await socket.accept()
-        await socket.close(code=4400 if isinstance(exc, ValueError) else 4503,
-                           reason="since must be an integer" if isinstance(exc, ValueError) else exc.message[:120])
+        await socket.close(
+            code=4400 if isinstance(exc, ValueError) else 4503,
+            reason="since must be an integer" if isinstance(exc, ValueError) else exc.message[:120],
+        )
         return
     await socket.accept()
     if server.ws_clients >= server.config.max_ws_clients:
-        await socket.close(code=CLOSE_TOO_MANY_CLIENTS,
-                           reason=f"too many dashboard clients ({server.ws_clients}); close another tab")
+        await socket.close(
+            code=CLOSE_TOO_MANY_CLIENTS, reason=f"too many dashboard clients ({server.ws_clients}); close another tab"
+        )
         return
     server.ws_clients += 1
     feed = ClientFeed(asyncio.get_running_loop(), server.config.ws_queue_limit)
@@ -104,8 +109,10 @@ async def events_socket(socket: WebSocket) -> None:
     tasks: list[asyncio.Task] = []
     try:
         await client.start(since)
-        tasks = [asyncio.ensure_future(client.pump(server.config.ws_flush_interval_s)),
-                 asyncio.ensure_future(_until_closed(socket))]
+        tasks = [
+            asyncio.ensure_future(client.pump(server.config.ws_flush_interval_s)),
+            asyncio.ensure_future(_until_closed(socket)),
+        ]
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         for task in tasks:
             if task.done() and not task.cancelled() and task.exception() is not None:

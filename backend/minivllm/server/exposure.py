@@ -46,7 +46,11 @@ def redact_api_keys(record: logging.LogRecord) -> bool:
 
 def exposure_guard(allowed_hosts: list[str] | None, cors_origins: list[str]):
     """The middleware factory; `allowed_hosts` None or holding "*" skips the Host check."""
-    hosts = None if allowed_hosts is None or "*" in allowed_hosts else {h.lower() for h in (*LOOPBACK_HOSTS, *allowed_hosts)}
+    hosts = (
+        None
+        if allowed_hosts is None or "*" in allowed_hosts
+        else {h.lower() for h in (*LOOPBACK_HOSTS, *allowed_hosts)}
+    )
     origins = {o.rstrip("/").lower() for o in cors_origins}
 
     def middleware(app: ASGIApp) -> ASGIApp:
@@ -67,20 +71,35 @@ def _problem(scope: Scope, hosts: set[str] | None, origins: set[str]) -> tuple[i
     headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
     host_header = headers.get("host", "")
     if hosts is not None and _hostname(host_header) not in hosts:
-        return 400, (f"Host {host_header!r} is not allowed: this server answers to its loopback names only; "
-                     "start it with --allowed-host NAME to serve another name"), "host_not_allowed"
+        return (
+            400,
+            (
+                f"Host {host_header!r} is not allowed: this server answers to its loopback names only; "
+                "start it with --allowed-host NAME to serve another name"
+            ),
+            "host_not_allowed",
+        )
     method = scope.get("method", "GET")
     origin = headers.get("origin")
     if origin is not None and (scope["type"] == "websocket" or method in UNSAFE_METHODS):
         if not _same_origin(origin, host_header) and origin.rstrip("/").lower() not in origins and "*" not in origins:
-            return 403, (f"cross-origin request from {origin} refused; allow that origin with "
-                         f"--cors-origin {origin}"), "origin_not_allowed"
+            return (
+                403,
+                (f"cross-origin request from {origin} refused; allow that origin with --cors-origin {origin}"),
+                "origin_not_allowed",
+            )
     if scope["type"] == "http" and method in ("POST", "PUT", "PATCH") and _has_body(headers):
         accepted = UPLOAD_TYPES.get(scope["path"].rstrip("/"), JSON_TYPES)
         given = headers.get("content-type", "").split(";")[0].strip().lower()
         if given not in accepted:
-            return 415, (f"send the request body as {' or '.join(accepted)}"
-                         f"{f' (got {given})' if given else ' (no Content-Type was sent)'}"), "unsupported_media_type"
+            return (
+                415,
+                (
+                    f"send the request body as {' or '.join(accepted)}"
+                    f"{f' (got {given})' if given else ' (no Content-Type was sent)'}"
+                ),
+                "unsupported_media_type",
+            )
     return None
 
 
@@ -104,6 +123,11 @@ async def _refuse(scope: Scope, send: Send, status: int, message: str, code: str
         await send({"type": "websocket.close", "code": 1008, "reason": message[:120]})
         return
     body = msgspec.json.encode(error_body(status, message, code=code))
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": body})

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import uvicorn
 
+from minivllm.engine.api import LLMEngine, parse_memory
 from minivllm.server.app import create_app
 from minivllm.server.config import ServerConfig
-from minivllm.engine.api import LLMEngine, parse_memory
 from minivllm.server.exposure import allowed_hosts_for, redact_api_keys
 from minivllm.server.recordings import RecordingLimits
 
@@ -34,8 +34,12 @@ def serve(args: argparse.Namespace, build_engine: Callable[[], LLMEngine]) -> in
         trust_request_chat_template=args.trust_request_chat_template,
         embedding_pooling=args.embedding_pooling,
     )
-    print(f"[minivllm] serving on http://{args.host}:{args.port} (dashboard at /, API docs at /docs); "
-          "the model loads in the background: GET /health answers 200 when it is ready", flush=True)
-    uvicorn.run(create_app(config), host=args.host, port=args.port, log_level=args.log_level,
-                timeout_graceful_shutdown=5)
+    print(
+        f"[minivllm] serving on http://{args.host}:{args.port} (dashboard at /, API docs at /docs); "
+        "the model loads in the background: GET /health answers 200 when it is ready",
+        flush=True,
+    )
+    uvicorn.run(
+        create_app(config), host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5
+    )
     return 0

@@ -15,10 +15,47 @@ from prometheus_client.registry import Collector
 from minivllm.engine.api import EngineStats, RequestOutput
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-                    7.5, 10.0, 20.0, 40.0, 80.0)
-_TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4,
-                 0.5, 0.75, 1.0, 2.5)
+_LATENCY_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+_TPOT_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.015,
+    0.02,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+)
 
 
 @dataclass
@@ -65,9 +102,11 @@ class _EngineCollector(Collector):
 
 
 def _accepted_per_position(model: str, counts: tuple[int, ...]) -> CounterMetricFamily:
-    family = CounterMetricFamily("minivllm:spec_decode_num_accepted_tokens_per_pos",
-                                 "Drafted tokens accepted, by position in the draft (0 = first).",
-                                 labels=["model_name", "position"])
+    family = CounterMetricFamily(
+        "minivllm:spec_decode_num_accepted_tokens_per_pos",
+        "Drafted tokens accepted, by position in the draft (0 = first).",
+        labels=["model_name", "position"],
+    )
     for position, value in enumerate(counts):
         family.add_metric([model, str(position)], value)
     return family
@@ -80,16 +119,40 @@ class ServerMetrics:
         self.registry.register(self._engine)
         ProcessCollector(registry=self.registry)  # process_resident_memory_bytes, CPU seconds, open fds
         labels = ["model_name"]
-        self.ttft = Histogram("minivllm:time_to_first_token_seconds", "Time to first token.", labels,
-                              buckets=_LATENCY_BUCKETS, registry=self.registry)
-        self.tpot = Histogram("minivllm:time_per_output_token_seconds", "Time per output token after the first.",
-                              labels, buckets=_TPOT_BUCKETS, registry=self.registry)
-        self.e2e = Histogram("minivllm:e2e_request_latency_seconds", "Request latency, arrival to finish.",
-                             labels, buckets=_LATENCY_BUCKETS, registry=self.registry)
-        self.queue = Histogram("minivllm:request_queue_time_seconds", "Time waiting before first scheduled.",
-                               labels, buckets=_LATENCY_BUCKETS, registry=self.registry)
-        self.success = Counter("minivllm:request_success", "Requests finished, by finish reason.",
-                               [*labels, "finished_reason"], registry=self.registry)
+        self.ttft = Histogram(
+            "minivllm:time_to_first_token_seconds",
+            "Time to first token.",
+            labels,
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.tpot = Histogram(
+            "minivllm:time_per_output_token_seconds",
+            "Time per output token after the first.",
+            labels,
+            buckets=_TPOT_BUCKETS,
+            registry=self.registry,
+        )
+        self.e2e = Histogram(
+            "minivllm:e2e_request_latency_seconds",
+            "Request latency, arrival to finish.",
+            labels,
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.queue = Histogram(
+            "minivllm:request_queue_time_seconds",
+            "Time waiting before first scheduled.",
+            labels,
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.success = Counter(
+            "minivllm:request_success",
+            "Requests finished, by finish reason.",
+            [*labels, "finished_reason"],
+            registry=self.registry,
+        )
 
     def observe(self, model: str, out: RequestOutput) -> None:
         """A request finished: record its latencies."""

@@ -21,14 +21,14 @@ from minivllm.sampling.params import SamplingParams
 from minivllm.server import openai_protocol as p
 from minivllm.server import openai_serving as s
 from minivllm.server.auth import require_api_key
+from minivllm.server.chat_prompt import chat_prompt_ids, check_template_options
 from minivllm.server.completion_prompts import Prompt, completion_prompts, engine_prompt_logprobs
 from minivllm.server.errors import APIError, bad_request, decode_body
 from minivllm.server.middleware import request_id_of, unique_request_id
+from minivllm.server.prompt_size import largest, template_chars
 from minivllm.server.state import ServerState, server_of
 from minivllm.server.streams import all_or_none
-from minivllm.server.prompt_size import largest, template_chars
 from minivllm.server.structured_request import structured_outputs
-from minivllm.server.chat_prompt import chat_prompt_ids, check_template_options
 from minivllm.server.tools import ToolPlan, tool_plan
 from minivllm.server.unsupported import refuse_unsupported_chat, refuse_unsupported_completion
 from minivllm.server.vllm_fields import adopt_body_request_id, cache_salt, truncated
@@ -59,14 +59,21 @@ def check_prompt_size(server: ServerState, chars: int, param: str) -> None:
     multi-MB text takes to tokenize."""
     limit = (server.max_model_len or 0) * MAX_CHARS_PER_TOKEN
     if limit and chars > limit:
-        raise bad_request(f"the prompt is {chars} characters long; this model's context of {server.max_model_len} "
-                          f"tokens cannot hold more than about {limit} characters", param)
+        raise bad_request(
+            f"the prompt is {chars} characters long; this model's context of {server.max_model_len} "
+            f"tokens cannot hold more than about {limit} characters",
+            param,
+        )
 
 
 def check_model(server: ServerState, model: str | None) -> str:
     if model and model != server.model_name:
-        raise APIError(404, f"the model `{model}` does not exist; this server serves `{server.model_name}`",
-                       param="model", code="model_not_found")
+        raise APIError(
+            404,
+            f"the model `{model}` does not exist; this server serves `{server.model_name}`",
+            param="model",
+            code="model_not_found",
+        )
     return server.model_name or ""
 
 
@@ -113,14 +120,24 @@ async def _whole(outputs: AsyncIterator[RequestOutput]) -> RequestOutput:
     return final
 
 
-async def _respond_all(request: Request, server: ServerState, ae: AsyncEngine, job: s.Job, stream: bool,
-                       prompts: list[Prompt], priority: int, salt: str | None) -> Response:
+async def _respond_all(
+    request: Request,
+    server: ServerState,
+    ae: AsyncEngine,
+    job: s.Job,
+    stream: bool,
+    prompts: list[Prompt],
+    priority: int,
+    salt: str | None,
+) -> Response:
     """One engine request per prompt (ids `<request id>-<i>` for a list of prompts), run concurrently:
     every one is checked before the response starts, and a failure of any aborts the others."""
     rid = request_id_of(request.scope)
     ids = [rid] if len(prompts) == 1 else [f"{rid}-{i}" for i in range(len(prompts))]
-    streams = [ae.generate(text, job.params, request_id, token_ids, priority, salt)
-               for request_id, (text, token_ids) in zip(ids, prompts)]
+    streams = [
+        ae.generate(text, job.params, request_id, token_ids, priority, salt)
+        for request_id, (text, token_ids) in zip(ids, prompts)
+    ]
     model = job.model
 
     def on_finished(out: RequestOutput) -> None:
@@ -143,8 +160,12 @@ async def _respond_all(request: Request, server: ServerState, ae: AsyncEngine, j
             for o in streams:
                 await o.aclose()
     body = s.sse_stream(job, firsts, streams, on_finished)
-    return Stream(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"},
-                  background=BackgroundTask(body.aclose))  # runs when the client disconnected too
+    return Stream(
+        body,
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache"},
+        background=BackgroundTask(body.aclose),
+    )  # runs when the client disconnected too
 
 
 @get("/models", summary="List the served model")
@@ -152,8 +173,9 @@ async def list_models(request: Request) -> p.ModelList:
     server = server_of(request)
     server.engine()
     name = server.model_name or ""
-    return p.ModelList(data=[p.ModelCard(id=name, created=server.created, root=name,
-                                         max_model_len=server.max_model_len or 0)])
+    return p.ModelList(
+        data=[p.ModelCard(id=name, created=server.created, root=name, max_model_len=server.max_model_len or 0)]
+    )
 
 
 @post("/completions", status_code=200, summary="Text completion (OpenAI-compatible)")
@@ -166,20 +188,34 @@ async def completions(request: Request) -> Response:
     for prompt, _ in prompts:
         check_prompt_size(server, len(prompt or ""), "prompt")
     echo_only = req.echo and req.max_tokens == 0  # OpenAI's way to score a prompt: one token is drawn, not shown
-    params = s.sampling_params(req, 1 if echo_only else req.max_tokens, req.logprobs,
-                               structured=structured_outputs(req), prompt_logprobs=engine_prompt_logprobs(req))
+    params = s.sampling_params(
+        req,
+        1 if echo_only else req.max_tokens,
+        req.logprobs,
+        structured=structured_outputs(req),
+        prompt_logprobs=engine_prompt_logprobs(req),
+    )
     salt = cache_salt(req)
     with engine_errors():
         await compile_grammars(ae, params, None)
         prompts = await _tokenized(ae, prompts, req, server.max_model_len or 0)
-    job = s.Job(s.COMPLETION, f"cmpl-{request_id_of(request.scope)}", model, params,
-                s.token_text_for(req, server.token_text), echo=req.echo, echo_only=echo_only,
-                prompt_logprobs=None if req.stream else req.prompt_logprobs, **_job_options(req))
+    job = s.Job(
+        s.COMPLETION,
+        f"cmpl-{request_id_of(request.scope)}",
+        model,
+        params,
+        s.token_text_for(req, server.token_text),
+        echo=req.echo,
+        echo_only=echo_only,
+        prompt_logprobs=None if req.stream else req.prompt_logprobs,
+        **_job_options(req),
+    )
     return await _respond_all(request, server, ae, job, req.stream, prompts, req.priority, salt)
 
 
-async def _tokenized(ae: AsyncEngine, prompts: list[Prompt], req: p.CompletionRequest, max_model_len: int
-                     ) -> list[Prompt]:
+async def _tokenized(
+    ae: AsyncEngine, prompts: list[Prompt], req: p.CompletionRequest, max_model_len: int
+) -> list[Prompt]:
     """Text prompts stay text (the engine tokenizes them) unless the request changes how: without
     the tokenizer's special tokens, or truncated (then the text no longer matches: echo decodes the ids)."""
     if req.add_special_tokens and req.truncate_prompt_tokens is None:
@@ -187,8 +223,9 @@ async def _tokenized(ae: AsyncEngine, prompts: list[Prompt], req: p.CompletionRe
     out = []
     for text, ids in prompts:
         if ids is None:
-            ids = await ae.tokenize(lambda tok, text=text: list(tok.encode(text,
-                                                                           add_special_tokens=req.add_special_tokens)))
+            ids = await ae.tokenize(
+                lambda tok, text=text: list(tok.encode(text, add_special_tokens=req.add_special_tokens))
+            )
         kept = truncated(ids, req.truncate_prompt_tokens, max_model_len)
         out.append((text if len(kept) == len(ids) else None, kept))
     return out
@@ -197,9 +234,12 @@ async def _tokenized(ae: AsyncEngine, prompts: list[Prompt], req: p.CompletionRe
 def _job_options(req: p.SamplingFields) -> dict:
     """The response options both routes read off the request the same way."""
     opts = req.stream_options
-    return dict(include_usage=bool(opts and opts.include_usage),
-                continuous_usage=bool(opts and opts.continuous_usage_stats), shown_n=req.n,
-                return_token_ids=bool(req.return_token_ids))
+    return dict(
+        include_usage=bool(opts and opts.include_usage),
+        continuous_usage=bool(opts and opts.continuous_usage_stats),
+        shown_n=req.n,
+        return_token_ids=bool(req.return_token_ids),
+    )
 
 
 @post("/chat/completions", status_code=200, summary="Chat completion (OpenAI-compatible)")
@@ -216,15 +256,33 @@ async def chat_completions(request: Request) -> Response:
     salt = cache_salt(req)
     with engine_errors():
         await compile_grammars(ae, params, tools)
-        prompt_ids = await ae.tokenize(lambda tok: chat_prompt_ids(
-            tok, messages, tools, add_generation_prompt=req.add_generation_prompt,
-            continue_final_message=req.continue_final_message, template_kwargs=req.chat_template_kwargs,
-            add_special_tokens=req.add_special_tokens, chat_template=req.chat_template, documents=req.documents))
+        prompt_ids = await ae.tokenize(
+            lambda tok: chat_prompt_ids(
+                tok,
+                messages,
+                tools,
+                add_generation_prompt=req.add_generation_prompt,
+                continue_final_message=req.continue_final_message,
+                template_kwargs=req.chat_template_kwargs,
+                add_special_tokens=req.add_special_tokens,
+                chat_template=req.chat_template,
+                documents=req.documents,
+            )
+        )
     prompt_ids = truncated(prompt_ids, req.truncate_prompt_tokens, server.max_model_len or 0)
     echoed = messages[-1]["content"] if req.echo and messages[-1]["role"] == "assistant" else ""
-    job = s.Job(s.CHAT, f"chatcmpl-{request_id_of(request.scope)}", model, params,
-                s.token_text_for(req, server.token_text), top_logprobs=req.top_logprobs or 0, tools=tools,
-                prompt_logprobs=None if req.stream else req.prompt_logprobs, chat_echo=echoed, **_job_options(req))
+    job = s.Job(
+        s.CHAT,
+        f"chatcmpl-{request_id_of(request.scope)}",
+        model,
+        params,
+        s.token_text_for(req, server.token_text),
+        top_logprobs=req.top_logprobs or 0,
+        tools=tools,
+        prompt_logprobs=None if req.stream else req.prompt_logprobs,
+        chat_echo=echoed,
+        **_job_options(req),
+    )
     return await _respond_all(request, server, ae, job, req.stream, [(None, prompt_ids)], req.priority, salt)
 
 
@@ -232,8 +290,11 @@ def check_chat_template(server: ServerState, template: str | None) -> None:
     """A request's own Jinja template runs on the tokenizer pool; as in vLLM, only a trusted
     deployment accepts one."""
     if template is not None and not server.config.trust_request_chat_template:
-        raise bad_request("this server does not accept a chat_template in requests; start it with "
-                          "--trust-request-chat-template to allow it", "chat_template")
+        raise bad_request(
+            "this server does not accept a chat_template in requests; start it with "
+            "--trust-request-chat-template to allow it",
+            "chat_template",
+        )
 
 
 async def compile_grammars(ae: AsyncEngine, params: SamplingParams, tools: ToolPlan | None) -> None:
@@ -254,15 +315,28 @@ def chat_params(req: p.ChatCompletionRequest, tools: ToolPlan | None) -> Samplin
     structured = structured_outputs(req)
     if tools is not None and tools.forced:
         if structured is not None:
-            raise bad_request("tool_choice required or named forces a tool call; it cannot be combined with a "
-                              "structured-output constraint", "tool_choice")
+            raise bad_request(
+                "tool_choice required or named forces a tool call; it cannot be combined with a "
+                "structured-output constraint",
+                "tool_choice",
+            )
         structured = tools.grammar()
     if req.prompt_logprobs and req.stream:  # vLLM's rule
         raise bad_request("`prompt_logprobs` are not available when `stream=True`", "prompt_logprobs")
-    return s.sampling_params(req, max_tokens, (req.top_logprobs or 0) if req.logprobs else None, names, structured,
-                             prompt_logprobs=None if req.stream else req.prompt_logprobs)
+    return s.sampling_params(
+        req,
+        max_tokens,
+        (req.top_logprobs or 0) if req.logprobs else None,
+        names,
+        structured,
+        prompt_logprobs=None if req.stream else req.prompt_logprobs,
+    )
 
 
 def openai_router() -> Router:
-    return Router("/v1", route_handlers=[list_models, completions, chat_completions],
-                  guards=[require_api_key], tags=["OpenAI API"])
+    return Router(
+        "/v1",
+        route_handlers=[list_models, completions, chat_completions],
+        guards=[require_api_key],
+        tags=["OpenAI API"],
+    )

@@ -344,4 +344,3 @@ class ChatCompletionChunk(ResponseEnvelope, kw_only=True):
 
 
 CompletionChunk = CompletionResponse  # streamed /v1/completions chunks have the full response's shape
-

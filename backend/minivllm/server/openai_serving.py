@@ -11,17 +11,15 @@ from typing import Any
 
 import msgspec
 
-from minivllm.engine.api import CompletionOutput, RequestFailedError, RequestOutput
+from minivllm.engine.api import CompletionOutput, RequestFailedError, RequestOutput, StructuredOutputsParams
 from minivllm.sampling.params import SamplingParams
 from minivllm.server import openai_protocol as p
 from minivllm.server.api_types import RequestTimings
-from minivllm.server.completion_prompts import (EchoPart, echo_part, vllm_prompt_logprobs, with_echo,
-                                                without_generation)
+from minivllm.server.completion_prompts import EchoPart, echo_part, vllm_prompt_logprobs, with_echo, without_generation
 from minivllm.server.errors import bad_request, error_body
 from minivllm.server.streams import merged
 from minivllm.server.tools import ToolCallStream, ToolPlan, parse_tool_calls, render_tool_calls
 from minivllm.server.vllm_fields import best_samples, samples_to_draw
-from minivllm.engine.api import StructuredOutputsParams
 
 log = logging.getLogger("minivllm.server")
 
@@ -30,19 +28,36 @@ DONE = b"data: [DONE]\n\n"
 _OPTIONAL = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 
-def sampling_params(req: p.SamplingFields, max_tokens: int | None, logprobs: int | None,
-                    names: dict[str, str] | None = None,
-                    structured: StructuredOutputsParams | None = None,
-                    prompt_logprobs: int | None = None) -> SamplingParams:
+def sampling_params(
+    req: p.SamplingFields,
+    max_tokens: int | None,
+    logprobs: int | None,
+    names: dict[str, str] | None = None,
+    structured: StructuredOutputsParams | None = None,
+    prompt_logprobs: int | None = None,
+) -> SamplingParams:
     """The request's SamplingParams; out-of-range values become a 400 naming the field."""
     kwargs: dict[str, Any] = dict(
-        logit_bias=req.logit_bias, structured_outputs=structured, prompt_logprobs=prompt_logprobs,
-        allowed_token_ids=req.allowed_token_ids, bad_words=req.bad_words, n=samples_to_draw(req),
-        stop=req.stop, seed=req.seed, presence_penalty=req.presence_penalty,
-        frequency_penalty=req.frequency_penalty, max_tokens=max_tokens, min_tokens=req.min_tokens,
-        ignore_eos=req.ignore_eos, stop_token_ids=req.stop_token_ids, logprobs=logprobs,
-        use_beam_search=req.use_beam_search, length_penalty=req.length_penalty,
-        skip_special_tokens=req.skip_special_tokens, include_stop_str_in_output=req.include_stop_str_in_output)
+        logit_bias=req.logit_bias,
+        structured_outputs=structured,
+        prompt_logprobs=prompt_logprobs,
+        allowed_token_ids=req.allowed_token_ids,
+        bad_words=req.bad_words,
+        n=samples_to_draw(req),
+        stop=req.stop,
+        seed=req.seed,
+        presence_penalty=req.presence_penalty,
+        frequency_penalty=req.frequency_penalty,
+        max_tokens=max_tokens,
+        min_tokens=req.min_tokens,
+        ignore_eos=req.ignore_eos,
+        stop_token_ids=req.stop_token_ids,
+        logprobs=logprobs,
+        use_beam_search=req.use_beam_search,
+        length_penalty=req.length_penalty,
+        skip_special_tokens=req.skip_special_tokens,
+        include_stop_str_in_output=req.include_stop_str_in_output,
+    )
     kwargs.update({k: getattr(req, k) for k in _OPTIONAL if getattr(req, k) is not None})
     try:
         return SamplingParams(**kwargs)
@@ -89,12 +104,16 @@ def timings(out: RequestOutput | list[RequestOutput]) -> RequestTimings:
     decode_s = (finished - first_token) if finished and first_token else None
     # tokens after each sample's first, per second of decoding
     rate = (generated - samples) / decode_s if decode_s and generated > samples else None
-    return RequestTimings(ttft_s=None if first_token is None else first_token - arrival,
-                          queue_s=None if scheduled is None else scheduled - arrival,
-                          e2e_s=None if finished is None else finished - arrival, tokens_per_s=rate,
-                          prompt_tokens=sum(len(o.prompt_token_ids) for o in outs),
-                          cached_prompt_tokens=sum(m.num_cached_tokens for m in ms),
-                          generated_tokens=generated, num_preemptions=sum(m.num_preemptions for m in ms))
+    return RequestTimings(
+        ttft_s=None if first_token is None else first_token - arrival,
+        queue_s=None if scheduled is None else scheduled - arrival,
+        e2e_s=None if finished is None else finished - arrival,
+        tokens_per_s=rate,
+        prompt_tokens=sum(len(o.prompt_token_ids) for o in outs),
+        cached_prompt_tokens=sum(m.num_cached_tokens for m in ms),
+        generated_tokens=generated,
+        num_preemptions=sum(m.num_preemptions for m in ms),
+    )
 
 
 def _earliest(times) -> float | None:
@@ -105,9 +124,12 @@ def usage(out: RequestOutput | list[RequestOutput]) -> p.Usage:
     """Tokens of one request, or summed over a list of prompts' requests."""
     outs = out if isinstance(out, list) else [out]
     prompt, completion = sum(len(o.prompt_token_ids) for o in outs), sum(o.num_generated_tokens for o in outs)
-    return p.Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
-                   prompt_tokens_details=p.PromptTokensDetails(
-                       cached_tokens=sum(o.metrics.num_cached_tokens for o in outs)))
+    return p.Usage(
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        total_tokens=prompt + completion,
+        prompt_tokens_details=p.PromptTokensDetails(cached_tokens=sum(o.metrics.num_cached_tokens for o in outs)),
+    )
 
 
 def sse(payload: Any) -> bytes:
@@ -146,10 +168,16 @@ def chat_logprobs(entries: list[dict[int, float]], top_n: int, tokens: TokenText
         chosen_id, chosen_lp = items[0]
         top = sorted(items[1:] if len(items) > top_n else items, key=lambda kv: -kv[1])[:top_n]
         chosen = tokens.text(chosen_id)
-        content.append(p.TokenLogprob(
-            token=chosen, logprob=chosen_lp, bytes=list(chosen.encode()),
-            top_logprobs=[p.TopLogprob(token=(t := tokens.text(i)), logprob=lp, bytes=list(t.encode()))
-                          for i, lp in top]))
+        content.append(
+            p.TokenLogprob(
+                token=chosen,
+                logprob=chosen_lp,
+                bytes=list(chosen.encode()),
+                top_logprobs=[
+                    p.TopLogprob(token=(t := tokens.text(i)), logprob=lp, bytes=list(t.encode())) for i, lp in top
+                ],
+            )
+        )
     return p.ChatLogprobs(content=content)
 
 
@@ -174,13 +202,13 @@ class _Format:
 
     chunk_type: type[p.ChatCompletionChunk] | type[p.CompletionChunk]
 
-    def _chunk(self, job: "Job", choices: list, **extra):
+    def _chunk(self, job: Job, choices: list, **extra):
         return self.chunk_type(id=job.response_id, created=job.created, model=job.model, choices=choices, **extra)
 
-    def usage_chunk(self, job: "Job", out: RequestOutput | list[RequestOutput]):
+    def usage_chunk(self, job: Job, out: RequestOutput | list[RequestOutput]):
         return self._chunk(job, [], usage=usage(out), timings=timings(out))
 
-    def whole(self, job: "Job", outs: list[RequestOutput]):
+    def whole(self, job: Job, outs: list[RequestOutput]):
         """The response to a request of one prompt (chat has no other kind)."""
         return self.response(job, outs[0], [o for o in outs[0].outputs if o.index < job.n])  # type: ignore[attr-defined]
 
@@ -190,24 +218,38 @@ class ChatFormat(_Format):
 
     chunk_type = p.ChatCompletionChunk
 
-    def response(self, job: "Job", out: RequestOutput, outputs: list[CompletionOutput]) -> p.ChatCompletionResponse:
+    def response(self, job: Job, out: RequestOutput, outputs: list[CompletionOutput]) -> p.ChatCompletionResponse:
         choices = [self._choice(job, o) for o in outputs]
-        prompt_logprobs = (vllm_prompt_logprobs(out, job.params.prompt_logprobs or 0, job.prompt_logprobs,
-                                                job.tokens.text) if job.prompt_logprobs is not None else None)
-        return p.ChatCompletionResponse(id=job.response_id, created=job.created, model=job.model, choices=choices,
-                                        usage=usage(out), timings=timings(out), prompt_logprobs=prompt_logprobs,
-                                        prompt_token_ids=out.prompt_token_ids if job.return_token_ids else None)
+        prompt_logprobs = (
+            vllm_prompt_logprobs(out, job.params.prompt_logprobs or 0, job.prompt_logprobs, job.tokens.text)
+            if job.prompt_logprobs is not None
+            else None
+        )
+        return p.ChatCompletionResponse(
+            id=job.response_id,
+            created=job.created,
+            model=job.model,
+            choices=choices,
+            usage=usage(out),
+            timings=timings(out),
+            prompt_logprobs=prompt_logprobs,
+            prompt_token_ids=out.prompt_token_ids if job.return_token_ids else None,
+        )
 
-    def _choice(self, job: "Job", o: CompletionOutput) -> p.ChatChoice:
-        content, calls = (parse_tool_calls(o.text) if job.tools is not None else (o.text, []))
+    def _choice(self, job: Job, o: CompletionOutput) -> p.ChatChoice:
+        content, calls = parse_tool_calls(o.text) if job.tools is not None else (o.text, [])
         if job.chat_echo:
             content = job.chat_echo + (content or "")
-        return p.ChatChoice(index=o.index, message=p.ChatResponseMessage(content=content, tool_calls=calls),
-                            logprobs=self._logprobs(job, o.logprobs),
-                            finish_reason=_finish_reason(o.finish_reason, bool(calls)), stop_reason=o.stop_reason,
-                            token_ids=o.token_ids if job.return_token_ids else None)
+        return p.ChatChoice(
+            index=o.index,
+            message=p.ChatResponseMessage(content=content, tool_calls=calls),
+            logprobs=self._logprobs(job, o.logprobs),
+            finish_reason=_finish_reason(o.finish_reason, bool(calls)),
+            stop_reason=o.stop_reason,
+            token_ids=o.token_ids if job.return_token_ids else None,
+        )
 
-    def chunk(self, job: "Job", o: CompletionOutput, text_offset: int) -> p.ChatCompletionChunk:
+    def chunk(self, job: Job, o: CompletionOutput, text_offset: int) -> p.ChatCompletionChunk:
         delta = p.DeltaMessage(content=o.text)
         finish_reason = o.finish_reason
         if job.tool_streams is not None:
@@ -218,26 +260,37 @@ class ChatFormat(_Format):
             first = len(stream.calls)
             stream.calls.extend(calls)
             content = stream.content_of(content)
-            delta = p.DeltaMessage(content=content if content or not calls else None,
-                                   tool_calls=[_delta_call(first + i, c) for i, c in enumerate(calls)] or None)
+            delta = p.DeltaMessage(
+                content=content if content or not calls else None,
+                tool_calls=[_delta_call(first + i, c) for i, c in enumerate(calls)] or None,
+            )
             finish_reason = _finish_reason(o.finish_reason, bool(stream.calls))
-        choice = p.ChatChunkChoice(index=o.index, delta=delta, logprobs=self._logprobs(job, o.logprobs),
-                                   finish_reason=finish_reason, token_ids=o.token_ids if job.return_token_ids else None)
+        choice = p.ChatChunkChoice(
+            index=o.index,
+            delta=delta,
+            logprobs=self._logprobs(job, o.logprobs),
+            finish_reason=finish_reason,
+            token_ids=o.token_ids if job.return_token_ids else None,
+        )
         return self._chunk(job, [choice])
 
-    def opening_chunks(self, job: "Job", prompt_ids: list[int]) -> list[p.ChatCompletionChunk]:
+    def opening_chunks(self, job: Job, prompt_ids: list[int]) -> list[p.ChatCompletionChunk]:
         """The role comes first, once per choice (with chat's echo, the message the reply continues);
         the first chunk carries the prompt's token ids when asked."""
         prompt_tokens = len(prompt_ids)
         opening = p.Usage(prompt_tokens=prompt_tokens, completion_tokens=0, total_tokens=prompt_tokens)
-        return [self._chunk(job, [p.ChatChunkChoice(index=i, delta=p.DeltaMessage(role="assistant",
-                                                                                 content=job.chat_echo))],
-                            usage=opening if job.continuous_usage else None,
-                            prompt_token_ids=prompt_ids if job.return_token_ids and i == 0 else None)
-                for i in range(job.n)]
+        return [
+            self._chunk(
+                job,
+                [p.ChatChunkChoice(index=i, delta=p.DeltaMessage(role="assistant", content=job.chat_echo))],
+                usage=opening if job.continuous_usage else None,
+                prompt_token_ids=prompt_ids if job.return_token_ids and i == 0 else None,
+            )
+            for i in range(job.n)
+        ]
 
     @staticmethod
-    def _logprobs(job: "Job", entries: list[dict[int, float]] | None) -> p.ChatLogprobs | None:
+    def _logprobs(job: Job, entries: list[dict[int, float]] | None) -> p.ChatLogprobs | None:
         return chat_logprobs(entries, job.top_logprobs, job.tokens) if entries is not None else None
 
 
@@ -247,8 +300,12 @@ def _finish_reason(reason: str | None, called: bool) -> str | None:
 
 def _delta_call(index: int, call: p.ToolCall) -> p.DeltaToolCall:
     """A whole call in one delta: its id, type, name and all of its arguments."""
-    return p.DeltaToolCall(index=index, id=call.id, type="function",
-                           function=p.DeltaFunctionCall(name=call.function.name, arguments=call.function.arguments))
+    return p.DeltaToolCall(
+        index=index,
+        id=call.id,
+        type="function",
+        function=p.DeltaFunctionCall(name=call.function.name, arguments=call.function.arguments),
+    )
 
 
 class CompletionFormat(_Format):
@@ -256,48 +313,87 @@ class CompletionFormat(_Format):
 
     chunk_type = p.CompletionChunk
 
-    def whole(self, job: "Job", outs: list[RequestOutput]) -> p.CompletionResponse:
+    def whole(self, job: Job, outs: list[RequestOutput]) -> p.CompletionResponse:
         """Every prompt's choices, numbered prompt-major (prompt i, sample j: index i * n + j);
         usage and timings over all of them."""
         n, choices = job.n, []
         outs = [shown(job, out) for out in outs]
         for i, out in enumerate(outs):
             echo = self.echo(job, out, out.prompt_logprobs) if job.echo else None
-            prompt_logprobs = (vllm_prompt_logprobs(out, job.params.prompt_logprobs or 0, job.prompt_logprobs,
-                                                    job.tokens.text) if job.prompt_logprobs is not None else None)
-            choices += [self._choice(job, replace(o, index=i * n + o.index), 0, echo, prompt_logprobs,
-                                     out.prompt_token_ids)
-                        for o in out.outputs if o.index < n]
-        return p.CompletionResponse(id=job.response_id, created=job.created, model=job.model, choices=choices,
-                                    usage=usage(outs), timings=timings(outs))
+            prompt_logprobs = (
+                vllm_prompt_logprobs(out, job.params.prompt_logprobs or 0, job.prompt_logprobs, job.tokens.text)
+                if job.prompt_logprobs is not None
+                else None
+            )
+            choices += [
+                self._choice(job, replace(o, index=i * n + o.index), 0, echo, prompt_logprobs, out.prompt_token_ids)
+                for o in out.outputs
+                if o.index < n
+            ]
+        return p.CompletionResponse(
+            id=job.response_id,
+            created=job.created,
+            model=job.model,
+            choices=choices,
+            usage=usage(outs),
+            timings=timings(outs),
+        )
 
-    def chunk(self, job: "Job", o: CompletionOutput, text_offset: int, echo: EchoPart | None = None,
-              prompt_ids: list[int] | None = None) -> p.CompletionChunk:
+    def chunk(
+        self,
+        job: Job,
+        o: CompletionOutput,
+        text_offset: int,
+        echo: EchoPart | None = None,
+        prompt_ids: list[int] | None = None,
+    ) -> p.CompletionChunk:
         """`echo`: the prompt, which a choice's first chunk carries before its text (as it carries
         `prompt_ids`, the prompt's token ids, when asked)."""
         return self._chunk(job, [self._choice(job, o, text_offset, echo, prompt_ids=prompt_ids)])
 
-    def opening_chunks(self, job: "Job", prompt_ids: list[int]) -> list[p.CompletionChunk]:
+    def opening_chunks(self, job: Job, prompt_ids: list[int]) -> list[p.CompletionChunk]:
         return []
 
     @staticmethod
-    def echo(job: "Job", out: RequestOutput, entries: list[dict[int, float] | None] | None) -> EchoPart:
+    def echo(job: Job, out: RequestOutput, entries: list[dict[int, float] | None] | None) -> EchoPart:
         tokens = job.tokens
-        return echo_part(out, entries, job.params.prompt_logprobs or 0, job.params.logprobs, tokens.text,
-                         lambda ids: (tokens.tokenizer.decode(ids, skip_special_tokens=False) if tokens.tokenizer
-                                      else "".join(map(tokens.text, ids))))
+        return echo_part(
+            out,
+            entries,
+            job.params.prompt_logprobs or 0,
+            job.params.logprobs,
+            tokens.text,
+            lambda ids: (
+                tokens.tokenizer.decode(ids, skip_special_tokens=False)
+                if tokens.tokenizer
+                else "".join(map(tokens.text, ids))
+            ),
+        )
 
     @staticmethod
-    def _choice(job: "Job", o: CompletionOutput, text_offset: int, echo: EchoPart | None = None,
-                prompt_logprobs: list | None = None, prompt_ids: list[int] | None = None) -> p.CompletionChoice:
+    def _choice(
+        job: Job,
+        o: CompletionOutput,
+        text_offset: int,
+        echo: EchoPart | None = None,
+        prompt_logprobs: list | None = None,
+        prompt_ids: list[int] | None = None,
+    ) -> p.CompletionChoice:
         text, start = (o.text, text_offset) if echo is None else (echo.text + o.text, text_offset + len(echo.text))
         logprobs = completion_logprobs(o.logprobs, job.tokens, start) if o.logprobs is not None else None
         if echo is not None:
             logprobs = with_echo(echo, logprobs)
         ids = job.return_token_ids
-        return p.CompletionChoice(index=o.index, text=text, logprobs=logprobs, finish_reason=o.finish_reason,
-                                  stop_reason=o.stop_reason, prompt_logprobs=prompt_logprobs,
-                                  prompt_token_ids=prompt_ids if ids else None, token_ids=o.token_ids if ids else None)
+        return p.CompletionChoice(
+            index=o.index,
+            text=text,
+            logprobs=logprobs,
+            finish_reason=o.finish_reason,
+            stop_reason=o.stop_reason,
+            prompt_logprobs=prompt_logprobs,
+            prompt_token_ids=prompt_ids if ids else None,
+            token_ids=o.token_ids if ids else None,
+        )
 
 
 CHAT, COMPLETION = ChatFormat(), CompletionFormat()
@@ -334,8 +430,9 @@ class Job:
         return self.shown_n or self.params.n
 
 
-def full_response(job: Job, out: RequestOutput | list[RequestOutput]
-                  ) -> p.ChatCompletionResponse | p.CompletionResponse:
+def full_response(
+    job: Job, out: RequestOutput | list[RequestOutput]
+) -> p.ChatCompletionResponse | p.CompletionResponse:
     """`out`: the whole output (the engine's deltas accumulated); a list: each prompt's, in order."""
     outs = out if isinstance(out, list) else [out]
     if job.n < job.params.n:  # best_of: the best n of the samples drawn
@@ -398,8 +495,9 @@ def chunks_for(job: Job, out: RequestOutput, state: StreamState, prompt: int = 0
     return result
 
 
-async def sse_stream(job: Job, firsts: list[RequestOutput], rests: list[AsyncIterator[RequestOutput]],
-                     on_finished) -> AsyncIterator[bytes]:
+async def sse_stream(
+    job: Job, firsts: list[RequestOutput], rests: list[AsyncIterator[RequestOutput]], on_finished
+) -> AsyncIterator[bytes]:
     """The whole SSE body of one request per prompt (`firsts`: each one's first output, `rests`:
     the rest of its stream), their chunks interleaved as they come. Closing this generator closes
     the streams, which aborts their requests; so does a failure of any of them."""
@@ -422,12 +520,21 @@ async def sse_stream(job: Job, firsts: list[RequestOutput], rests: list[AsyncIte
         if job.include_usage:
             yield sse(job.format.usage_chunk(job, [shown(job, out) for out in finals]))
     except RequestFailedError as exc:  # the engine's own account: this request failed, the others go on
-        yield sse(error_body(400, str(exc), exc.param) if exc.param is not None
-                  else error_body(500, str(exc), code="request_failed"))
+        yield sse(
+            error_body(400, str(exc), exc.param)
+            if exc.param is not None
+            else error_body(500, str(exc), code="request_failed")
+        )
     except Exception as exc:  # noqa: BLE001 - the status line is gone: report in the stream
         log.exception("internal error while streaming %s", job.response_id)
-        yield sse(error_body(500, f"internal error while generating ({type(exc).__name__}); the server log has "
-                                  f"the details under {job.response_id}", code="internal_error"))
+        yield sse(
+            error_body(
+                500,
+                f"internal error while generating ({type(exc).__name__}); the server log has "
+                f"the details under {job.response_id}",
+                code="internal_error",
+            )
+        )
     finally:
         await live.aclose()  # first: no read of a stream may be in flight when it is closed
         for rest in rests:

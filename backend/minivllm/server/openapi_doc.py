@@ -15,8 +15,8 @@ from minivllm.engine.api import EngineConfig
 from minivllm.sampling.params import MAX_LENGTH_PENALTY, MAX_LOGPROBS, MAX_SEED
 from minivllm.server import openai_protocol as p
 from minivllm.server.api_types import ConfigUpdate
-from minivllm.server.openai_serving import CHAT_ROLES
 from minivllm.server.embeddings_protocol import EmbeddingChatRequest, EmbeddingCompletionRequest
+from minivllm.server.openai_serving import CHAT_ROLES
 from minivllm.server.responses_protocol import ResponsesRequest
 from minivllm.server.tokenize_api import DetokenizeRequest, TokenizeChatRequest, TokenizeCompletionRequest
 
@@ -61,11 +61,13 @@ FIELD_LIMITS: dict[str, dict[str, Any]] = {
 _KEYWORD_TYPES = {"maxItems": ("array",), "minItems": ("array",), "enum": ("string",)}
 
 
-def with_request_bodies(document: dict[str, Any], model_name: str | None = None,
-                        config: EngineConfig | None = None) -> dict[str, Any]:
+def with_request_bodies(
+    document: dict[str, Any], model_name: str | None = None, config: EngineConfig | None = None
+) -> dict[str, Any]:
     shapes = [kinds if isinstance(kinds, tuple) else (kinds,) for kinds in REQUEST_BODIES.values()]
-    flat_refs, components = msgspec.json.schema_components([k for kinds in shapes for k in kinds],
-                                                           ref_template="#/components/schemas/{name}")
+    flat_refs, components = msgspec.json.schema_components(
+        [k for kinds in shapes for k in kinds], ref_template="#/components/schemas/{name}"
+    )
     refs, taken = [], iter(flat_refs)
     for kinds in shapes:  # msgspec cannot describe an untagged union of Structs: anyOf of their refs
         mine = [next(taken) for _ in kinds]

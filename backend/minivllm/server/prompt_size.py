@@ -11,13 +11,19 @@ from typing import Any
 from minivllm.server.tools import ToolPlan
 
 
-def template_chars(messages: list[dict[str, Any]], tools: ToolPlan | None, chat_template: str | None = None,
-                   template_kwargs: dict[str, Any] | None = None) -> dict[str, int]:
+def template_chars(
+    messages: list[dict[str, Any]],
+    tools: ToolPlan | None,
+    chat_template: str | None = None,
+    template_kwargs: dict[str, Any] | None = None,
+) -> dict[str, int]:
     """Characters per request field that reaches the template (the field names are the params of the 400)."""
-    return {"messages": sum(len(str(m.get("content") or "")) for m in messages),
-            "tools": len(json.dumps(tools.tools)) if tools is not None else 0,
-            "chat_template": len(chat_template or ""),
-            "chat_template_kwargs": len(json.dumps(template_kwargs, default=str)) if template_kwargs else 0}
+    return {
+        "messages": sum(len(str(m.get("content") or "")) for m in messages),
+        "tools": len(json.dumps(tools.tools)) if tools is not None else 0,
+        "chat_template": len(chat_template or ""),
+        "chat_template_kwargs": len(json.dumps(template_kwargs, default=str)) if template_kwargs else 0,
+    }
 
 
 def largest(parts: dict[str, int]) -> str:

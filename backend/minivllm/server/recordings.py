@@ -15,8 +15,8 @@ from pathlib import Path
 
 import msgspec
 
-from minivllm.events import types as ev
 from minivllm.engine.api import AsyncEngine
+from minivllm.events import types as ev
 from minivllm.events.recording import Recorder, Recording, RecordingFormatError, parse_lines, read_recording
 from minivllm.server.api_types import RecordingInfo
 from minivllm.server.errors import APIError
@@ -106,8 +106,11 @@ class RecordingStore:
 
     def save_upload(self, body: bytes) -> RecordingInfo:
         if len(body) > self.limits.max_total_bytes:
-            raise APIError(413, f"the recording is {len(body)} bytes; the recordings folder holds at most "
-                                f"{self.limits.max_total_bytes}")
+            raise APIError(
+                413,
+                f"the recording is {len(body)} bytes; the recordings folder holds at most "
+                f"{self.limits.max_total_bytes}",
+            )
         try:
             parse_lines(body.splitlines())
         except RecordingFormatError as exc:
@@ -122,8 +125,9 @@ class RecordingStore:
         """The recordings in the folder (regular files only: links are never listed or served)."""
         if not self.directory.is_dir():
             return []
-        return [p for p in self.directory.glob(f"*{SUFFIX}")
-                if _ID.fullmatch(p.stem) and p.is_file() and not p.is_symlink()]
+        return [
+            p for p in self.directory.glob(f"*{SUFFIX}") if _ID.fullmatch(p.stem) and p.is_file() and not p.is_symlink()
+        ]
 
     def _make_room(self, incoming: int) -> None:
         """Delete the oldest finished recordings until one more of `incoming` bytes fits the quota."""
@@ -143,8 +147,16 @@ class RecordingStore:
         active = self.active if self.active is not None and self.active.id == rid else None
         if active is not None:
             r = active.recorder
-            return RecordingInfo(id=rid, created=r.created, num_events=r.num_events, duration_s=r.last_ts - r.first_ts,
-                                 size_bytes=_size(path), active=True, server=self.server, mine=True)
+            return RecordingInfo(
+                id=rid,
+                created=r.created,
+                num_events=r.num_events,
+                duration_s=r.last_ts - r.first_ts,
+                size_bytes=_size(path),
+                active=True,
+                server=self.server,
+                mine=True,
+            )
         stat = path.stat()
         key = (stat.st_mtime, stat.st_size)
         cached = self._info_cache.get(rid)
@@ -169,7 +181,7 @@ def recorded_by(rid: str) -> str:
 
 
 def _new_id(prefix: str) -> str:
-    now = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    now = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
     return f"{prefix}-{now}-{secrets.token_hex(3)}"
 
 
@@ -195,8 +207,14 @@ def _file_info(rid: str, path: Path, size: int) -> RecordingInfo:
         end_ts = footer.snapshot.ts if footer else (msgspec.json.decode(body[-1], type=_Stamp).ts if body else start_ts)
     except (IndexError, msgspec.DecodeError, msgspec.ValidationError):
         pass  # a damaged file still shows up in the list; downloading it tells what is wrong
-    return RecordingInfo(id=rid, created=created, num_events=num_events, duration_s=max(end_ts - start_ts, 0.0),
-                         size_bytes=size, active=False)
+    return RecordingInfo(
+        id=rid,
+        created=created,
+        num_events=num_events,
+        duration_s=max(end_ts - start_ts, 0.0),
+        size_bytes=size,
+        active=False,
+    )
 
 
 def _footer(line: bytes) -> ev.RecordingFooter | None:

@@ -24,8 +24,12 @@ class StoredResponse:
 
 
 class ResponseStore:
-    def __init__(self, max_count: int = DEFAULT_MAX_COUNT, ttl_s: float = DEFAULT_TTL_S,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        max_count: int = DEFAULT_MAX_COUNT,
+        ttl_s: float = DEFAULT_TTL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         if max_count < 1 or ttl_s <= 0:
             raise ValueError(f"a response store needs max_count >= 1 and ttl_s > 0, got {max_count}, {ttl_s}")
         self.max_count, self.ttl_s, self._clock = max_count, ttl_s, clock

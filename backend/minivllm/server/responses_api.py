@@ -25,16 +25,28 @@ from minivllm.server.auth import require_api_key
 from minivllm.server.chat_prompt import chat_prompt_ids
 from minivllm.server.errors import APIError, decode_body
 from minivllm.server.middleware import request_id_of, unique_request_id
-from minivllm.server.unsupported import refuse_unsupported_chat
-from minivllm.server.vllm_fields import adopt_body_request_id, cache_salt
-from minivllm.server.openai_api import (ClientDisconnected, chat_params, check_model, check_prompt_size,
-                                        compile_grammars, engine_errors, until_disconnect)
+from minivllm.server.openai_api import (
+    ClientDisconnected,
+    chat_params,
+    check_model,
+    check_prompt_size,
+    compile_grammars,
+    engine_errors,
+    until_disconnect,
+)
 from minivllm.server.response_store import ResponseStore, StoredResponse
-from minivllm.server.responses_input import (chat_request, echoed_tools, output_as_input, refuse_unsupported,
-                                             responses_params)
+from minivllm.server.responses_input import (
+    chat_request,
+    echoed_tools,
+    output_as_input,
+    refuse_unsupported,
+    responses_params,
+)
 from minivllm.server.responses_output import OutputBuilder, new_id
 from minivllm.server.state import ServerState, server_of
 from minivllm.server.tools import ToolPlan, tool_plan
+from minivllm.server.unsupported import refuse_unsupported_chat
+from minivllm.server.vllm_fields import adopt_body_request_id, cache_salt
 
 log = logging.getLogger("minivllm.server")
 
@@ -48,9 +60,13 @@ def _previous(store: ResponseStore, response_id: str | None) -> StoredResponse |
         return None
     found = store.get(response_id)
     if found is None:  # OpenAI's answer for an unknown id (here also: expired, evicted, deleted or store: false)
-        raise APIError(400, f"Previous response with id '{response_id}' not found: it is unknown, was not stored, "
-                            "was deleted or has expired", param="previous_response_id",
-                       code="previous_response_not_found")
+        raise APIError(
+            400,
+            f"Previous response with id '{response_id}' not found: it is unknown, was not stored, "
+            "was deleted or has expired",
+            param="previous_response_id",
+            code="previous_response_not_found",
+        )
     return found
 
 
@@ -86,8 +102,13 @@ async def create_response(request: Request) -> Response:
         prompt_ids = await ae.tokenize(lambda tok: _prompt_ids(tok, messages, tools, limit, req.truncation == "auto"))
     response = _in_progress(req, model)
     turns = chat.messages[1:] if req.instructions else chat.messages  # instructions are not carried over
-    builder = OutputBuilder(response, tools is not None, chat.top_logprobs if chat.logprobs else None,
-                            server.token_text, stream=bool(req.stream))
+    builder = OutputBuilder(
+        response,
+        tools is not None,
+        chat.top_logprobs if chat.logprobs else None,
+        server.token_text,
+        stream=bool(req.stream),
+    )
     run = _Run(server, store if response.store else None, turns, builder)
     outputs = ae.generate(None, params, request_id_of(request.scope), prompt_ids, req.priority, salt)
     if not req.stream:
@@ -98,12 +119,25 @@ async def create_response(request: Request) -> Response:
 def _in_progress(req: r.ResponsesRequest, model: str) -> r.Response:
     """The Response before any output: the request's settings as OpenAI echoes them."""
     return r.Response(
-        id=new_id("resp"), created_at=time.time(), status="in_progress", instructions=req.instructions,
-        max_output_tokens=req.max_output_tokens, model=model, parallel_tool_calls=req.parallel_tool_calls is not False,
-        previous_response_id=req.previous_response_id, store=req.store is not False, temperature=req.temperature,
-        text={"format": _format_echo(req.text)}, tool_choice=req.tool_choice or "auto", tools=echoed_tools(req.tools),
-        top_logprobs=req.top_logprobs, top_p=req.top_p, truncation=req.truncation or "disabled", user=req.user,
-        metadata=req.metadata or {})
+        id=new_id("resp"),
+        created_at=time.time(),
+        status="in_progress",
+        instructions=req.instructions,
+        max_output_tokens=req.max_output_tokens,
+        model=model,
+        parallel_tool_calls=req.parallel_tool_calls is not False,
+        previous_response_id=req.previous_response_id,
+        store=req.store is not False,
+        temperature=req.temperature,
+        text={"format": _format_echo(req.text)},
+        tool_choice=req.tool_choice or "auto",
+        tools=echoed_tools(req.tools),
+        top_logprobs=req.top_logprobs,
+        top_p=req.top_p,
+        truncation=req.truncation or "disabled",
+        user=req.user,
+        metadata=req.metadata or {},
+    )
 
 
 def _format_echo(text: r.TextConfig | None) -> dict[str, Any]:
@@ -112,14 +146,15 @@ def _format_echo(text: r.TextConfig | None) -> dict[str, Any]:
     return {k: v for k, v in msgspec.to_builtins(text.format).items() if v is not None}
 
 
-def _prompt_ids(tokenizer: Any, messages: list[dict[str, str]], tools: ToolPlan | None, limit: int,
-                truncate: bool) -> list[int]:
+def _prompt_ids(
+    tokenizer: Any, messages: list[dict[str, str]], tools: ToolPlan | None, limit: int, truncate: bool
+) -> list[int]:
     """The rendered prompt; with `truncation: auto`, the oldest turns (after any leading system
     turn; never the last) are dropped until it leaves room for `max_output_tokens` (or one token)."""
     ids = chat_prompt_ids(tokenizer, messages, tools)
     first = 1 if messages and messages[0]["role"] in ("system", "developer") else 0
     while truncate and limit > 0 and len(ids) > limit and len(messages) - first > 1:
-        messages = messages[:first] + messages[first + 1:]
+        messages = messages[:first] + messages[first + 1 :]
         ids = chat_prompt_ids(tokenizer, messages, tools)
     return ids
 
@@ -173,8 +208,12 @@ async def _streamed_response(request: Request, run: _Run, outputs: AsyncIterator
         if not handed_over:
             await outputs.aclose()
     body = _events(run, first, outputs)
-    return Stream(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"},
-                  background=BackgroundTask(body.aclose))  # runs when the client disconnected too
+    return Stream(
+        body,
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache"},
+        background=BackgroundTask(body.aclose),
+    )  # runs when the client disconnected too
 
 
 async def _events(run: _Run, first: RequestOutput, outputs: AsyncIterator[RequestOutput]) -> AsyncIterator[bytes]:
@@ -198,8 +237,11 @@ async def _events(run: _Run, first: RequestOutput, outputs: AsyncIterator[Reques
             yield event
     except Exception as exc:  # noqa: BLE001 - the status line is gone: report in the stream
         log.exception("internal error while streaming %s", builder.response.id)
-        for event in builder.failed("server_error", f"internal error while generating ({type(exc).__name__}); "
-                                                    f"the server log has the details under {builder.response.id}"):
+        for event in builder.failed(
+            "server_error",
+            f"internal error while generating ({type(exc).__name__}); "
+            f"the server log has the details under {builder.response.id}",
+        ):
             yield event
     finally:
         await outputs.aclose()
@@ -218,5 +260,9 @@ async def delete_response(request: Request, response_id: FromPath[str]) -> r.Del
 
 
 def responses_router() -> Router:
-    return Router("/v1", route_handlers=[create_response, get_response, delete_response],
-                  guards=[require_api_key], tags=["OpenAI API"])
+    return Router(
+        "/v1",
+        route_handlers=[create_response, get_response, delete_response],
+        guards=[require_api_key],
+        tags=["OpenAI API"],
+    )

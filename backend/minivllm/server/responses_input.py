@@ -20,7 +20,7 @@ NO_OP_INCLUDES = ("reasoning.encrypted_content",)  # no reasoning items are ever
 
 _REFUSED = {
     "background": "background responses are not supported: this server answers within the request "
-                  "(use stream: true for incremental output)",
+    "(use stream: true for incremental output)",
     "background_options": "background responses are not supported on this server",
     "prompt": "prompt templates live on OpenAI's platform; send input and instructions instead",
     "conversation": "the Conversations API is not available on this server; continue with previous_response_id",
@@ -28,12 +28,18 @@ _REFUSED = {
     "max_tool_calls": "max_tool_calls is not supported by this server",
     "moderation": "moderation is not available on this server",
 }
-_NOT_TEXT = {"input_image": "image inputs are not supported: this model reads text only",
-             "input_file": "file inputs are not supported: this model reads text only",
-             "input_audio": "audio inputs are not supported: this model reads text only"}
+_NOT_TEXT = {
+    "input_image": "image inputs are not supported: this model reads text only",
+    "input_file": "file inputs are not supported: this model reads text only",
+    "input_audio": "audio inputs are not supported: this model reads text only",
+}
 # chat-request field -> the Responses field a 400 from the shared chat path should name
-_PARAMS = {"max_completion_tokens": "max_output_tokens", "max_tokens": "max_output_tokens",
-           "response_format": "text.format", "messages": "input"}
+_PARAMS = {
+    "max_completion_tokens": "max_output_tokens",
+    "max_tokens": "max_output_tokens",
+    "response_format": "text.format",
+    "messages": "input",
+}
 
 
 def refuse_unsupported(req: r.ResponsesRequest) -> None:
@@ -42,8 +48,11 @@ def refuse_unsupported(req: r.ResponsesRequest) -> None:
             raise bad_request(why, name)
     for value in req.include or []:
         if value != LOGPROBS_INCLUDE and value not in NO_OP_INCLUDES:
-            raise bad_request(f"include {value!r} is not available: it needs built-in tools or image inputs, which "
-                              f"this server does not have (it accepts {LOGPROBS_INCLUDE!r})", "include")
+            raise bad_request(
+                f"include {value!r} is not available: it needs built-in tools or image inputs, which "
+                f"this server does not have (it accepts {LOGPROBS_INCLUDE!r})",
+                "include",
+            )
 
 
 @contextmanager
@@ -61,19 +70,36 @@ def chat_request(req: r.ResponsesRequest, history: list[p.ChatMessage]) -> p.Cha
     messages = [p.ChatMessage(role="system", content=req.instructions)] if req.instructions else []
     messages += history + input_messages(req.input)
     if not messages:
-        raise bad_request("input must hold at least one item (or send instructions, or continue with "
-                          "previous_response_id)", "input")
+        raise bad_request(
+            "input must hold at least one item (or send instructions, or continue with previous_response_id)", "input"
+        )
     logprobs = req.top_logprobs is not None or LOGPROBS_INCLUDE in (req.include or [])
     return p.ChatCompletionRequest(
-        messages=messages, model=req.model, max_completion_tokens=req.max_output_tokens,
-        temperature=req.temperature, top_p=req.top_p, logprobs=logprobs,
-        top_logprobs=(req.top_logprobs or 0) if logprobs else None, tools=chat_tools(req.tools) or None,
-        tool_choice=chat_tool_choice(req.tool_choice), parallel_tool_calls=req.parallel_tool_calls,
-        response_format=response_format(req.text), user=req.user, request_id=req.request_id, priority=req.priority,
-        cache_salt=req.cache_salt, seed=req.seed, stop=req.stop, repetition_penalty=req.repetition_penalty,
-        ignore_eos=req.ignore_eos, structured_outputs=req.structured_outputs,
-        mm_processor_kwargs=req.mm_processor_kwargs, media_io_kwargs=req.media_io_kwargs, vllm_xargs=req.vllm_xargs,
-        kv_transfer_params=req.kv_transfer_params)
+        messages=messages,
+        model=req.model,
+        max_completion_tokens=req.max_output_tokens,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        logprobs=logprobs,
+        top_logprobs=(req.top_logprobs or 0) if logprobs else None,
+        tools=chat_tools(req.tools) or None,
+        tool_choice=chat_tool_choice(req.tool_choice),
+        parallel_tool_calls=req.parallel_tool_calls,
+        response_format=response_format(req.text),
+        user=req.user,
+        request_id=req.request_id,
+        priority=req.priority,
+        cache_salt=req.cache_salt,
+        seed=req.seed,
+        stop=req.stop,
+        repetition_penalty=req.repetition_penalty,
+        ignore_eos=req.ignore_eos,
+        structured_outputs=req.structured_outputs,
+        mm_processor_kwargs=req.mm_processor_kwargs,
+        media_io_kwargs=req.media_io_kwargs,
+        vllm_xargs=req.vllm_xargs,
+        kv_transfer_params=req.kv_transfer_params,
+    )
 
 
 # ---- input items ------------------------------------------------------------------------------
@@ -95,18 +121,25 @@ def input_messages(items: str | list[dict[str, Any]] | None) -> list[p.ChatMessa
             messages.append(p.ChatMessage(role=message.role, content=_text(message.content)))
         elif kind == "function_call":
             call = _convert(item, r.FunctionCallItem, where)
-            _assistant_turn(messages).tool_calls.append(p.ToolCall(
-                id=call.call_id, function=p.ToolCallFunction(name=call.name, arguments=call.arguments)))
+            _assistant_turn(messages).tool_calls.append(
+                p.ToolCall(id=call.call_id, function=p.ToolCallFunction(name=call.name, arguments=call.arguments))
+            )
         elif kind == "function_call_output":
             result = _convert(_text_parts_only(item, where, "output"), r.FunctionCallOutputItem, where)
             messages.append(p.ChatMessage(role="tool", content=_text(result.output), tool_call_id=result.call_id))
         elif kind == "item_reference":
-            raise bad_request(f"{where}: item references are not supported; send the item itself, or continue "
-                              "with previous_response_id", "input")
+            raise bad_request(
+                f"{where}: item references are not supported; send the item itself, or continue "
+                "with previous_response_id",
+                "input",
+            )
         else:
-            raise bad_request(f"{where}: items of type {kind!r} are not supported: this server has no built-in "
-                              "tools or reasoning items; it takes messages, function_call and "
-                              "function_call_output items", "input")
+            raise bad_request(
+                f"{where}: items of type {kind!r} are not supported: this server has no built-in "
+                "tools or reasoning items; it takes messages, function_call and "
+                "function_call_output items",
+                "input",
+            )
     return messages
 
 
@@ -158,13 +191,22 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[p.ChatTool]:
     for i, tool in enumerate(tools or []):
         kind = tool.get("type")
         if kind != "function":
-            raise bad_request(f"tools[{i}]: the built-in tool {kind!r} is not available on this server; it offers "
-                              "function tools only", "tools")
+            raise bad_request(
+                f"tools[{i}]: the built-in tool {kind!r} is not available on this server; it offers "
+                "function tools only",
+                "tools",
+            )
         fn = _convert(tool, r.FunctionTool, f"tools[{i}]", "tools")
         strict = fn.strict is not False
         parameters = closed_objects(fn.parameters) if strict and fn.parameters is not None else fn.parameters
-        out.append(p.ChatTool(type="function", function=p.FunctionDefinition(
-            name=fn.name, description=fn.description, parameters=parameters, strict=strict)))
+        out.append(
+            p.ChatTool(
+                type="function",
+                function=p.FunctionDefinition(
+                    name=fn.name, description=fn.description, parameters=parameters, strict=strict
+                ),
+            )
+        )
     return out
 
 
@@ -173,8 +215,11 @@ def chat_tool_choice(choice: str | dict[str, Any] | None) -> str | p.NamedToolCh
         return choice
     if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
         return p.NamedToolChoice(type="function", function=p.NamedFunction(name=choice["name"]))
-    raise bad_request(f"tool_choice {choice!r} is not supported: use none, auto, required or "
-                      '{"type": "function", "name": ...} (this server has no built-in tools)', "tool_choice")
+    raise bad_request(
+        f"tool_choice {choice!r} is not supported: use none, auto, required or "
+        '{"type": "function", "name": ...} (this server has no built-in tools)',
+        "tool_choice",
+    )
 
 
 def response_format(text: r.TextConfig | None) -> p.ResponseFormat | None:
@@ -183,11 +228,23 @@ def response_format(text: r.TextConfig | None) -> p.ResponseFormat | None:
         return None
     if fmt.type == "json_object":
         return p.ResponseFormat(type="json_object")
-    return p.ResponseFormat(type="json_schema", json_schema=p.JsonSchemaFormat(
-        name=fmt.name or "response", description=fmt.description, schema=fmt.schema, strict=fmt.strict))
+    return p.ResponseFormat(
+        type="json_schema",
+        json_schema=p.JsonSchemaFormat(
+            name=fmt.name or "response", description=fmt.description, schema=fmt.schema, strict=fmt.strict
+        ),
+    )
 
 
 def echoed_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
     """The request's (already checked) function tools as the Response object lists them."""
-    return [{"type": "function", "name": t["name"], "description": t.get("description"),
-             "parameters": t.get("parameters"), "strict": t.get("strict") is not False} for t in tools or []]
+    return [
+        {
+            "type": "function",
+            "name": t["name"],
+            "description": t.get("description"),
+            "parameters": t.get("parameters"),
+            "strict": t.get("strict") is not False,
+        }
+        for t in tools or []
+    ]

@@ -33,16 +33,19 @@ def sse_event(payload: dict[str, Any]) -> bytes:
 
 def response_usage(out: RequestOutput) -> r.ResponseUsage:
     prompt, generated = len(out.prompt_token_ids), out.num_generated_tokens
-    return r.ResponseUsage(input_tokens=prompt, output_tokens=generated, total_tokens=prompt + generated,
-                           input_tokens_details=r.InputTokensDetails(cached_tokens=out.metrics.num_cached_tokens),
-                           output_tokens_details=r.OutputTokensDetails())
+    return r.ResponseUsage(
+        input_tokens=prompt,
+        output_tokens=generated,
+        total_tokens=prompt + generated,
+        input_tokens_details=r.InputTokensDetails(cached_tokens=out.metrics.num_cached_tokens),
+        output_tokens_details=r.OutputTokensDetails(),
+    )
 
 
 class OutputBuilder:
     """`response`: the in-progress Response (every field but output, status and usage set)."""
 
-    def __init__(self, response: r.Response, tools: bool, top_logprobs: int | None, tokens: TokenText,
-                 stream: bool):
+    def __init__(self, response: r.Response, tools: bool, top_logprobs: int | None, tokens: TokenText, stream: bool):
         self.response, self.tokens, self.top_logprobs, self.stream = response, tokens, top_logprobs, stream
         self.calls = ToolCallStream() if tools else None
         self.items: list[r.OutputItem] = []
@@ -60,8 +63,9 @@ class OutputBuilder:
         return [sse_event(payload)]
 
     def opening(self) -> list[bytes]:
-        return (self._event("response.created", response=self.response)
-                + self._event("response.in_progress", response=self.response))
+        return self._event("response.created", response=self.response) + self._event(
+            "response.in_progress", response=self.response
+        )
 
     def feed(self, text: str, logprobs: list[dict[int, float]] | None, finished: bool) -> list[bytes]:
         """One engine delta: the events it makes."""
@@ -91,15 +95,22 @@ class OutputBuilder:
             events = []
         events += self._close_message(status)
         final = msgspec.structs.replace(
-            self.response, status=status, output=self.items, usage=response_usage(out), completed_at=time.time(),
-            incomplete_details=r.IncompleteDetails(reason="max_output_tokens") if incomplete else None)
+            self.response,
+            status=status,
+            output=self.items,
+            usage=response_usage(out),
+            completed_at=time.time(),
+            incomplete_details=r.IncompleteDetails(reason="max_output_tokens") if incomplete else None,
+        )
         return final, events + self._event(f"response.{status}", response=final)
 
     def failed(self, code: str, message: str) -> list[bytes]:
-        failed = msgspec.structs.replace(self.response, status="failed", output=self.items,
-                                         error=r.ResponseError(code=code, message=message))
-        return (self._event("error", code=code, message=message, param=None)
-                + self._event("response.failed", response=failed))
+        failed = msgspec.structs.replace(
+            self.response, status="failed", output=self.items, error=r.ResponseError(code=code, message=message)
+        )
+        return self._event("error", code=code, message=message, param=None) + self._event(
+            "response.failed", response=failed
+        )
 
     # ---- items ----------------------------------------------------------------------------------
 
@@ -110,8 +121,9 @@ class OutputBuilder:
         part = r.OutputText(text="", logprobs=[] if self.top_logprobs is not None else None)
         events = self._event("response.output_item.added", output_index=index, item=self.message)
         self.message.content.append(part)
-        return events + self._event("response.content_part.added", item_id=self.message.id, output_index=index,
-                                    content_index=0, part=part)
+        return events + self._event(
+            "response.content_part.added", item_id=self.message.id, output_index=index, content_index=0, part=part
+        )
 
     def _text(self, text: str) -> list[bytes]:
         events = self._open_message() if self.message is None else []
@@ -120,9 +132,14 @@ class OutputBuilder:
         part.text += text
         if part.logprobs is not None:
             part.logprobs += logprobs
-        return events + self._event("response.output_text.delta", item_id=self.message.id,
-                                    output_index=len(self.items) - 1, content_index=0, delta=text,
-                                    logprobs=logprobs)
+        return events + self._event(
+            "response.output_text.delta",
+            item_id=self.message.id,
+            output_index=len(self.items) - 1,
+            content_index=0,
+            delta=text,
+            logprobs=logprobs,
+        )
 
     def _close_message(self, status: str) -> list[bytes]:
         if self.message is None:
@@ -130,22 +147,37 @@ class OutputBuilder:
         message, self.message = self.message, None
         message.status = status  # type: ignore[assignment]
         index, part = self.items.index(message), message.content[0]
-        return (self._event("response.output_text.done", item_id=message.id, output_index=index, content_index=0,
-                            text=part.text, logprobs=part.logprobs or [])
-                + self._event("response.content_part.done", item_id=message.id, output_index=index,
-                              content_index=0, part=part)
-                + self._event("response.output_item.done", output_index=index, item=message))
+        return (
+            self._event(
+                "response.output_text.done",
+                item_id=message.id,
+                output_index=index,
+                content_index=0,
+                text=part.text,
+                logprobs=part.logprobs or [],
+            )
+            + self._event(
+                "response.content_part.done", item_id=message.id, output_index=index, content_index=0, part=part
+            )
+            + self._event("response.output_item.done", output_index=index, item=message)
+        )
 
     def _function_call(self, call: p.ToolCall) -> list[bytes]:
         """A call arrives whole (the parser emits it at its closing tag): its arguments in one delta."""
         index, arguments = len(self.items), call.function.arguments
-        item = r.FunctionCall(id=new_id("fc"), call_id=call.id, name=call.function.name, arguments="",
-                              status="in_progress")
+        item = r.FunctionCall(
+            id=new_id("fc"), call_id=call.id, name=call.function.name, arguments="", status="in_progress"
+        )
         self.items.append(item)
         events = self._event("response.output_item.added", output_index=index, item=item)
-        events += self._event("response.function_call_arguments.delta", item_id=item.id, output_index=index,
-                              delta=arguments)
+        events += self._event(
+            "response.function_call_arguments.delta", item_id=item.id, output_index=index, delta=arguments
+        )
         item.arguments, item.status = arguments, "completed"
-        return (events + self._event("response.function_call_arguments.done", item_id=item.id, output_index=index,
-                                     arguments=arguments)
-                + self._event("response.output_item.done", output_index=index, item=item))
+        return (
+            events
+            + self._event(
+                "response.function_call_arguments.done", item_id=item.id, output_index=index, arguments=arguments
+            )
+            + self._event("response.output_item.done", output_index=index, item=item)
+        )

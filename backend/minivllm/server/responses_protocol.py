@@ -12,7 +12,6 @@ from typing import Any, Literal
 import msgspec
 
 from minivllm.server import openai_protocol as p
-
 from minivllm.server.openai_protocol import TokenLogprob
 
 Strict = dict(kw_only=True, forbid_unknown_fields=True)

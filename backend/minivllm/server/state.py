@@ -89,8 +89,7 @@ class ServerState:
         if self.load_error is not None:
             raise APIError(503, self.load_error, code="model_load_failed")
         if ae is None:
-            raise APIError(503, "the model is still loading; retry when GET /health answers 200",
-                           code="model_loading")
+            raise APIError(503, "the model is still loading; retry when GET /health answers 200", code="model_loading")
         raise APIError(503, ae.dead_reason or "the engine is not running", code="engine_dead")
 
 

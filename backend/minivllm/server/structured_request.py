@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from minivllm.engine.api import StructuredOutputsParams, check_schema_depth
 from minivllm.server import openai_protocol as p
 from minivllm.server.errors import bad_request
-from minivllm.engine.api import StructuredOutputsParams, check_schema_depth
 
 BACKENDS = ("auto", "guidance", "llguidance")  # the one backend this server has, by vLLM's names for it
 
@@ -17,8 +17,9 @@ def structured_outputs(req: p.SamplingFields) -> StructuredOutputsParams | None:
     _check_backend(req.guided_decoding_backend)
     given = [(name, build) for name, build in _SOURCES if build(req) is not None]
     if len(given) > 1:
-        raise bad_request(f"set only one structured-output field, got {', '.join(name for name, _ in given)}",
-                          given[1][0])
+        raise bad_request(
+            f"set only one structured-output field, got {', '.join(name for name, _ in given)}", given[1][0]
+        )
     if not given:
         return None
     name, build = given[0]
@@ -30,9 +31,11 @@ def structured_outputs(req: p.SamplingFields) -> StructuredOutputsParams | None:
 
 def _check_backend(backend: str | None) -> None:
     if backend is not None and backend not in BACKENDS:
-        raise bad_request(f"guided_decoding_backend {backend!r} is not available: this server constrains output "
-                          f"with llguidance; use one of {', '.join(BACKENDS)} or leave it out",
-                          "guided_decoding_backend")
+        raise bad_request(
+            f"guided_decoding_backend {backend!r} is not available: this server constrains output "
+            f"with llguidance; use one of {', '.join(BACKENDS)} or leave it out",
+            "guided_decoding_backend",
+        )
 
 
 def _from_response_format(req: p.SamplingFields):
@@ -78,9 +81,15 @@ def _from_structured_outputs(req: p.SamplingFields):
         if getattr(so, name) is not None:
             raise bad_request(f"structured_outputs.{name} is not supported by this server", "structured_outputs")
     return lambda: StructuredOutputsParams(
-        json=so.json, regex=so.regex, choice=so.choice, grammar=so.grammar, json_object=bool(so.json_object),
-        any_whitespace=so.disable_any_whitespace is False, whitespace_pattern=so.whitespace_pattern,
-        source="structured_outputs")
+        json=so.json,
+        regex=so.regex,
+        choice=so.choice,
+        grammar=so.grammar,
+        json_object=bool(so.json_object),
+        any_whitespace=so.disable_any_whitespace is False,
+        whitespace_pattern=so.whitespace_pattern,
+        source="structured_outputs",
+    )
 
 
 def _guided(field: str, kind: str):
@@ -88,12 +97,18 @@ def _guided(field: str, kind: str):
         value = getattr(req, field)
         if value is None:
             return None
-        return lambda: StructuredOutputsParams(**{kind: value}, whitespace_pattern=req.guided_whitespace_pattern,
-                                               source=field)
+        return lambda: StructuredOutputsParams(
+            **{kind: value}, whitespace_pattern=req.guided_whitespace_pattern, source=field
+        )
+
     return build
 
 
-_SOURCES = (("response_format", _from_response_format), ("structured_outputs", _from_structured_outputs),
-            ("guided_json", _guided("guided_json", "json")), ("guided_regex", _guided("guided_regex", "regex")),
-            ("guided_choice", _guided("guided_choice", "choice")),
-            ("guided_grammar", _guided("guided_grammar", "grammar")))
+_SOURCES = (
+    ("response_format", _from_response_format),
+    ("structured_outputs", _from_structured_outputs),
+    ("guided_json", _guided("guided_json", "json")),
+    ("guided_regex", _guided("guided_regex", "regex")),
+    ("guided_choice", _guided("guided_choice", "choice")),
+    ("guided_grammar", _guided("guided_grammar", "grammar")),
+)

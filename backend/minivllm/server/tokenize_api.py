@@ -21,13 +21,13 @@ from minivllm.engine.api import RequestRejectedError
 from minivllm.server import openai_protocol as p
 from minivllm.server import openai_serving as s
 from minivllm.server.auth import require_api_key
-from minivllm.server.errors import decode_body, decode_either
-from minivllm.server.prompt_size import largest, template_chars
-from minivllm.server.openai_api import check_model, check_prompt_size, engine_errors, check_chat_template
-from minivllm.server.unsupported import refuse_unsupported_chat
-from minivllm.server.state import server_of
 from minivllm.server.chat_prompt import chat_prompt_ids, check_template_options
+from minivllm.server.errors import decode_body, decode_either
+from minivllm.server.openai_api import check_chat_template, check_model, check_prompt_size, engine_errors
+from minivllm.server.prompt_size import largest, template_chars
+from minivllm.server.state import server_of
 from minivllm.server.tools import tool_plan
+from minivllm.server.unsupported import refuse_unsupported_chat
 
 Strict = dict(kw_only=True, forbid_unknown_fields=True)
 
@@ -95,7 +95,9 @@ async def tokenize(request: Request) -> TokenizeResponse:
             return list(_tokenizer_of(tok, model).encode(req.prompt, add_special_tokens=req.add_special_tokens))
     else:
         check_template_options(req.add_generation_prompt, req.continue_final_message, req.chat_template_kwargs)
-        chat = p.ChatCompletionRequest(messages=req.messages, tools=req.tools, mm_processor_kwargs=req.mm_processor_kwargs)
+        chat = p.ChatCompletionRequest(
+            messages=req.messages, tools=req.tools, mm_processor_kwargs=req.mm_processor_kwargs
+        )
         refuse_unsupported_chat(chat)
         check_chat_template(server, req.chat_template)
         messages, tools = s.chat_messages(chat), tool_plan(chat)
@@ -103,11 +105,16 @@ async def tokenize(request: Request) -> TokenizeResponse:
         check_prompt_size(server, sum(sizes.values()), largest(sizes))
 
         def encode(tok: Any) -> list[int]:
-            return chat_prompt_ids(tok, messages, tools,
-                                   add_generation_prompt=req.add_generation_prompt,
-                                   continue_final_message=req.continue_final_message,
-                                   template_kwargs=req.chat_template_kwargs, add_special_tokens=req.add_special_tokens,
-                                   chat_template=req.chat_template)
+            return chat_prompt_ids(
+                tok,
+                messages,
+                tools,
+                add_generation_prompt=req.add_generation_prompt,
+                continue_final_message=req.continue_final_message,
+                template_kwargs=req.chat_template_kwargs,
+                add_special_tokens=req.add_special_tokens,
+                chat_template=req.chat_template,
+            )
 
     def run(tok: Any) -> tuple[list[int], list[str] | None]:
         ids = encode(tok)

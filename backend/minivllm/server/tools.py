@@ -14,9 +14,9 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
+from minivllm.engine.api import StructuredOutputsParams, check_schema_depth
 from minivllm.server import openai_protocol as p
 from minivllm.server.errors import bad_request
-from minivllm.engine.api import StructuredOutputsParams, check_schema_depth
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _CALL = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*" + re.escape(CLOSE), re.DOTALL)
@@ -27,8 +27,9 @@ SYSTEM_PROMPT = (
     "You may call one or more functions to help with the user's request. The functions are described "
     "as JSON schemas within <tools></tools>:\n<tools>\n{tools}\n</tools>\n"
     "To call a function, reply with a JSON object holding its name and arguments inside "
-    "<tool_call></tool_call> tags:\n<tool_call>\n{{\"name\": <function-name>, \"arguments\": <args-json-object>}}\n"
-    "</tool_call>")
+    '<tool_call></tool_call> tags:\n<tool_call>\n{{"name": <function-name>, "arguments": <args-json-object>}}\n'
+    "</tool_call>"
+)
 
 
 @dataclass
@@ -48,8 +49,9 @@ class ToolPlan:
         rules = [f"tool_{i}: %json {json.dumps(_call_schema(self._tool(name)))}" for i, name in enumerate(chosen)]
         start = 'start: call ("\\n" call)*' if self.parallel else "start: call"
         alternatives = " | ".join(f"tool_{i}" for i in range(len(chosen)))
-        lark = "\n".join([start, f"call: {json.dumps(OPEN + chr(10))} ({alternatives}) {json.dumps(chr(10) + CLOSE)}",
-                          *rules])
+        lark = "\n".join(
+            [start, f"call: {json.dumps(OPEN + chr(10))} ({alternatives}) {json.dumps(chr(10) + CLOSE)}", *rules]
+        )
         return StructuredOutputsParams(grammar=lark, source="tools")
 
     def system_prompt(self) -> str:
@@ -61,9 +63,13 @@ class ToolPlan:
 
 def _call_schema(tool: dict[str, Any]) -> dict[str, Any]:
     fn = tool["function"]
-    return {"type": "object", "properties": {"name": {"const": fn["name"]},
-                                             "arguments": fn.get("parameters") or {"type": "object"}},
-            "required": ["name", "arguments"], "additionalProperties": False, "x-guidance": _JSON_LAYOUT}
+    return {
+        "type": "object",
+        "properties": {"name": {"const": fn["name"]}, "arguments": fn.get("parameters") or {"type": "object"}},
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+        "x-guidance": _JSON_LAYOUT,
+    }
 
 
 def tool_plan(req: p.ChatCompletionRequest) -> ToolPlan | None:
@@ -82,16 +88,20 @@ def tool_plan(req: p.ChatCompletionRequest) -> ToolPlan | None:
     names = [t["function"]["name"] for t in tools]
     for i, name in enumerate(names):
         if not _NAME.match(name):
-            raise bad_request(f"tools[{i}].function.name must be 1-64 letters, digits, underscores or dashes, "
-                              f"got {name!r}", "tools")
+            raise bad_request(
+                f"tools[{i}].function.name must be 1-64 letters, digits, underscores or dashes, got {name!r}", "tools"
+            )
     if len(set(names)) != len(names):
         raise bad_request(f"tools has two functions with the same name: {names}", "tools")
     if choice == "none":
         return None
     if isinstance(choice, p.NamedToolChoice):
         if choice.function.name not in names:
-            raise bad_request(f"tool_choice names the function {choice.function.name!r}, which is not among the "
-                              f"tools: {', '.join(names)}", "tool_choice")
+            raise bad_request(
+                f"tool_choice names the function {choice.function.name!r}, which is not among the "
+                f"tools: {', '.join(names)}",
+                "tool_choice",
+            )
         return ToolPlan(tools, choice.function.name, parallel=False)
     # a forced call is one call unless parallel calls are asked for by name: after a closed call a
     # small model tends to open another rather than stop (SmolLM2 loops until max_tokens)
@@ -111,8 +121,9 @@ def template_knows_tools(tokenizer: Any) -> bool:
     return "tools" in (getattr(tokenizer, "chat_template", None) or "")
 
 
-def offer_tools(messages: list[dict[str, str]], plan: ToolPlan | None, tokenizer: Any
-                ) -> tuple[list[dict[str, str]], list[dict[str, Any]] | None]:
+def offer_tools(
+    messages: list[dict[str, str]], plan: ToolPlan | None, tokenizer: Any
+) -> tuple[list[dict[str, str]], list[dict[str, Any]] | None]:
     """(the messages, the `tools` for the chat template): a template without tools support gets
     them as the system message instead (after the request's own system text, if any)."""
     if plan is None:
@@ -127,8 +138,7 @@ def offer_tools(messages: list[dict[str, str]], plan: ToolPlan | None, tokenizer
 
 def render_tool_calls(content: str, calls: list[p.ToolCall]) -> str:
     """An assistant turn that called tools, as the model would have written it."""
-    rendered = [f"{OPEN}\n{json.dumps({'name': c.function.name, 'arguments': _arguments(c)})}\n{CLOSE}"
-                for c in calls]
+    rendered = [f"{OPEN}\n{json.dumps({'name': c.function.name, 'arguments': _arguments(c)})}\n{CLOSE}" for c in calls]
     return "\n".join(([content] if content else []) + rendered)
 
 
@@ -187,21 +197,21 @@ class ToolCallStream:
             start = self.pending.find(OPEN)
             if start < 0:
                 keep = _partial_tag_len(self.pending)
-                content += self.pending[:len(self.pending) - keep]
-                self.pending = self.pending[len(self.pending) - keep:]
+                content += self.pending[: len(self.pending) - keep]
+                self.pending = self.pending[len(self.pending) - keep :]
                 return content, new
             end = self.pending.find(CLOSE, start)
             if end < 0:
                 content += self.pending[:start]
                 self.pending = self.pending[start:]
                 return content, new
-            block = self.pending[start:end + len(CLOSE)]
+            block = self.pending[start : end + len(CLOSE)]
             call = _as_call(_CALL.match(block).group(1)) if _CALL.match(block) else None
             if call is None:
                 content += block
             else:
                 new.append(call)
-            self.pending = self.pending[end + len(CLOSE):]
+            self.pending = self.pending[end + len(CLOSE) :]
 
     def flush(self) -> str:
         rest, self.pending = self.pending, ""

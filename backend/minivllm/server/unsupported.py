@@ -13,11 +13,10 @@ from minivllm.server.errors import bad_request
 _TEXT_ONLY = "multi-modal input is not supported: this server serves a text-only model"
 _SHARED = {
     "logits_processors": "custom logits processors are not supported: this server loads no plug-in code (use "
-                         "logit_bias, allowed_token_ids or bad_words)",
+    "logit_bias, allowed_token_ids or bad_words)",
     "kv_transfer_params": "KV transfer (disaggregated prefill) is not available: this server runs one engine",
     "vllm_xargs": "vllm_xargs carries arguments for custom vLLM extensions; this server has none",
-    "repetition_detection": "repetition_detection is not supported; use repetition_penalty, frequency_penalty or "
-                            "stop",
+    "repetition_detection": "repetition_detection is not supported; use repetition_penalty, frequency_penalty or stop",
 }
 _CHAT = {
     **_SHARED,
@@ -35,15 +34,18 @@ _COMPLETION = {
     "suffix": "suffix (fill-in-the-middle) is not supported by this server",
     "prompt_embeds": "prompt_embeds are not supported: send the prompt as text or token ids",
 }
-_MESSAGE = {"audio": "assistant audio in messages is not supported",
-            "function_call": "the deprecated `function_call` in messages is not supported; use `tool_calls`"}
+_MESSAGE = {
+    "audio": "assistant audio in messages is not supported",
+    "function_call": "the deprecated `function_call` in messages is not supported; use `tool_calls`",
+}
 
 
 def refuse_unsupported_chat(req: p.ChatCompletionRequest) -> None:
     _refuse(req, _CHAT)
     if req.modalities is not None and req.modalities != ["text"]:
-        raise bad_request(f"modalities {req.modalities!r} are not supported: this model produces text only",
-                          "modalities")
+        raise bad_request(
+            f"modalities {req.modalities!r} are not supported: this model produces text only", "modalities"
+        )
     for message in req.messages:
         _refuse(message, _MESSAGE, prefix="messages")
 

@@ -22,8 +22,11 @@ def truncated(ids: list[int], keep: int | None, max_model_len: int) -> list[int]
     if keep < 1:
         raise bad_request(f"truncate_prompt_tokens must be -1 or >= 1, got {keep}", "truncate_prompt_tokens")
     if keep > max_model_len:
-        raise bad_request(f"truncate_prompt_tokens ({keep}) is greater than this model's context (max_model_len) "
-                          f"of {max_model_len} tokens", "truncate_prompt_tokens")
+        raise bad_request(
+            f"truncate_prompt_tokens ({keep}) is greater than this model's context (max_model_len) "
+            f"of {max_model_len} tokens",
+            "truncate_prompt_tokens",
+        )
     return ids[-keep:]
 
 
@@ -36,8 +39,10 @@ def samples_to_draw(req: p.SamplingFields) -> int:
     if not isinstance(best_of, int) or best_of < req.n:
         raise bad_request(f"best_of must be an integer >= n ({req.n}), got {best_of!r}", "best_of")
     if req.stream:
-        raise bad_request("best_of greater than n is not available with stream=true: the best samples are known "
-                          "only at the end", "best_of")
+        raise bad_request(
+            "best_of greater than n is not available with stream=true: the best samples are known only at the end",
+            "best_of",
+        )
     if req.use_beam_search:
         raise bad_request("best_of cannot be combined with beam search: the beam width is n", "best_of")
     return best_of
@@ -54,8 +59,9 @@ def best_samples(out: RequestOutput, n: int) -> RequestOutput:
 def cache_salt(req: p.SamplingFields) -> str | None:
     salt = req.cache_salt
     if salt is not None and (not salt or len(salt) > MAX_CACHE_SALT_CHARS):
-        raise bad_request(f"cache_salt must be a non-empty string of at most {MAX_CACHE_SALT_CHARS} characters",
-                          "cache_salt")
+        raise bad_request(
+            f"cache_salt must be a non-empty string of at most {MAX_CACHE_SALT_CHARS} characters", "cache_salt"
+        )
     return salt
 
 

@@ -35,7 +35,7 @@ class SpeculativeConfig:
     adaptive: bool = True
 
     @classmethod
-    def parse(cls, value: "str | dict[str, Any] | SpeculativeConfig | None") -> "SpeculativeConfig | None":
+    def parse(cls, value: str | dict[str, Any] | SpeculativeConfig | None) -> SpeculativeConfig | None:
         """A JSON string, a dict or a config; None or "" means no speculation."""
         if value is None or isinstance(value, SpeculativeConfig):
             return value.validate() if value is not None else None
@@ -56,7 +56,7 @@ class SpeculativeConfig:
             raise ConfigError(f"speculative config needs a method: one of {', '.join(METHODS)}", PARAM)
         return cls(**value).validate()
 
-    def validate(self) -> "SpeculativeConfig":
+    def validate(self) -> SpeculativeConfig:
         if self.method not in METHODS:
             raise ConfigError(f"unknown speculative method {self.method!r}; choose one of {', '.join(METHODS)}", PARAM)
         _positive_int(self.num_speculative_tokens, "num_speculative_tokens")
@@ -64,11 +64,15 @@ class SpeculativeConfig:
             _positive_int(self.prompt_lookup_min, "prompt_lookup_min")
             _positive_int(self.prompt_lookup_max, "prompt_lookup_max")
             if self.prompt_lookup_min > self.prompt_lookup_max:
-                raise ConfigError(f"prompt_lookup_min ({self.prompt_lookup_min}) exceeds prompt_lookup_max "
-                                  f"({self.prompt_lookup_max})", PARAM)
+                raise ConfigError(
+                    f"prompt_lookup_min ({self.prompt_lookup_min}) exceeds prompt_lookup_max "
+                    f"({self.prompt_lookup_max})",
+                    PARAM,
+                )
         if self.method == "draft_model" and not self.model:
-            raise ConfigError('method "draft_model" needs "model": a model spec (path, .gguf, hub id, random:<shape>)',
-                              PARAM)
+            raise ConfigError(
+                'method "draft_model" needs "model": a model spec (path, .gguf, hub id, random:<shape>)', PARAM
+            )
         if self.method == "early_exit":
             _positive_int(self.exit_layer, "exit_layer")
         if self.disable_by_batch_size is not None:
@@ -80,14 +84,19 @@ class SpeculativeConfig:
     def check_exit_layer(self, num_layers: int) -> None:
         """Early exit needs at least one layer left after the exit."""
         if self.method == "early_exit" and not 1 <= self.exit_layer < num_layers:
-            raise ConfigError(f"exit_layer {self.exit_layer} is outside the model: it has {num_layers} layers, "
-                              f"so exit_layer must be in 1..{num_layers - 1}", PARAM)
+            raise ConfigError(
+                f"exit_layer {self.exit_layer} is outside the model: it has {num_layers} layers, "
+                f"so exit_layer must be in 1..{num_layers - 1}",
+                PARAM,
+            )
 
     def describe(self) -> str:
         k = self.num_speculative_tokens
-        detail = {"ngram": f"n-gram {self.prompt_lookup_min}-{self.prompt_lookup_max}",
-                  "draft_model": f"draft {self.model} ({self.quantization})",
-                  "early_exit": f"exit after layer {self.exit_layer}"}[self.method]
+        detail = {
+            "ngram": f"n-gram {self.prompt_lookup_min}-{self.prompt_lookup_max}",
+            "draft_model": f"draft {self.model} ({self.quantization})",
+            "early_exit": f"exit after layer {self.exit_layer}",
+        }[self.method]
         off = f", off at >= {self.disable_by_batch_size} requests" if self.disable_by_batch_size else ""
         return f"{self.method}: k={k}, {detail}{off}{', adaptive' if self.adaptive else ''}"
 

@@ -12,12 +12,12 @@ def propose_ngram(tokens: Sequence[int], k: int, min_n: int, max_n: int) -> list
     n-gram (n from `max_n` down to `min_n`); [] when no suffix recurs."""
     total = len(tokens)
     for n in range(min(max_n, total - 1), min_n - 1, -1):
-        suffix = list(tokens[total - n:])
+        suffix = list(tokens[total - n :])
         first = suffix[0]
         # scan right to left: the latest occurrence is the likeliest continuation
         for start in range(total - n - 1, -1, -1):
-            if tokens[start] == first and list(tokens[start:start + n]) == suffix:
-                follow = list(tokens[start + n:start + n + k])
+            if tokens[start] == first and list(tokens[start : start + n]) == suffix:
+                follow = list(tokens[start + n : start + n + k])
                 if follow:
                     return follow
     return []

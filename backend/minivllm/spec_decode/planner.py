@@ -105,8 +105,7 @@ class Acceptance:
             del self._counts[seq_id]
 
 
-def plan_drafts(rates: list[float], limits: list[int], base_rows: int, costs: StepCosts,
-                per_round: bool) -> list[int]:
+def plan_drafts(rates: list[float], limits: list[int], base_rows: int, costs: StepCosts, per_round: bool) -> list[int]:
     """Drafts per sequence (at most `limits[i]`) that maximise expected tokens per second of the
     next step. `base_rows`: decode rows the step has without drafts; `per_round`: drafting costs
     `costs.drafting_s` for its rounds (a model drafts; n-gram lookup is free)."""

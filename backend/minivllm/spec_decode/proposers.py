@@ -11,9 +11,9 @@ import torch
 from minivllm.core.block_manager import BlockManager
 from minivllm.core.request import Sequence
 from minivllm.core.step_work import SeqWork
-from minivllm.spec_decode.runner import StepRunner
 from minivllm.spec_decode.draw import draw_drafts
 from minivllm.spec_decode.ngram import propose_ngram
+from minivllm.spec_decode.runner import StepRunner
 
 
 class NgramProposer:
@@ -53,8 +53,11 @@ class _ModelDrafter:
             # the runner's row order: single tokens first, then chunks (sorted is stable)
             pairs = sorted(zip(active, works), key=lambda pair: len(pair[1].token_ids) > 1)
             order = [i for i, _ in pairs]
-            logits = self.runner.execute([w for _, w in pairs if len(w.token_ids) == 1],
-                                         [w for _, w in pairs if len(w.token_ids) > 1], num_layers=self.num_layers)
+            logits = self.runner.execute(
+                [w for _, w in pairs if len(w.token_ids) == 1],
+                [w for _, w in pairs if len(w.token_ids) > 1],
+                num_layers=self.num_layers,
+            )
             tokens, qs = draw_drafts(logits, [seqs[i] for i in order])
             for row, i in enumerate(order):
                 drafts[i].append(tokens[row])
@@ -85,8 +88,9 @@ class EarlyExitProposer(_ModelDrafter):
         bm, ready, room = self.block_manager, [], []
         for seq, k in zip(seqs, ks):
             # the positions of the last token and the first k - 1 drafts: the verify step's blocks
-            if not bm.needs_copy_on_write(seq.seq_id, seq.num_computed) and \
-                    bm.ensure_capacity(seq.seq_id, seq.num_tokens + k - 1):
+            if not bm.needs_copy_on_write(seq.seq_id, seq.num_computed) and bm.ensure_capacity(
+                seq.seq_id, seq.num_tokens + k - 1
+            ):
                 ready.append(seq)
                 room.append(k)
         first = [SeqWork(s.token_ids[-1:], s.num_computed, bm.block_table(s.seq_id)) for s in ready]

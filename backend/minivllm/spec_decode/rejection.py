@@ -27,8 +27,9 @@ def accept_greedy(targets: list[int], drafts: list[int]) -> list[int]:
     return emitted
 
 
-def rejection_sample(probs: torch.Tensor, drafts: list[int], draft_probs: torch.Tensor | None,
-                     generator: torch.Generator | None) -> list[int]:
+def rejection_sample(
+    probs: torch.Tensor, drafts: list[int], draft_probs: torch.Tensor | None, generator: torch.Generator | None
+) -> list[int]:
     """`probs`: the target's sampling distribution at each of the k + 1 positions [k + 1, V];
     `draft_probs`: the draft's [k, V], or None for one-hot drafts. Draws come from `generator`
     (a seeded request's own) or torch's default one."""

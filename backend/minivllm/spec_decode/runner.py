@@ -15,9 +15,14 @@ from minivllm.model.attention import KVCache
 class StepRunner(Protocol):
     model: Any  # the decoder (its `config` names the layer count an early exit is checked against)
 
-    def execute(self, single: list[SeqWork], chunks: list[SeqWork], copies: list[tuple[int, int]] | None = None,
-                hidden_states_out: list[torch.Tensor] | None = None,
-                num_layers: int | None = None) -> torch.Tensor: ...
+    def execute(
+        self,
+        single: list[SeqWork],
+        chunks: list[SeqWork],
+        copies: list[tuple[int, int]] | None = None,
+        hidden_states_out: list[torch.Tensor] | None = None,
+        num_layers: int | None = None,
+    ) -> torch.Tensor: ...
 
     def warmed_up(self, max_rows: int, max_model_len: int, graph_rows: int | None = None) -> StepRunner: ...
 

@@ -88,12 +88,20 @@ class Speculator:
     def _room(self, request: Request) -> int:
         """Drafts this request may take now (0: none)."""
         params = request.params
-        if (params.use_beam_search or params.n > 1 or len(request.seqs) != 1 or request.is_finished
-                or request.grammar is not None):
+        if (
+            params.use_beam_search
+            or params.n > 1
+            or len(request.seqs) != 1
+            or request.is_finished
+            or request.grammar is not None
+        ):
             return 0
         seq = request.seqs[0]
         if seq.num_remaining != 1:
             return 0
         # k drafts emit up to k + 1 tokens; the KV of the last one's position must fit the context
-        return min(self.config.num_speculative_tokens, request.max_tokens - seq.num_output_tokens - 1,
-                   self.max_model_len - seq.num_tokens)
+        return min(
+            self.config.num_speculative_tokens,
+            request.max_tokens - seq.num_output_tokens - 1,
+            self.max_model_len - seq.num_tokens,
+        )

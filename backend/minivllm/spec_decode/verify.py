@@ -25,8 +25,9 @@ class Verified:
         return len(self.tokens) - 1
 
 
-def verify_drafts(sampler: Sampler, seq: Sequence, drafts: list[int], logits: torch.Tensor,
-                  eos_id: int | None) -> Verified:
+def verify_drafts(
+    sampler: Sampler, seq: Sequence, drafts: list[int], logits: torch.Tensor, eos_id: int | None
+) -> Verified:
     """`logits`: the target's raw rows [len(drafts) + 1, vocab] for this sequence."""
     rows = _position_rows(seq, drafts, eos_id)
     processed = sampler.processed(logits, rows)
@@ -45,6 +46,7 @@ def _position_rows(seq: Sequence, drafts: list[int], eos_id: int | None) -> list
     params = seq.request.params
     reads = params.reads_output_tokens
     outputs = seq.output_token_ids if reads else []
-    return [SamplingRow(params, seq.request.prompt_token_ids, outputs + drafts[:i] if reads else [],
-                        seq.generator, eos_id)
-            for i in range(len(drafts) + 1)]
+    return [
+        SamplingRow(params, seq.request.prompt_token_ids, outputs + drafts[:i] if reads else [], seq.generator, eos_id)
+        for i in range(len(drafts) + 1)
+    ]

@@ -24,8 +24,8 @@ from typing import Any
 import llguidance
 import llguidance.hf
 import llguidance.numpy as llnumpy  # not llguidance.torch: importing it imports torch's compiler (~2.5 s, ~70 MiB)
-from llguidance.gbnf_to_lark import any_to_lark, is_lark_syntax
 import torch
+from llguidance.gbnf_to_lark import any_to_lark, is_lark_syntax
 
 from minivllm.errors import RequestRejectedError
 from minivllm.malloc_tuning import release_free_heap
@@ -80,15 +80,20 @@ def grammar_lark(text: str) -> str:
     if endless and converted:  # GBNF's `root` is Lark's `start`
         endless = ["root" if name == "start" else name for name in endless]
     if endless:
-        raise ValueError(f"rule {', '.join(endless)} can never finish: every alternative leads back to a rule "
-                         f"that cannot finish (give the recursion a base case, e.g. `a: \"x\" a | \"x\"`)")
+        raise ValueError(
+            f"rule {', '.join(endless)} can never finish: every alternative leads back to a rule "
+            f'that cannot finish (give the recursion a base case, e.g. `a: "x" a | "x"`)'
+        )
     return text
 
 
 def _json_layout(params: StructuredOutputsParams) -> dict[str, Any]:
     """Separators as `json.dumps` writes them; whitespace only where the request allows it."""
-    layout: dict[str, Any] = {"item_separator": ", ", "key_separator": ": ",
-                              "whitespace_flexible": params.any_whitespace or params.whitespace_pattern is not None}
+    layout: dict[str, Any] = {
+        "item_separator": ", ",
+        "key_separator": ": ",
+        "whitespace_flexible": params.any_whitespace or params.whitespace_pattern is not None,
+    }
     if params.whitespace_pattern is not None:
         layout["whitespace_pattern"] = params.whitespace_pattern
     return layout
@@ -102,7 +107,7 @@ class GrammarMatcher:
         self._matcher = matcher
         self.source = source
 
-    def fork(self) -> "GrammarMatcher":
+    def fork(self) -> GrammarMatcher:
         return GrammarMatcher(self._matcher.deep_copy(), self.source)
 
     def accept(self, token_id: int) -> None:
@@ -119,7 +124,7 @@ class GrammarMatcher:
         if self._matcher.is_error():  # its mask then allows only the end: an empty or cut answer, not ours
             raise self._failure("the constraint's parser stopped computing the next token's mask")
 
-    def _failure(self, what: str) -> "GrammarError":
+    def _failure(self, what: str) -> GrammarError:
         error = self._matcher.get_error().replace("<non-verbose/>", "").strip() or "the parser stopped"
         return GrammarError(f"{self.source}: {what}: {error}", self.source)
 
@@ -182,8 +187,10 @@ class GrammarCompiler:
     def _llg_tokenizer(self, params: StructuredOutputsParams) -> llguidance.LLTokenizer:
         if self._tokenizer is None:
             if self._hf_tokenizer is None:
-                raise GrammarError(f"{params.source}: structured outputs need the model's tokenizer, and this "
-                                   f"engine runs without one", params.source)
+                raise GrammarError(
+                    f"{params.source}: structured outputs need the model's tokenizer, and this engine runs without one",
+                    params.source,
+                )
             self._tokenizer = llguidance.hf.from_tokenizer(self._hf_tokenizer, n_vocab=self.vocab_size)
             # building it serialises the whole tokenizer; the engine's malloc settings keep such freed
             # memory for reuse, which held ~46 MiB of RSS for good (measured): hand it back, once
@@ -191,8 +198,13 @@ class GrammarCompiler:
         return self._tokenizer
 
 
-_NAMES = {"json": "JSON schema", "json_object": "JSON object grammar", "regex": "regular expression",
-          "choice": "choice list", "grammar": "grammar"}
+_NAMES = {
+    "json": "JSON schema",
+    "json_object": "JSON object grammar",
+    "regex": "regular expression",
+    "choice": "choice list",
+    "grammar": "grammar",
+}
 
 
 def allocate_bitmask(rows: int, vocab_size: int) -> torch.Tensor:
@@ -207,5 +219,5 @@ def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
     `torch.compile`: a C++ compile at first use, a system compiler required, and measured here at
     16 ms a call for one row; unpacking the bits with plain tensor ops costs well under 1 ms.)"""
     bits = _BITS.to(bitmask.device)
-    allowed = ((bitmask.unsqueeze(-1) >> bits) & 1).view(bitmask.shape[0], -1)[:, :logits.shape[1]]
+    allowed = ((bitmask.unsqueeze(-1) >> bits) & 1).view(bitmask.shape[0], -1)[:, : logits.shape[1]]
     logits.masked_fill_(allowed.to(logits.device) == 0, float("-inf"))

@@ -26,8 +26,9 @@ def check_schema_depth(value: Any, source: str) -> None:
         item, depth = stack.pop()
         if isinstance(item, (dict, list)):
             if depth > MAX_SCHEMA_DEPTH:
-                raise ValueError(f"{source}: the JSON schema nests arrays and objects more than "
-                                 f"{MAX_SCHEMA_DEPTH} levels deep")
+                raise ValueError(
+                    f"{source}: the JSON schema nests arrays and objects more than {MAX_SCHEMA_DEPTH} levels deep"
+                )
             stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
 
 
@@ -56,8 +57,9 @@ class StructuredOutputsParams:
         """Raise ValueError naming the source field: exactly one constraint, each well-formed."""
         given = [k for k in KINDS if getattr(self, k) not in (None, False)]
         if len(given) != 1:
-            raise ValueError(f"{self.source} must set exactly one of {', '.join(KINDS)}, got "
-                             f"{', '.join(given) if given else 'none'}")
+            raise ValueError(
+                f"{self.source} must set exactly one of {', '.join(KINDS)}, got {', '.join(given) if given else 'none'}"
+            )
         if self.choice is not None:
             if not self.choice:
                 raise ValueError(f"{self.source}: the list of choices is empty")
@@ -71,8 +73,10 @@ class StructuredOutputsParams:
             raise ValueError(f"{self.source}: a JSON schema must be a JSON object, got {type(self.json).__name__}")
         check_schema_depth(self.json, self.source)
         if len(self.cache_key) > MAX_CONSTRAINT_CHARS:
-            raise ValueError(f"{self.source}: the constraint is {len(self.cache_key):,} characters as JSON; this "
-                             f"server compiles constraints of up to {MAX_CONSTRAINT_CHARS:,}")
+            raise ValueError(
+                f"{self.source}: the constraint is {len(self.cache_key):,} characters as JSON; this "
+                f"server compiles constraints of up to {MAX_CONSTRAINT_CHARS:,}"
+            )
 
     @property
     def kind(self) -> str:
@@ -88,8 +92,9 @@ class StructuredOutputsParams:
         except json.JSONDecodeError as exc:
             raise ValueError(f"{self.source}: the JSON schema is not valid JSON: {exc}") from None
         except RecursionError:
-            raise ValueError(f"{self.source}: the JSON schema nests arrays and objects more than "
-                             f"{MAX_SCHEMA_DEPTH} levels deep") from None
+            raise ValueError(
+                f"{self.source}: the JSON schema nests arrays and objects more than {MAX_SCHEMA_DEPTH} levels deep"
+            ) from None
 
     @cached_property
     def cache_key(self) -> str:

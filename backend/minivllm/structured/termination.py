@@ -12,7 +12,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_TOKEN = re.compile(r"""
+_TOKEN = re.compile(
+    r"""
     (?P<space>[ \t\r]+|//[^\n]*)
   | (?P<newline>\n)
   | (?P<string>"(?:[^"\\\n]|\\.)*"i?)
@@ -23,7 +24,9 @@ _TOKEN = re.compile(r"""
   | (?P<name>[A-Za-z_][A-Za-z0-9_]*)
   | (?P<number>\d+)
   | (?P<punct>->|\.\.|[:|()\[\]{}?*+~,.!=])
-""", re.VERBOSE)
+""",
+    re.VERBOSE,
+)
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,7 @@ def never_finishing_rules(lark: str) -> list[str]:
 
 # ---- reading the rules -------------------------------------------------------------------------
 
+
 def _tokens(text: str) -> list[_Tok]:
     tokens, pos = [], 0
     while pos < len(text):
@@ -63,7 +67,7 @@ def _tokens(text: str) -> list[_Tok]:
         if kind == "directive":
             end = _directive_end(text, m.end())
             if m.group() in ("%json", "%regex"):  # an inline terminal: finishes by itself
-                tokens.append(_Tok("string", text[m.start():end]))
+                tokens.append(_Tok("string", text[m.start() : end]))
             pos = end
             continue
         if kind != "space":
@@ -217,6 +221,7 @@ def _repetition(tokens: list[_Tok], i: int, item: object) -> tuple[object, int]:
 
 
 # ---- which rules finish -------------------------------------------------------------------------
+
 
 def _finishing(rules: dict[str, list[list]]) -> set[str]:
     """The least fixed point: a rule finishes when one of its alternatives has only finishing items.

@@ -51,7 +51,7 @@ INITIAL_CONTEXT_TOKENS = 5
 MAX_HELD_TOKENS = 16
 
 # tokenizer -> ids that decode(skip_special_tokens=True) drops (computed once).
-_SKIP_IDS_CACHE: "weakref.WeakKeyDictionary[Any, frozenset[int]]" = weakref.WeakKeyDictionary()
+_SKIP_IDS_CACHE: weakref.WeakKeyDictionary[Any, frozenset[int]] = weakref.WeakKeyDictionary()
 
 
 class IncrementalDetokenizer:
@@ -103,9 +103,7 @@ class IncrementalDetokenizer:
         self._ids.append(token_id)
         new_text = self._decode(self._ids)
         held = len(self._ids) - self._read
-        if held < MAX_HELD_TOKENS and (
-            len(new_text) <= len(self._prefix_text) or new_text.endswith(REPLACEMENT_CHAR)
-        ):
+        if held < MAX_HELD_TOKENS and (len(new_text) <= len(self._prefix_text) or new_text.endswith(REPLACEMENT_CHAR)):
             return ""
         return self._commit(new_text)
 
@@ -121,7 +119,7 @@ class IncrementalDetokenizer:
 
     # ------------------------------------------------------------ internals
     def _commit(self, new_text: str) -> str:
-        delta = new_text[len(self._prefix_text):]
+        delta = new_text[len(self._prefix_text) :]
         # Slide: the tokens just emitted become the context of the next step.
         del self._ids[: self._read]
         self._read = len(self._ids)

@@ -94,10 +94,10 @@ class StopStringMatcher:
             if matched is not None:  # the first to complete; at one end, the longest starts first
                 end = len(self._held) + i + 1
                 self.stopped, self.matched, self._held = True, matched, ""
-                return (buf[:end] if self.include_stop_str_in_output else buf[:end - len(matched)]), True
+                return (buf[:end] if self.include_stop_str_in_output else buf[: end - len(matched)]), True
         self._state = state
         hold = automaton.depth[state]
-        self._held = buf[len(buf) - hold:] if hold else ""
+        self._held = buf[len(buf) - hold :] if hold else ""
         return buf[: len(buf) - hold], False
 
     def flush(self) -> str:

@@ -22,9 +22,18 @@ from minivllm.env import env_flag
 
 log = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).parent / name
-           for name in ("q8_matmul.cpp", "f32_matmul.cpp", "paged_attention.cpp", "logits_reduce.cpp",
-                         "decode_step.cpp", "embedding.cpp", "kquant_matmul.cpp")]
+SOURCES = [
+    Path(__file__).parent / name
+    for name in (
+        "q8_matmul.cpp",
+        "f32_matmul.cpp",
+        "paged_attention.cpp",
+        "logits_reduce.cpp",
+        "decode_step.cpp",
+        "embedding.cpp",
+        "kquant_matmul.cpp",
+    )
+]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
 NO_VNNI_ENV = "MINIVLLM_NO_VNNI"  # 1: the int8 kernels' AVX2 loops on a VNNI CPU too (another CPU class's code path)
 BLOCK = 32  # the activation quantization block
@@ -58,9 +67,15 @@ def _build() -> None:
     if not list(build_dir.glob("*.so")):
         progress("building the native kernels (once; cached) ...")
     # -fopenmp: at::parallel_for is inline OpenMP; without it the kernels would run on one thread
-    cpp_extension.load(name="minivllm_native", sources=[str(p) for p in SOURCES], extra_cflags=FLAGS,
-                       extra_ldflags=["-fopenmp"], is_python_module=False, build_directory=str(build_dir),
-                       verbose=False)
+    cpp_extension.load(
+        name="minivllm_native",
+        sources=[str(p) for p in SOURCES],
+        extra_cflags=FLAGS,
+        extra_ldflags=["-fopenmp"],
+        is_python_module=False,
+        build_directory=str(build_dir),
+        verbose=False,
+    )
     _register_fakes()
     use_vnni(not vnni_turned_off())
 
@@ -89,17 +104,30 @@ def _register_fakes() -> None:
     def output_shape(x, w, *scale):
         return x.new_empty(x.shape[0], w.shape[0])
 
-    for op in ("q4_q8_linear", "i8_q8_linear", "q4_q8x2_linear", "i8_q8x2_linear", "q4_f32_linear", "i8_f32_linear",
-               "f32_linear"):
+    for op in (
+        "q4_q8_linear",
+        "i8_q8_linear",
+        "q4_q8x2_linear",
+        "i8_q8x2_linear",
+        "q4_f32_linear",
+        "i8_f32_linear",
+        "f32_linear",
+    ):
         torch.library.register_fake(f"minivllm_native::{op}")(output_shape)
     torch.library.register_fake("minivllm_native::kquant_linear")(lambda x, w, n, acts: x.new_empty(x.shape[0], n))
     torch.library.register_fake("minivllm_native::paged_decode_attention")(
-        lambda q, k_pool, v_pool, block_tables, context_lens, scale: q.new_empty(q.shape))
+        lambda q, k_pool, v_pool, block_tables, context_lens, scale: q.new_empty(q.shape)
+    )
     torch.library.register_fake("minivllm_native::int8_embedding")(
-        lambda ids, q, scale: q.new_empty(*ids.shape, q.shape[1], dtype=torch.float32))
+        lambda ids, q, scale: q.new_empty(*ids.shape, q.shape[1], dtype=torch.float32)
+    )
     torch.library.register_fake("minivllm_native::argmax_logsumexp")(
-        lambda logits: (logits.new_empty(logits.shape[0], dtype=torch.long), logits.new_empty(logits.shape[0]),
-                        logits.new_empty(logits.shape[0])))
+        lambda logits: (
+            logits.new_empty(logits.shape[0], dtype=torch.long),
+            logits.new_empty(logits.shape[0]),
+            logits.new_empty(logits.shape[0]),
+        )
+    )
 
 
 def q4_q8_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
@@ -164,5 +192,11 @@ def decode_part_times() -> tuple[dict[str, float], float, int]:
 
 def reduces_logits(logits: torch.Tensor) -> bool:
     """Whether `argmax_logsumexp` can take these logits (contiguous fp32 on this CPU, kernels built)."""
-    return (logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.dim() == 2
-            and logits.is_contiguous() and logits.shape[1] > 0 and available() is None)
+    return (
+        logits.device.type == "cpu"
+        and logits.dtype == torch.float32
+        and logits.dim() == 2
+        and logits.is_contiguous()
+        and logits.shape[1] > 0
+        and available() is None
+    )

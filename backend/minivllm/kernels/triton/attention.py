@@ -67,11 +67,38 @@ CPU_PROGRAMS = 8  # under the interpreter: what "fill the machine" means (tests 
 # Sizes that change with the bucket are not specialized on (divisible by 16, equal to 1): one compile
 # serves every width, rather than a compile in the middle of serving at a new one
 @triton.jit(do_not_specialize=["t_s0", "width_tokens", "part_tokens", "num_parts"])
-def _partition_kernel(q, k_pool, v_pool, tables, lens, out, part_max, part_sum, scale,
-                      q_s0, q_s1, k_s0, k_s1, k_s2, v_s0, v_s1, v_s2, t_s0, lens_s0,
-                      width_tokens, part_tokens, num_parts,
-                      GROUP: tl.constexpr, GROUP_P: tl.constexpr, DIM: tl.constexpr, DIM_P: tl.constexpr,
-                      BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, SPLIT: tl.constexpr, DOT: tl.constexpr):
+def _partition_kernel(
+    q,
+    k_pool,
+    v_pool,
+    tables,
+    lens,
+    out,
+    part_max,
+    part_sum,
+    scale,
+    q_s0,
+    q_s1,
+    k_s0,
+    k_s1,
+    k_s2,
+    v_s0,
+    v_s1,
+    v_s2,
+    t_s0,
+    lens_s0,
+    width_tokens,
+    part_tokens,
+    num_parts,
+    GROUP: tl.constexpr,
+    GROUP_P: tl.constexpr,
+    DIM: tl.constexpr,
+    DIM_P: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    TILE: tl.constexpr,
+    SPLIT: tl.constexpr,
+    DOT: tl.constexpr,
+):
     """One (sequence, KV head, partition): its query group's attention over the partition's tokens.
     SPLIT: writes the unnormalized sums, max and denominator per head for the merge; else the output.
     DOT: the products on the tensor cores (q, K, V and the weights in the pool's dtype, sums in fp32);
@@ -81,8 +108,9 @@ def _partition_kernel(q, k_pool, v_pool, tables, lens, out, part_max, part_sum, 
     head_ok = tl.arange(0, GROUP_P) < GROUP
     dims = tl.arange(0, DIM_P)
     dim_ok = dims < DIM
-    qv = tl.load(q + seq * q_s0 + heads[:, None] * q_s1 + dims[None, :],
-                 mask=head_ok[:, None] & dim_ok[None, :], other=0.0)
+    qv = tl.load(
+        q + seq * q_s0 + heads[:, None] * q_s1 + dims[None, :], mask=head_ok[:, None] & dim_ok[None, :], other=0.0
+    )
     if DOT:
         qv = qv.to(k_pool.dtype.element_ty)  # a no-op for half q over its own pool; forced paths may mix
     else:
@@ -102,8 +130,11 @@ def _partition_kernel(q, k_pool, v_pool, tables, lens, out, part_max, part_sum, 
         block = tl.load(tables + seq * t_s0 + pos // BLOCK_SIZE, mask=live, other=0)
         slot = pos % BLOCK_SIZE
         tile_ok = live[:, None] & dim_ok[None, :]
-        k = tl.load(k_pool + block[:, None] * k_s0 + slot[:, None] * k_s1 + kv_head * k_s2 + dims[None, :],
-                    mask=tile_ok, other=0.0)
+        k = tl.load(
+            k_pool + block[:, None] * k_s0 + slot[:, None] * k_s1 + kv_head * k_s2 + dims[None, :],
+            mask=tile_ok,
+            other=0.0,
+        )
         if DOT:
             scores = tl.dot(qv, tl.trans(k)) * scale  # fp32 [GROUP_P, TILE]; the scale after, not rounded in q
         else:
@@ -114,8 +145,11 @@ def _partition_kernel(q, k_pool, v_pool, tables, lens, out, part_max, part_sum, 
         p = tl.exp(scores - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         # masked V rows load as 0 (not the pool's bytes: NaN there would survive 0 * NaN)
-        v = tl.load(v_pool + block[:, None] * v_s0 + slot[:, None] * v_s1 + kv_head * v_s2 + dims[None, :],
-                    mask=tile_ok, other=0.0)
+        v = tl.load(
+            v_pool + block[:, None] * v_s0 + slot[:, None] * v_s1 + kv_head * v_s2 + dims[None, :],
+            mask=tile_ok,
+            other=0.0,
+        )
         if DOT:
             acc = tl.dot(p.to(v.dtype), v, acc=acc * alpha[:, None])  # dead tokens: weight 0 times V's 0
         else:
@@ -129,13 +163,13 @@ def _partition_kernel(q, k_pool, v_pool, tables, lens, out, part_max, part_sum, 
         tl.store(part_sum + row, l_i, mask=head_ok)
     else:
         row = seq * (tl.num_programs(1) * GROUP) + heads
-        tl.store(out + row[:, None] * DIM + dims[None, :], (acc / l_i[:, None]).to(out.dtype.element_ty),
-                 mask=store_ok)
+        tl.store(out + row[:, None] * DIM + dims[None, :], (acc / l_i[:, None]).to(out.dtype.element_ty), mask=store_ok)
 
 
 @triton.jit(do_not_specialize=["num_parts"])
-def _merge_kernel(parts, part_max, part_sum, out, num_parts,
-                  DIM: tl.constexpr, DIM_P: tl.constexpr, PARTS_P: tl.constexpr):
+def _merge_kernel(
+    parts, part_max, part_sum, out, num_parts, DIM: tl.constexpr, DIM_P: tl.constexpr, PARTS_P: tl.constexpr
+):
     """One (sequence, query head): its partitions' sums rescaled to the largest max, added, normalized.
     An empty partition (past the context) has max -inf and sum 0: weight exp(-inf) = 0. Partition 0
     always holds the first token, so the largest max is finite."""
@@ -147,8 +181,9 @@ def _merge_kernel(parts, part_max, part_sum, out, num_parts,
     m = tl.load(part_max + row * num_parts + p, mask=p_ok, other=float("-inf"))
     s = tl.load(part_sum + row * num_parts + p, mask=p_ok, other=0.0)
     w = tl.exp(m - tl.max(m, axis=0))
-    acc = tl.load(parts + (row * num_parts + p)[:, None] * DIM + dims[None, :],
-                  mask=p_ok[:, None] & dim_ok[None, :], other=0.0)
+    acc = tl.load(
+        parts + (row * num_parts + p)[:, None] * DIM + dims[None, :], mask=p_ok[:, None] & dim_ok[None, :], other=0.0
+    )
     merged = tl.sum(acc * w[:, None], axis=0) / tl.sum(s * w, axis=0)
     tl.store(out + row * DIM + dims, merged.to(out.dtype.element_ty), mask=dim_ok)
 
@@ -168,6 +203,7 @@ def uses_tensor_cores(q_dtype: torch.dtype, pool_dtype: torch.dtype) -> bool:
 @dataclass(frozen=True)
 class Launch:
     """The padded sizes, tile and warps of one path for one shape."""
+
     group_p: int
     dim_p: int
     tile: int
@@ -201,9 +237,16 @@ def partition_size(batch: int, kv_heads: int, width_tokens: int, tile: int, devi
     return ceil_div(ceil_div(width_tokens, parts), tile) * tile
 
 
-def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
-                           context_lens: torch.Tensor, scale: float, partition_tokens: int = 0,
-                           tensor_cores: bool | None = None) -> torch.Tensor:
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    partition_tokens: int = 0,
+    tensor_cores: bool | None = None,
+) -> torch.Tensor:
     """q [B, heads, D] (any strides with a unit last one), pools [blocks, block_size, kv_heads, D]
     (last dim contiguous), block_tables [B, W], context_lens [B] (>= 1, the new token included)
     -> [B, heads, D] in q's dtype. `partition_tokens`: 0 picks the split from the shapes (tests force one).
@@ -225,14 +268,38 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
     else:
         target = part_max = part_sum = out  # the max/sum pointers are unused without a split
     _partition_kernel[(batch, kv_heads, parts)](
-        q, k_pool, v_pool, block_tables, context_lens, target, part_max, part_sum, scale,
-        q.stride(0), q.stride(1), *k_pool.stride()[:3], *v_pool.stride()[:3], block_tables.stride(0),
-        context_lens.stride(0), width, part, parts,
-        GROUP=heads // kv_heads, GROUP_P=shape.group_p, DIM=dim, DIM_P=shape.dim_p, BLOCK_SIZE=block_size,
-        TILE=shape.tile, SPLIT=parts > 1, DOT=dot, num_warps=shape.num_warps)
+        q,
+        k_pool,
+        v_pool,
+        block_tables,
+        context_lens,
+        target,
+        part_max,
+        part_sum,
+        scale,
+        q.stride(0),
+        q.stride(1),
+        *k_pool.stride()[:3],
+        *v_pool.stride()[:3],
+        block_tables.stride(0),
+        context_lens.stride(0),
+        width,
+        part,
+        parts,
+        GROUP=heads // kv_heads,
+        GROUP_P=shape.group_p,
+        DIM=dim,
+        DIM_P=shape.dim_p,
+        BLOCK_SIZE=block_size,
+        TILE=shape.tile,
+        SPLIT=parts > 1,
+        DOT=dot,
+        num_warps=shape.num_warps,
+    )
     if parts > 1:
-        _merge_kernel[(batch * heads,)](partial, part_max, part_sum, out, parts,
-                                        DIM=dim, DIM_P=shape.dim_p, PARTS_P=triton.next_power_of_2(parts))
+        _merge_kernel[(batch * heads,)](
+            partial, part_max, part_sum, out, parts, DIM=dim, DIM_P=shape.dim_p, PARTS_P=triton.next_power_of_2(parts)
+        )
     return out
 
 
@@ -241,8 +308,14 @@ def _unit_last_stride(t: torch.Tensor) -> torch.Tensor:
 
 
 @torch.library.custom_op("minivllm_triton::paged_decode_attention", mutates_args=())
-def paged_decode_attention_op(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
-                              context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+def paged_decode_attention_op(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     """The kernel as an operator: torch.compile (MINIVLLM_CUDA_COMPILE=1) keeps it one opaque call
     instead of tracing the launch's host arithmetic over dynamic sizes."""
     return paged_decode_attention(q, k_pool, v_pool, block_tables, context_lens, scale)
@@ -282,5 +355,7 @@ def _check_one(q, k_pool, v_pool, table, atol: float) -> None:
     for partition in (0, 16):
         got = paged_decode_attention(q, k_pool, v_pool, table, lens, 0.125, partition)[0].double()
         if not torch.allclose(got, expected, atol=atol, rtol=0):
-            raise RuntimeError(f"wrong result ({q.dtype}, partition {partition}): max abs diff "
-                               f"{(got - expected).abs().max().item():.2e}")
+            raise RuntimeError(
+                f"wrong result ({q.dtype}, partition {partition}): max abs diff "
+                f"{(got - expected).abs().max().item():.2e}"
+            )

@@ -5,6 +5,8 @@ import { act, cleanup, fireEvent, render, screen } from "@testing-library/react"
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { App, findRequest } from "./App";
 import { loadSession, loadSpecSession, specSessionRaw } from "../test/fixture";
+import { fakeMedia } from "../test/matchMedia";
+import { NARROW_QUERY } from "./useMediaQuery";
 
 class FakeWebSocket {
   static last: FakeWebSocket | null = null;
@@ -22,6 +24,18 @@ class FakeWebSocket {
 }
 
 const frame = () => new Promise((r) => setTimeout(r, 120));
+const nativeScrollIntoView = Element.prototype.scrollIntoView;
+
+/** A one-chunk streamed reply from engine request `requestId`. */
+function sse(text: string, requestId: string): Response {
+  const chunk = { id: `chatcmpl-${requestId}`, choices: [{ index: 0, delta: { content: text }, logprobs: null, finish_reason: "stop" }] };
+  return new Response(`data: ${JSON.stringify(chunk)}\n\ndata: [DONE]\n\n`, {
+    headers: { "Content-Type": "text/event-stream", "X-Request-Id": requestId },
+  });
+}
+
+// hidden itself or inside a hidden ancestor (jsdom applies no stylesheet, so the attribute is what counts)
+const isHidden = (el: HTMLElement | null): boolean => el !== null && (el.hidden !== false || isHidden(el.parentElement));
 
 describe("App", () => {
   beforeEach(() => {
@@ -37,6 +51,7 @@ describe("App", () => {
   afterEach(() => {
     cleanup();
     vi.unstubAllGlobals();
+    Element.prototype.scrollIntoView = nativeScrollIntoView;
   });
 
   it("shows the live session in every panel's DOM", async () => {
@@ -125,6 +140,85 @@ describe("App", () => {
     const drafted = screen.getAllByTestId("engine-token").filter((t) => t.dataset.drafted === "true");
     const accepted = verifies.reduce((n, e) => n + (e.type === "spec_verified" && e.request_id === "r0" ? e.accepted : 0), 0);
     expect(drafted.length).toBe(accepted);
+  });
+
+  it("shows Compare in the main area instead of the dashboard, and Show in timeline goes back", async () => {
+    const session = loadSession();
+    const answers = ["c", "d"]; // requests of the recorded session, so Show in timeline finds them
+    const base = vi.mocked(fetch).getMockImplementation()!;
+    vi.stubGlobal("fetch", vi.fn(async (url: string, init?: RequestInit) =>
+      url === "/v1/chat/completions" ? sse("hello", answers.shift() ?? "none") : base(url, init)));
+    const scrolled = vi.fn();
+    Element.prototype.scrollIntoView = scrolled; // jsdom has none; the App calls it optionally
+    render(<App />);
+    const ws = FakeWebSocket.last!;
+    await act(async () => {
+      ws.onopen?.({});
+      ws.deliver(session.header.snapshot);
+      ws.deliver({ type: "events", events: session.events });
+      await frame();
+    });
+    // the playground no longer holds Compare: the main area's view tabs do
+    expect(screen.getByRole("tablist", { name: "Playground tools" }).textContent).not.toContain("Compare");
+    expect(screen.getByTestId("compare-panel").closest("main")).toBeTruthy();
+    expect(isHidden(screen.getByTestId("compare-panel"))).toBe(true);
+    fireEvent.click(screen.getByTestId("tab-compare"));
+    expect(isHidden(screen.getByTestId("compare-panel"))).toBe(false);
+    expect(isHidden(screen.getByTestId("timeline-panel"))).toBe(true);
+    expect(isHidden(screen.getByTestId("chat-panel"))).toBe(false); // the chat stays beside it
+    fireEvent.change(screen.getByTestId("compare-count"), { target: { value: "2" } });
+    await act(async () => {
+      fireEvent.click(screen.getByTestId("compare-run"));
+      await frame();
+    });
+    expect(screen.getByTestId("compare-output-1").textContent).toBe("hello");
+    // back to the dashboard from a column, with its request selected and the timeline scrolled to
+    await act(async () => {
+      fireEvent.click(screen.getByTestId("compare-column-1").querySelector("button")!);
+      await frame();
+    });
+    expect(screen.getByTestId("tab-dashboard").getAttribute("aria-selected")).toBe("true");
+    expect(isHidden(screen.getByTestId("timeline-panel"))).toBe(false);
+    expect(isHidden(screen.getByTestId("compare-panel"))).toBe(true);
+    expect(screen.getByTestId("request-detail-id").textContent).toBe("d");
+    expect(scrolled).toHaveBeenCalledTimes(1);
+    // the comparison is still there when Compare is shown again
+    fireEvent.keyDown(screen.getByTestId("tab-dashboard"), { key: "ArrowRight" });
+    expect(screen.getByTestId("compare-output-0").textContent).toBe("hello");
+    expect(isHidden(screen.getByTestId("compare-panel"))).toBe(false);
+  });
+
+  it("on a phone shows the chat or the dashboard, one at a time, and both again when wide", async () => {
+    const media = fakeMedia(390);
+    vi.stubGlobal("matchMedia", media.matchMedia);
+    render(<App />);
+    await act(frame);
+    const pane = (id: string) => screen.getByTestId(`pane-${id}`);
+    expect(pane("chat").getAttribute("aria-selected")).toBe("true");
+    expect(isHidden(screen.getByTestId("chat-input"))).toBe(false);
+    expect(isHidden(screen.getByTestId("timeline-panel"))).toBe(true);
+    fireEvent.click(pane("dashboard"));
+    expect(isHidden(screen.getByTestId("chat-input"))).toBe(true);
+    expect(isHidden(screen.getByTestId("timeline-panel"))).toBe(false);
+    expect(pane("dashboard").getAttribute("aria-controls")).toBe(screen.getByTestId("timeline-panel").closest("main")!.id);
+    fireEvent.keyDown(pane("dashboard"), { key: "ArrowLeft" });
+    expect(isHidden(screen.getByTestId("chat-input"))).toBe(false);
+    expect(document.activeElement).toBe(pane("chat"));
+    // turned to landscape / a wider window: no pane tabs, both halves shown
+    act(() => media.resize(1024));
+    expect(screen.queryByTestId("pane-chat")).toBeNull();
+    expect(isHidden(screen.getByTestId("chat-input"))).toBe(false);
+    expect(isHidden(screen.getByTestId("timeline-panel"))).toBe(false);
+    expect(window.matchMedia(NARROW_QUERY).matches).toBe(false);
+  });
+
+  it("has no pane tabs at a desktop width", async () => {
+    vi.stubGlobal("matchMedia", fakeMedia(1600).matchMedia);
+    render(<App />);
+    await act(frame);
+    expect(screen.queryByTestId("pane-chat")).toBeNull();
+    expect(isHidden(screen.getByTestId("chat-input"))).toBe(false);
+    expect(isHidden(screen.getByTestId("timeline-panel"))).toBe(false);
   });
 
   it("maps chat ids to engine requests", () => {

@@ -1,5 +1,7 @@
-// The app shell: header (mode, record, connection, theme), the playground sidebar (chat, compare,
-// load generator, engine settings) and the dashboard panels, fed by the live or the replay store.
+// The app shell: header (mode, record, connection, theme), the playground sidebar (chat, load
+// generator, engine settings) and the main area (the dashboard panels, fed by the live or the replay
+// store, or Compare, which needs the width for its columns). On a phone the sidebar and the main area
+// are two tabs, one at a time.
 import { useCallback, useEffect, useMemo, useState } from "react";
 import { listModels } from "../api/client";
 import { defaultParams, type DecodingParams } from "../core/openai";
@@ -12,6 +14,8 @@ import { DashboardStore } from "../live/store";
 import { ChatPanel } from "./chat/ChatPanel";
 import { findRequest } from "./chat/chatState";
 import { ComparePanel } from "./chat/ComparePanel";
+import { Card } from "./components/Card";
+import { Tabs, type TabDef } from "./components/Tabs";
 import { ThemeToggle } from "./components/ThemeToggle";
 import { DashboardContext, type DashboardContextValue, type ViewMode } from "./context";
 import { DashboardPanels } from "./Dashboard";
@@ -22,14 +26,29 @@ import { RecordButton } from "./panels/RecordButton";
 import { ReplayBar } from "./panels/ReplayBar";
 import { SettingsPanel } from "./panels/SettingsPanel";
 import { StressPage } from "./stress/StressPage";
+import { NARROW_QUERY, useMediaQuery } from "./useMediaQuery";
 
-type Tab = "chat" | "compare" | "loadgen" | "settings";
-const TABS: { id: Tab; label: string }[] = [
+type Tab = "chat" | "loadgen" | "settings";
+const TABS: TabDef<Tab>[] = [
   { id: "chat", label: "Chat" },
-  { id: "compare", label: "Compare" },
   { id: "loadgen", label: "Load" },
   { id: "settings", label: "Engine" },
 ];
+
+/** What the main area shows. */
+type View = "dashboard" | "compare";
+const VIEWS: TabDef<View>[] = [
+  { id: "dashboard", label: "Dashboard" },
+  { id: "compare", label: "Compare" },
+];
+
+/** On a phone, which half of the page is shown: the playground sidebar or the main area. */
+type Pane = "chat" | "dashboard";
+const PANES: TabDef<Pane>[] = [
+  { id: "chat", label: "Chat" },
+  { id: "dashboard", label: "Dashboard" },
+];
+const PANE_ELEMENT: Record<Pane, string> = { chat: "playground", dashboard: "main-area" };
 
 export function App() {
   const stress = new URLSearchParams(location.search).get("stress");
@@ -47,6 +66,11 @@ function Main() {
   const [mode, setMode] = useState<ViewMode>("live");
   const [selected, setSelected] = useState<string | null>(null);
   const [tab, setTab] = useState<Tab>("chat");
+  const [view, setView] = useState<View>("dashboard");
+  const [pane, setPane] = useState<Pane>("chat");
+  const narrow = useMediaQuery(NARROW_QUERY);
+  // Bumped to scroll the timeline into view once the dashboard it is in is shown again.
+  const [timelineScroll, setTimelineScroll] = useState(0);
   const [params, setParams] = useState<DecodingParams>(defaultParams);
   const [model, setModel] = useState<string | null>(null);
   const [recordingsKey, setRecordingsKey] = useState(0);
@@ -73,6 +97,11 @@ function Main() {
     return () => clearTimeout(t);
   }, [notice]);
 
+  useEffect(() => {
+    if (timelineScroll === 0) return;
+    document.querySelector(`[data-testid="timeline-panel"]`)?.scrollIntoView?.({ behavior: "smooth", block: "start" });
+  }, [timelineScroll]);
+
   const showRequest = useCallback((candidates: string[]): boolean => {
     const id = findRequest(liveStore.state.engine.requests.keys(), candidates);
     if (id === null) {
@@ -81,7 +110,9 @@ function Main() {
     }
     setMode("live");
     setSelected(id);
-    document.querySelector(`[data-testid="timeline-panel"]`)?.scrollIntoView?.({ behavior: "smooth", block: "start" });
+    setView("dashboard");
+    setPane("dashboard");
+    setTimelineScroll((n) => n + 1);
     return true;
   }, [liveStore]);
 
@@ -123,39 +154,12 @@ function Main() {
           <ThemeToggle />
         </header>
         {notice && <div className="notice" role="status" data-testid="notice">{notice}</div>}
+        {narrow && <Tabs label="Page" prefix="pane" tabs={PANES} value={pane} onChange={setPane} panelId={(p) => PANE_ELEMENT[p]} className="pane-tabs" />}
         <div className="layout">
-          <aside className="sidebar" aria-label="Playground">
-            <div className="tabs" role="tablist" aria-label="Playground tools">
-              {TABS.map((t) => (
-                <button
-                  key={t.id}
-                  type="button"
-                  role="tab"
-                  id={`tab-${t.id}`}
-                  aria-controls={`tabpanel-${t.id}`}
-                  aria-selected={tab === t.id}
-                  tabIndex={tab === t.id ? 0 : -1}
-                  data-testid={`tab-${t.id}`}
-                  onClick={() => setTab(t.id)}
-                  onKeyDown={(e) => {
-                    const i = TABS.findIndex((x) => x.id === tab);
-                    const d = e.key === "ArrowRight" ? 1 : e.key === "ArrowLeft" ? -1 : 0;
-                    if (d !== 0) {
-                      const next = TABS[(i + d + TABS.length) % TABS.length]!;
-                      setTab(next.id);
-                      document.getElementById(`tab-${next.id}`)?.focus();
-                    }
-                  }}
-                >
-                  {t.label}
-                </button>
-              ))}
-            </div>
+          <aside className="sidebar" id={PANE_ELEMENT.chat} aria-label="Playground" hidden={narrow && pane !== "chat"}>
+            <Tabs label="Playground tools" prefix="tab" tabs={TABS} value={tab} onChange={setTab} panelId={(t) => `tabpanel-${t}`} />
             <div className="tabpanel" role="tabpanel" id="tabpanel-chat" aria-labelledby="tab-chat" hidden={tab !== "chat"}>
               <ChatPanel model={model} params={params} setParams={setParams} onShowRequest={showRequest} engine={liveStore} />
-            </div>
-            <div className="tabpanel scroll" role="tabpanel" id="tabpanel-compare" aria-labelledby="tab-compare" hidden={tab !== "compare"}>
-              <ComparePanel model={model} onShowRequest={showRequest} engine={liveStore} />
             </div>
             <div className="tabpanel scroll" role="tabpanel" id="tabpanel-loadgen" aria-labelledby="tab-loadgen" hidden={tab !== "loadgen"}>
               <LoadGenPanel />
@@ -164,9 +168,18 @@ function Main() {
               <SettingsPanel liveConfig={config.model ? config : null} />
             </div>
           </aside>
-          <main className="main" aria-label="Engine dashboard">
-            {mode === "replay" && <ReplayBar controller={replay} refreshKey={recordingsKey} />}
-            <DashboardPanels />
+          <main className="main" id={PANE_ELEMENT.dashboard} aria-label="Engine dashboard" hidden={narrow && pane !== "dashboard"}>
+            <Tabs label="Main view" prefix="tab" tabs={VIEWS} value={view} onChange={setView} panelId={(v) => `tabpanel-${v}`} className="view-tabs" />
+            {/* Both views stay mounted: a comparison keeps streaming, and the panels keep their filters. */}
+            <div className="view" role="tabpanel" id="tabpanel-dashboard" aria-labelledby="tab-dashboard" hidden={view !== "dashboard"}>
+              {mode === "replay" && <ReplayBar controller={replay} refreshKey={recordingsKey} />}
+              <DashboardPanels />
+            </div>
+            <div className="view" role="tabpanel" id="tabpanel-compare" aria-labelledby="tab-compare" hidden={view !== "compare"}>
+              <Card title="Compare decoding strategies" subtitle="one prompt, 2–4 strategies, run at the same time" className="compare-card">
+                <ComparePanel model={model} onShowRequest={showRequest} engine={liveStore} />
+              </Card>
+            </div>
           </main>
         </div>
       </div>

@@ -56,4 +56,15 @@ describe("ComparePanel with structured output", () => {
     expect(screen.getByTestId("compare-structured-beam-1")).toBeTruthy();
     expect((screen.getByTestId("compare-run") as HTMLButtonElement).disabled).toBe(true);
   });
+
+  it("hands the column count to the stylesheet for both grids (strategies and outputs)", () => {
+    vi.stubGlobal("fetch", vi.fn());
+    render(<ComparePanel model="tiny" onShowRequest={() => true} />);
+    const grids = () => [screen.getByTestId("compare-strategy-0").parentElement!, screen.getByTestId("compare-columns")];
+    expect(grids().map((g) => g.style.getPropertyValue("--compare-columns"))).toEqual(["3", "3"]);
+    fireEvent.change(screen.getByTestId("compare-count"), { target: { value: "4" } });
+    expect(grids().map((g) => g.style.getPropertyValue("--compare-columns"))).toEqual(["4", "4"]);
+    expect(screen.getByTestId("compare-columns").children).toHaveLength(4);
+    expect(screen.getByTestId("compare-preset-3")).toBeTruthy();
+  });
 });

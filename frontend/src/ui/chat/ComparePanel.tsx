@@ -1,7 +1,7 @@
 // Compare mode: one prompt under 2–4 decoding strategies, run concurrently, side by side. The
 // requests run at the same time, so they appear together in the timeline and the heatmap. Each
 // strategy has its own structured-output setting, so a constrained and a free one can be compared.
-import { useCallback, useReducer, useState } from "react";
+import { useCallback, useReducer, useState, type CSSProperties } from "react";
 import { describeRequest, matchingPreset, PRESET_NAMES, presetParams, requestProblem, type DecodingParams, type PresetName } from "../../core/openai";
 import type { DashboardStore } from "../../live/store";
 import { NumberField, Select, Toggle } from "../components/fields";
@@ -27,6 +27,9 @@ function columnsReducer(state: Columns, a: ColumnAction): Columns {
 }
 
 let runCounter = 0;
+
+/** The column count goes to the stylesheet as a variable, so a phone can still stack the columns. */
+const columnsStyle = (count: number) => ({ "--compare-columns": count }) as CSSProperties;
 
 export function ComparePanel(props: { model: string | null; onShowRequest: (candidates: string[]) => boolean; engine?: DashboardStore }) {
   const [prompt, setPrompt] = useState("Write a two-sentence story about a lighthouse keeper.");
@@ -72,7 +75,7 @@ export function ComparePanel(props: { model: string | null; onShowRequest: (cand
           ]} />
           <NumberField label="Max tokens" value={maxTokens} min={1} max={4096} onChange={(v) => v !== null && setMaxTokens(Math.max(1, Math.round(v)))} testId="compare-max-tokens" />
         </div>
-        <div className="strategy-grid" style={{ gridTemplateColumns: `repeat(${count}, minmax(0, 1fr))` }}>
+        <div className="strategy-grid" style={columnsStyle(count)}>
           {strategies.slice(0, count).map((s, col) => (
             <StrategyEditor key={col} col={col} value={s} onChange={(p) => setStrategy(col, p)} />
           ))}
@@ -88,7 +91,7 @@ export function ComparePanel(props: { model: string | null; onShowRequest: (cand
           )}
         </div>
       </form>
-      <div className="compare-columns" style={{ gridTemplateColumns: `repeat(${count}, minmax(0, 1fr))` }}>
+      <div className="compare-columns" data-testid="compare-columns" style={columnsStyle(count)}>
         {columns.slice(0, count).map((c, col) => {
           const turn = c.turns.find((t): t is AssistantTurn => t.role === "assistant");
           const choice = turn?.result.choices[0];

@@ -163,8 +163,10 @@ def test_bench_builds_engines_through_the_factory_and_uses_no_core_or_quant_inte
 
 
 def test_the_engine_loop_stays_small():
-    lines = (PACKAGE_DIR / "engine" / "llm_engine.py").read_text().count("\n")
-    assert lines <= 250, f"engine/llm_engine.py has {lines} lines: move a concern into its own module"
+    """Counted in statements, not lines, so that formatting does not move the bar."""
+    tree = ast.parse((PACKAGE_DIR / "engine" / "llm_engine.py").read_text())
+    statements = sum(isinstance(node, ast.stmt) for node in ast.walk(tree))
+    assert statements <= 175, f"engine/llm_engine.py has {statements} statements: move a concern into its own module"
 
 
 def test_the_server_uses_no_escape_hatch_into_the_engine():

@@ -22,7 +22,6 @@ from litestar import Request, Response, Router, post
 from minivllm.engine.api import AsyncEngine, PoolingParams, PoolingRequestOutput
 from minivllm.server import embeddings_protocol as e
 from minivllm.server import openai_protocol as p
-from minivllm.server import openai_serving as s
 from minivllm.server.auth import require_api_key
 from minivllm.server.chat_prompt import chat_prompt_ids, check_template_options
 from minivllm.server.errors import APIError, bad_request, decode_either
@@ -34,6 +33,7 @@ from minivllm.server.openai_api import (
     engine_errors,
     until_disconnect,
 )
+from minivllm.server.openai_inputs import chat_messages
 from minivllm.server.state import ServerState, server_of
 from minivllm.server.vllm_fields import adopt_body_request_id, truncated
 
@@ -89,7 +89,7 @@ async def prompt_ids(server: ServerState, ae: AsyncEngine, req: EmbeddingRequest
         prompts = [next(encoded) if isinstance(x, str) else x for x in inputs]
     else:
         check_template_options(req.add_generation_prompt, req.continue_final_message, req.chat_template_kwargs)
-        messages = s.chat_messages(p.ChatCompletionRequest(messages=req.messages))
+        messages = chat_messages(p.ChatCompletionRequest(messages=req.messages))
         check_prompt_size(server, sum(len(m["content"]) for m in messages), "messages")
         prompts = [
             await ae.tokenize(

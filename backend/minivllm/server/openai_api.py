@@ -25,6 +25,7 @@ from minivllm.server.chat_prompt import chat_prompt_ids, check_template_options
 from minivllm.server.completion_prompts import Prompt, completion_prompts, engine_prompt_logprobs
 from minivllm.server.errors import APIError, bad_request, decode_body
 from minivllm.server.middleware import request_id_of, unique_request_id
+from minivllm.server.openai_inputs import chat_messages, chat_params, job_options, sampling_params
 from minivllm.server.prompt_size import largest, template_chars
 from minivllm.server.state import ServerState, server_of
 from minivllm.server.streams import all_or_none
@@ -188,7 +189,7 @@ async def completions(request: Request) -> Response:
     for prompt, _ in prompts:
         check_prompt_size(server, len(prompt or ""), "prompt")
     echo_only = req.echo and req.max_tokens == 0  # OpenAI's way to score a prompt: one token is drawn, not shown
-    params = s.sampling_params(
+    params = sampling_params(
         req,
         1 if echo_only else req.max_tokens,
         req.logprobs,
@@ -208,7 +209,7 @@ async def completions(request: Request) -> Response:
         echo=req.echo,
         echo_only=echo_only,
         prompt_logprobs=None if req.stream else req.prompt_logprobs,
-        **_job_options(req),
+        **job_options(req),
     )
     return await _respond_all(request, server, ae, job, req.stream, prompts, req.priority, salt)
 
@@ -231,17 +232,6 @@ async def _tokenized(
     return out
 
 
-def _job_options(req: p.SamplingFields) -> dict:
-    """The response options both routes read off the request the same way."""
-    opts = req.stream_options
-    return dict(
-        include_usage=bool(opts and opts.include_usage),
-        continuous_usage=bool(opts and opts.continuous_usage_stats),
-        shown_n=req.n,
-        return_token_ids=bool(req.return_token_ids),
-    )
-
-
 @post("/chat/completions", status_code=200, summary="Chat completion (OpenAI-compatible)")
 async def chat_completions(request: Request) -> Response:
     server, req, ae, model = await _open(request, p.ChatCompletionRequest)
@@ -249,7 +239,7 @@ async def chat_completions(request: Request) -> Response:
     check_template_options(req.add_generation_prompt, req.continue_final_message, req.chat_template_kwargs)
     tools = tool_plan(req)
     params = chat_params(req, tools)
-    messages = s.chat_messages(req)
+    messages = chat_messages(req)
     sizes = template_chars(messages, tools, req.chat_template, req.chat_template_kwargs)
     check_prompt_size(server, sum(sizes.values()), largest(sizes))
     check_chat_template(server, req.chat_template)
@@ -281,7 +271,7 @@ async def chat_completions(request: Request) -> Response:
         tools=tools,
         prompt_logprobs=None if req.stream else req.prompt_logprobs,
         chat_echo=echoed,
-        **_job_options(req),
+        **job_options(req),
     )
     return await _respond_all(request, server, ae, job, req.stream, [(None, prompt_ids)], req.priority, salt)
 
@@ -304,33 +294,6 @@ async def compile_grammars(ae: AsyncEngine, params: SamplingParams, tools: ToolP
         await ae.compile_grammar(params.structured_outputs)
     if tools is not None and not tools.forced:
         await ae.compile_grammar(tools.grammar())
-
-
-def chat_params(req: p.ChatCompletionRequest, tools: ToolPlan | None) -> SamplingParams:
-    if req.top_logprobs is not None and not req.logprobs:
-        raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
-    use_completion = req.max_completion_tokens is not None
-    max_tokens = req.max_completion_tokens if use_completion else req.max_tokens
-    names = {"max_tokens": "max_completion_tokens" if use_completion else "max_tokens", "logprobs": "top_logprobs"}
-    structured = structured_outputs(req)
-    if tools is not None and tools.forced:
-        if structured is not None:
-            raise bad_request(
-                "tool_choice required or named forces a tool call; it cannot be combined with a "
-                "structured-output constraint",
-                "tool_choice",
-            )
-        structured = tools.grammar()
-    if req.prompt_logprobs and req.stream:  # vLLM's rule
-        raise bad_request("`prompt_logprobs` are not available when `stream=True`", "prompt_logprobs")
-    return s.sampling_params(
-        req,
-        max_tokens,
-        (req.top_logprobs or 0) if req.logprobs else None,
-        names,
-        structured,
-        prompt_logprobs=None if req.stream else req.prompt_logprobs,
-    )
 
 
 def openai_router() -> Router:

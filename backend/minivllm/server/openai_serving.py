@@ -1,4 +1,4 @@
-"""Turning OpenAI requests into engine calls and RequestOutputs into OpenAI responses and chunks."""
+"""RequestOutputs into OpenAI responses and stream chunks (the request side is `openai_inputs.py`)."""
 
 from __future__ import annotations
 
@@ -11,83 +11,20 @@ from typing import Any
 
 import msgspec
 
-from minivllm.engine.api import CompletionOutput, RequestFailedError, RequestOutput, StructuredOutputsParams
+from minivllm.engine.api import CompletionOutput, RequestFailedError, RequestOutput
 from minivllm.sampling.params import SamplingParams
 from minivllm.server import openai_protocol as p
 from minivllm.server.api_types import RequestTimings
 from minivllm.server.completion_prompts import EchoPart, echo_part, vllm_prompt_logprobs, with_echo, without_generation
-from minivllm.server.errors import bad_request, error_body
+from minivllm.server.errors import error_body
 from minivllm.server.streams import merged
-from minivllm.server.tools import ToolCallStream, ToolPlan, parse_tool_calls, render_tool_calls
-from minivllm.server.vllm_fields import best_samples, samples_to_draw
+from minivllm.server.tools import ToolCallStream, ToolPlan, parse_tool_calls
+from minivllm.server.vllm_fields import best_samples
 
 log = logging.getLogger("minivllm.server")
 
 _encoder = msgspec.json.Encoder()
 DONE = b"data: [DONE]\n\n"
-_OPTIONAL = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
-
-
-def sampling_params(
-    req: p.SamplingFields,
-    max_tokens: int | None,
-    logprobs: int | None,
-    names: dict[str, str] | None = None,
-    structured: StructuredOutputsParams | None = None,
-    prompt_logprobs: int | None = None,
-) -> SamplingParams:
-    """The request's SamplingParams; out-of-range values become a 400 naming the field."""
-    kwargs: dict[str, Any] = dict(
-        logit_bias=req.logit_bias,
-        structured_outputs=structured,
-        prompt_logprobs=prompt_logprobs,
-        allowed_token_ids=req.allowed_token_ids,
-        bad_words=req.bad_words,
-        n=samples_to_draw(req),
-        stop=req.stop,
-        seed=req.seed,
-        presence_penalty=req.presence_penalty,
-        frequency_penalty=req.frequency_penalty,
-        max_tokens=max_tokens,
-        min_tokens=req.min_tokens,
-        ignore_eos=req.ignore_eos,
-        stop_token_ids=req.stop_token_ids,
-        logprobs=logprobs,
-        use_beam_search=req.use_beam_search,
-        length_penalty=req.length_penalty,
-        skip_special_tokens=req.skip_special_tokens,
-        include_stop_str_in_output=req.include_stop_str_in_output,
-    )
-    kwargs.update({k: getattr(req, k) for k in _OPTIONAL if getattr(req, k) is not None})
-    try:
-        return SamplingParams(**kwargs)
-    except ValueError as exc:
-        field_name = str(exc).split(" ", 1)[0]
-        raise bad_request(str(exc), (names or {}).get(field_name, field_name)) from None
-
-
-CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")  # OpenAI's
-
-
-def chat_messages(req: p.ChatCompletionRequest) -> list[dict[str, str]]:
-    if not req.messages:
-        raise bad_request("messages must contain at least one message", "messages")
-    out = []
-    for i, m in enumerate(req.messages):
-        if m.role not in CHAT_ROLES:
-            raise bad_request(f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}, got {m.role!r}", "messages")
-        if isinstance(m.content, list):
-            if any(part.type != "text" for part in m.content):
-                raise bad_request(f"messages[{i}]: only text content parts are supported", "messages")
-            content = "".join(part.text or "" for part in m.content)
-        else:
-            content = m.content or ""
-        if m.tool_calls:
-            content = render_tool_calls(content, m.tool_calls)
-        out.append({"role": m.role, "content": content})
-    return out
-
-
 # ---- shared pieces ---------------------------------------------------------------------------
 
 

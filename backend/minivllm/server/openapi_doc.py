@@ -16,7 +16,7 @@ from minivllm.sampling.params import MAX_LENGTH_PENALTY, MAX_LOGPROBS, MAX_SEED
 from minivllm.server import openai_protocol as p
 from minivllm.server.api_types import ConfigUpdate
 from minivllm.server.embeddings_protocol import EmbeddingChatRequest, EmbeddingCompletionRequest
-from minivllm.server.openai_serving import CHAT_ROLES
+from minivllm.server.openai_inputs import CHAT_ROLES
 from minivllm.server.responses_protocol import ResponsesRequest
 from minivllm.server.tokenize_api import DetokenizeRequest, TokenizeChatRequest, TokenizeCompletionRequest
 

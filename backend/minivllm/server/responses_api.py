@@ -19,7 +19,6 @@ from litestar.params import FromPath
 from litestar.response import Stream
 
 from minivllm.engine.api import RequestFailedError, RequestOutput
-from minivllm.server import openai_serving as s
 from minivllm.server import responses_protocol as r
 from minivllm.server.auth import require_api_key
 from minivllm.server.chat_prompt import chat_prompt_ids
@@ -27,13 +26,13 @@ from minivllm.server.errors import APIError, decode_body
 from minivllm.server.middleware import request_id_of, unique_request_id
 from minivllm.server.openai_api import (
     ClientDisconnected,
-    chat_params,
     check_model,
     check_prompt_size,
     compile_grammars,
     engine_errors,
     until_disconnect,
 )
+from minivllm.server.openai_inputs import chat_messages, chat_params
 from minivllm.server.response_store import ResponseStore, StoredResponse
 from minivllm.server.responses_input import (
     chat_request,
@@ -94,7 +93,7 @@ async def create_response(request: Request) -> Response:
         salt = cache_salt(chat)
         tools = tool_plan(chat)
         params = chat_params(chat, tools)
-        messages = s.chat_messages(chat)
+        messages = chat_messages(chat)
     check_prompt_size(server, sum(len(m["content"]) for m in messages), "input")
     limit = (server.max_model_len or 0) - (req.max_output_tokens or 1)
     with responses_params(), engine_errors():

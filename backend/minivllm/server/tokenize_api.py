@@ -19,11 +19,11 @@ from litestar import Request, Router, get, post
 
 from minivllm.engine.api import RequestRejectedError
 from minivllm.server import openai_protocol as p
-from minivllm.server import openai_serving as s
 from minivllm.server.auth import require_api_key
 from minivllm.server.chat_prompt import chat_prompt_ids, check_template_options
 from minivllm.server.errors import decode_body, decode_either
 from minivllm.server.openai_api import check_chat_template, check_model, check_prompt_size, engine_errors
+from minivllm.server.openai_inputs import chat_messages
 from minivllm.server.prompt_size import largest, template_chars
 from minivllm.server.state import server_of
 from minivllm.server.tools import tool_plan
@@ -100,7 +100,7 @@ async def tokenize(request: Request) -> TokenizeResponse:
         )
         refuse_unsupported_chat(chat)
         check_chat_template(server, req.chat_template)
-        messages, tools = s.chat_messages(chat), tool_plan(chat)
+        messages, tools = chat_messages(chat), tool_plan(chat)
         sizes = template_chars(messages, tools, req.chat_template, req.chat_template_kwargs)
         check_prompt_size(server, sum(sizes.values()), largest(sizes))
 

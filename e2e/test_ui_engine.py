@@ -129,7 +129,7 @@ def test_load_generator_preempts_and_every_request_is_correct(page: Page, api: h
     page.get_by_test_id("scheduler-pause").click()
     expect(page.get_by_test_id("scheduler-pause")).to_have_attribute("aria-pressed", "true")
     preempting = alert_rows.first
-    preempted_ids = preempting.locator("td").nth(5).text_content() or ""
+    preempted_ids = preempting.get_by_test_id("scheduler-preempted-cell").text_content() or ""
     assert preempted_ids.strip(), "a scheduler row is marked as preempting but names no request"
     preempting.scroll_into_view_if_needed()
     shot(page.get_by_test_id("scheduler-panel"), "panel-scheduler.png")

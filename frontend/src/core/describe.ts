@@ -45,9 +45,10 @@ export function describeEvent(e: AnyEvent): string {
   }
 }
 
-export function describeChunks(chunks: readonly ScheduledChunk[], max = 4): string {
+/** `name` shortens the request ids (the scheduler table shows 8 characters). */
+export function describeChunks(chunks: readonly ScheduledChunk[], max = 4, name: (id: string) => string = (id) => id): string {
   if (chunks.length === 0) return "–";
-  const text = chunks.slice(0, max).map((c) => `${c.request_id}[${c.start}+${c.num_tokens}${c.num_draft ? `, ${c.num_draft} draft` : ""}]`).join(" ");
+  const text = chunks.slice(0, max).map((c) => `${name(c.request_id)}[${c.start}+${c.num_tokens}${c.num_draft ? `, ${c.num_draft} draft` : ""}]`).join(" ");
   return chunks.length > max ? `${text} +${chunks.length - max}` : text;
 }
 

@@ -54,3 +54,8 @@ export function fmtTick(x: number): string {
   if (a >= 1) return x.toFixed(1).replace(/\.0$/, "");
   return x.toPrecision(2);
 }
+
+/** A request id cut to its first `n` characters, as git shortens hashes (the full id goes in a title). */
+export function shortId(id: string, n = 8): string {
+  return id.length <= n ? id : id.slice(0, n);
+}

@@ -29,6 +29,15 @@ const EMPTY: ReplayInfo = {
   clockTs: 0, startTs: 0, endTs: 0, step: 0,
 };
 
+/** The controller playing into each store: lets a panel seek (a click on the timeline) without the
+ * app threading the controller through every component. */
+const controllers = new WeakMap<DashboardStore, ReplayController>();
+
+/** The replay controller that feeds `store`, if it is a replay store. */
+export function replayControllerOf(store: DashboardStore): ReplayController | undefined {
+  return controllers.get(store);
+}
+
 export class ReplayController {
   private index: ReplayIndex | null = null;
   private position = 0;
@@ -42,7 +51,9 @@ export class ReplayController {
   private readonly listeners = new Set<() => void>();
   private detach: (() => void) | null = null;
 
-  constructor(private readonly store: DashboardStore) {}
+  constructor(private readonly store: DashboardStore) {
+    controllers.set(store, this);
+  }
 
   subscribe = (fn: () => void): (() => void) => {
     this.listeners.add(fn);

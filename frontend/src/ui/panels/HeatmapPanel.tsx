@@ -1,7 +1,7 @@
 // KV-cache heatmap: every block of the pool is a cell. Colour = owning request, fill level = tokens
 // held, a corner mark for shared blocks, grey for cached-but-free blocks, a flash on eviction.
 import { useEffect, useRef, useState, type KeyboardEvent, type MouseEvent } from "react";
-import { requestColor } from "../../core/color";
+import { liveRequestColor } from "../../core/color";
 import { fmtInt, fmtPct, fmtSeconds } from "../../core/format";
 import { blockModel, blockOwners, gridLayout, heatmapSummaryText, KIND_CACHED, KIND_FREE, KIND_SHARED, KIND_USED, requestBlocks, type BlockModel } from "../../core/heatmap";
 import { Card, EmptyState } from "../components/Card";
@@ -83,7 +83,7 @@ export function HeatmapPanel() {
         list.push(b);
       }
       for (const [owner, list] of byOwner) {
-        ctx.fillStyle = owner !== null ? requestColor(owner, p.dark) : p.muted;
+        ctx.fillStyle = owner !== null ? liveRequestColor(st.timelines, owner, p.dark) : p.muted;
         ctx.globalAlpha = 0.28;
         for (const b of list) ctx.fillRect(x(b), y(b), cell, cell);
         ctx.globalAlpha = 1;
@@ -232,7 +232,7 @@ export function HeatmapPanel() {
       {selectedRequest !== undefined && (
         <div className="block-table" data-testid="block-table" aria-label={`Block table of ${selected}`}>
           <div className="block-table-title">
-            <span className="swatch" style={{ background: requestColor(selectedRequest.request_id, getPalette().dark) }} />
+            <span className="swatch" style={{ background: liveRequestColor(state.timelines, selectedRequest.request_id, getPalette().dark) }} />
             Block table of <b>{selectedRequest.request_id}</b> <span className="muted">(logical → physical)</span>
           </div>
           {selectedRequest.seqs.length === 0 && <div className="muted">No sequences hold blocks (finished or not started).</div>}

@@ -5,12 +5,13 @@ import { useMemo, useState } from "react";
 import type { DashboardState } from "../../core/dashboard";
 import { verifyTitle } from "../../core/spec";
 import { describeChunks, describeEvent, prefillTokens } from "../../core/describe";
-import { fmtMs } from "../../core/format";
-import { ringItems, ringTail } from "../../core/ring";
+import { fmtMs, shortId } from "../../core/format";
+import { ringItems, ringTail, type Ring } from "../../core/ring";
 import { EVENT_TYPES, type EventType, type StepFinished, type StepScheduled } from "../../core/wire";
 import { Card, EmptyState } from "../components/Card";
 import { useDashboard } from "../context";
 import { useThrottledDashboardState } from "../hooks";
+import "./panels.css";
 
 const STEP_ROWS = 60;
 const LOG_ROWS = 150;
@@ -38,14 +39,37 @@ function usePausable(state: DashboardState): [DashboardState, boolean, (v: boole
   return [frozen ?? state, frozen !== null, (pause) => setFrozen(pause ? state : null)];
 }
 
+/** The newest `max` step rows, newest first; with `preemptedOnly`, only the steps that preempted
+ * (searched over the whole kept history, not just the rows the table would show). */
+export function stepRows(steps: Ring<StepScheduled>, max: number, preemptedOnly: boolean): StepScheduled[] {
+  if (!preemptedOnly) return ringTail(steps, max).reverse();
+  const out: StepScheduled[] = [];
+  for (let j = steps.end - 1; j >= steps.start && out.length < max; j--) {
+    const s = steps.buf[j]!;
+    if (s.preempted.length > 0) out.push(s);
+  }
+  return out;
+}
+
+/** A request id as an 8-character link; the full id is its tooltip. */
+function IdLink(props: { id: string; onSelect: (id: string) => void }) {
+  return (
+    <button type="button" className="link" title={props.id} data-testid="scheduler-id" onClick={() => props.onSelect(props.id)}>
+      {shortId(props.id)}
+    </button>
+  );
+}
+
 export function SchedulerPanel() {
   const { store, select } = useDashboard();
   const live = useThrottledDashboardState(store, TABLE_INTERVAL_MS);
   const [state, paused, setPaused] = usePausable(live);
-  const steps = ringTail(state.steps, STEP_ROWS).reverse();
+  const [preemptedOnly, setPreemptedOnly] = useState(false);
+  const steps = stepRows(state.steps, STEP_ROWS, preemptedOnly);
   const times = useMemo(() => {
     const m = new Map<number, StepFinished>();
-    for (const t of ringTail(state.stepTimes, STEP_ROWS + 8)) m.set(t.step, t);
+    // the filtered rows can be older than the last STEP_ROWS steps: index every kept time
+    for (const t of ringItems(state.stepTimes)) m.set(t.step, t);
     return m;
   }, [state.stepTimes]);
   return (
@@ -60,21 +84,33 @@ export function SchedulerPanel() {
         </button>
       }
     >
+      <div className="sched-tools">
+        <label>
+          <input type="checkbox" checked={preemptedOnly} onChange={(e) => setPreemptedOnly(e.currentTarget.checked)} data-testid="scheduler-preempted-only" />
+          {" "}Preemptions only
+        </label>
+      </div>
       {steps.length === 0 ? (
-        <EmptyState title="No steps yet" testId="scheduler-empty">Each engine step appears here: what was prefilled, how many sequences decoded, and why the queue head waits.</EmptyState>
+        preemptedOnly ? (
+          <EmptyState title="No preemptions" testId="scheduler-empty">No step in the kept history had to preempt a request.</EmptyState>
+        ) : (
+          <EmptyState title="No steps yet" testId="scheduler-empty">Each engine step appears here: what was prefilled, how many sequences decoded, and why the queue head waits.</EmptyState>
+        )
       ) : (
         <div className="table-scroll">
-          <table className="table" data-testid="scheduler-table">
+          {/* the columns share the panel's width and their text wraps, so all eight stay visible (panels.css) */}
+          <table className="table sched-table" data-testid="scheduler-table">
             <thead>
               <tr>
-                <th scope="col">Step</th>
-                <th scope="col">Prefill chunks</th>
-                <th scope="col" title="Sequences in the decode batch">Decode</th>
-                <th scope="col">Token budget</th>
-                <th scope="col" title="Running / waiting">Run / wait</th>
-                <th scope="col">Preempted</th>
+                {/* one-word headers (the long form in the title): the narrowest columns are as wide as their header */}
                 <th scope="col">Queue head waits because</th>
-                <th scope="col">Step time</th>
+                <th scope="col">Step</th>
+                <th scope="col" title="Prefill chunks: request[first token + tokens]">Prefill</th>
+                <th scope="col" title="Sequences in the decode batch">Decode</th>
+                <th scope="col" title="Token budget used / the step's budget">Budget</th>
+                <th scope="col" title="Running / waiting">Run / wait</th>
+                <th scope="col" title="Requests preempted in this step">Preempted</th>
+                <th scope="col" title="Step time">Time</th>
               </tr>
             </thead>
             <tbody>
@@ -84,35 +120,35 @@ export function SchedulerPanel() {
                 const verifies = verifyLines(state, s);
                 return (
                   <tr key={`${s.seq}`} data-testid="scheduler-step-row" data-step={s.step} className={s.preempted.length ? "row-alert" : ""}>
+                    <td className="small" data-testid="scheduler-reason-cell">
+                      {s.queue_head ? (
+                        <>
+                          {s.queue_head_reason ?? "?"}: <IdLink id={s.queue_head} onSelect={select} />
+                        </>
+                      ) : (
+                        <span className="muted">–</span>
+                      )}
+                    </td>
                     <td className="num">{s.step}</td>
-                    <td className="mono small cell-clip" title={s.prefill.map((c) => `${c.request_id} seq ${c.seq_id}: tokens ${c.start}..${c.start + c.num_tokens}`).join("\n")}>
-                      {describeChunks(s.prefill)}
+                    <td className="mono small" title={s.prefill.map((c) => `${c.request_id} seq ${c.seq_id}: tokens ${c.start}..${c.start + c.num_tokens}`).join("\n")}>
+                      {describeChunks(s.prefill, 4, shortId)}
                       {s.prefill.length > 0 && <span className="muted"> ({prefillTokens(s)} tok)</span>}
                     </td>
                     <td className="num" title={verifies.length > 0 ? verifies.join("\n") : undefined} data-testid="scheduler-decode-cell">
                       {s.decode.length}
                       {verifies.length > 0 && <span className="verify-count" data-testid="scheduler-verify-count"> · {verifies.length} verify</span>}
                     </td>
-                    <td>
+                    <td className="budget-cell">
                       <div className="budget" title={`${s.budget_used} of ${s.budget} tokens`}>
                         <div className="budget-bar"><div style={{ width: `${Math.min(100, used * 100)}%` }} /></div>
-                        <span className="num small">{s.budget_used}/{s.budget}</span>
+                        <span className="num small">{s.budget_used}/<wbr />{s.budget}</span>
                       </div>
                     </td>
                     <td className="num">{s.num_running} / {s.num_waiting}</td>
-                    <td className="small">
-                      {s.preempted.map((id) => (
-                        <button type="button" key={id} className="link" onClick={() => select(id)}>{id}</button>
-                      ))}
-                    </td>
-                    <td className="small cell-clip">
-                      {s.queue_head ? (
-                        <>
-                          <button type="button" className="link" onClick={() => select(s.queue_head)}>{s.queue_head}</button>: {s.queue_head_reason ?? "?"}
-                        </>
-                      ) : (
-                        <span className="muted">–</span>
-                      )}
+                    <td className="small" data-testid="scheduler-preempted-cell">
+                      <span className="sched-ids">
+                        {s.preempted.map((id) => <IdLink key={id} id={id} onSelect={select} />)}
+                      </span>
                     </td>
                     <td className="num small" title={t ? `schedule ${fmtMs(t.schedule_ms)}, forward ${fmtMs(t.forward_ms)}, sample ${fmtMs(t.sample_ms)}, postprocess ${fmtMs(t.postprocess_ms)}` : undefined}>
                       {t ? fmtMs(t.duration_ms) : "…"}

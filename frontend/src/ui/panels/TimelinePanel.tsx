@@ -1,17 +1,21 @@
 // Request timeline: a Gantt chart on canvas, one row per request, with a DOM list of the rows
 // (buttons: keyboard and e2e friendly) drawn beside it at the same row height. Speculative decoding's
 // verify steps are marks across the bar: the accepted share of the drafts on top, the rejected below.
-import { memo, useCallback, useEffect, useMemo, useRef, useState, type MouseEvent } from "react";
-import { requestColor } from "../../core/color";
+import { memo, useCallback, useEffect, useMemo, useRef, useState, type KeyboardEvent, type MouseEvent, type PointerEvent } from "react";
+import { liveRequestColor } from "../../core/color";
 import type { DashboardState, RequestTimeline, Segment, SegmentState, VerifyMark } from "../../core/dashboard";
-import { fmtSeconds, fmtTick, niceTicks } from "../../core/format";
+import { fmtSeconds, fmtTick, niceTicks, shortId } from "../../core/format";
 import { verifyMarkAt, verifySummaryText, verifyTitle } from "../../core/spec";
 import { currentSegmentState, segmentAt, timeScale, timelineSummaryText, visibleTimelines } from "../../core/timeline";
+import { panView, preemptionArrows, promptWords, searchRows, timeAt, viewBounds, viewWindow, zoomView, type PreemptionArrow, type TimeView } from "../../core/timelineView";
+import { replayControllerOf } from "../../live/replayController";
+import type { DashboardStore } from "../../live/store";
 import { Card, EmptyState } from "../components/Card";
 import { Select } from "../components/fields";
 import { useDashboard } from "../context";
 import { useCanvas, useDashboardState, usePublishedState } from "../hooks";
 import { getPalette, type Palette } from "../theme";
+import "./panels.css";
 
 const AXIS_H = 22;
 const ROW_H = 18;
@@ -37,10 +41,21 @@ export const STATE_LABEL: Record<SegmentState, string> = {
   UNKNOWN: "Before joining",
 };
 
-function timeWindow(state: DashboardState, now: number, choice: WindowChoice): [number, number] {
-  if (choice === "all") return [state.originTs, Math.max(now, state.originTs + 1)];
+/** The window before any zoom. In replay, "All" spans the whole recording (not just up to the replay
+ * position), so the axis stays put while it plays or seeks and a click lands where it points. */
+function timeWindow(state: DashboardState, now: number, choice: WindowChoice, store: DashboardStore): [number, number] {
+  if (choice === "all") {
+    const replay = replayControllerOf(store)?.getInfo();
+    const end = replay?.loaded ? Math.max(replay.endTs, now) : now;
+    return [state.originTs, Math.max(end, state.originTs + 1)];
+  }
   return [now - Number(choice), now];
 }
+
+/** Wheel steps: one notch (deltaY ~100) zooms by ~16%. */
+const WHEEL_ZOOM = 0.0015;
+/** A press that moves less than this many pixels is a click, not a drag. */
+const DRAG_PX = 4;
 
 let hatch: { key: string; pattern: CanvasPattern | null } | null = null;
 function hatchPattern(ctx: CanvasRenderingContext2D, p: Palette): CanvasPattern | null {
@@ -117,6 +132,29 @@ function drawSegment(ctx: CanvasRenderingContext2D, s: Segment, color: string, x
   }
 }
 
+/** A preemption: a curved arrow from the preempted request's row to the row of the request that
+ * needed its blocks, at the moment it happened. */
+function drawArrow(ctx: CanvasRenderingContext2D, x: number, yFrom: number, yTo: number, p: Palette): void {
+  const from = yFrom + ROW_H / 2;
+  const to = yTo + ROW_H / 2 + (yTo > yFrom ? -4 : 4);
+  const bend = x + Math.min(40, 8 + Math.abs(to - from) / 4);
+  ctx.strokeStyle = p.preempted;
+  ctx.fillStyle = p.preempted;
+  ctx.lineWidth = 1.5;
+  ctx.beginPath();
+  ctx.moveTo(x, from);
+  ctx.quadraticCurveTo(bend, (from + to) / 2, x, to);
+  ctx.stroke();
+  // the head, along the curve's last direction (from the control point to the end)
+  const angle = Math.atan2(to - (from + to) / 2, x - bend);
+  ctx.beginPath();
+  ctx.moveTo(x, to);
+  ctx.lineTo(x - 7 * Math.cos(angle - 0.45), to - 7 * Math.sin(angle - 0.45));
+  ctx.lineTo(x - 7 * Math.cos(angle + 0.45), to - 7 * Math.sin(angle + 0.45));
+  ctx.closePath();
+  ctx.fill();
+}
+
 /** A verify step: a 2 px bar a little taller than the request's bar, the accepted share of its drafts
  * in the verify colour from the top and the rejected share in the preemption red below. */
 function drawVerify(ctx: CanvasRenderingContext2D, mark: VerifyMark, x: number, y: number, p: Palette): void {
@@ -149,20 +187,25 @@ interface Hover {
   y: number;
 }
 
-const RowLabel = memo(function RowLabel(props: { id: string; state: SegmentState | null; selected: boolean; dark: boolean; onSelect: (id: string) => void }) {
+const RowLabel = memo(function RowLabel(props: {
+  id: string; state: SegmentState | null; selected: boolean; match: boolean; color: string; prompt: string; onSelect: (id: string) => void;
+}) {
+  const classes = [props.selected ? "selected" : "", props.match ? "match" : ""].filter(Boolean).join(" ");
   return (
     <li className="timeline-label" style={{ height: ROW_H }}>
       <button
         type="button"
         data-testid={`request-row-${props.id}`}
         data-state={props.state ?? ""}
+        data-match={props.match ? "true" : undefined}
         aria-pressed={props.selected}
-        className={props.selected ? "selected" : ""}
+        className={classes}
         onClick={() => props.onSelect(props.id)}
-        title={`${props.id}: ${props.state ?? "?"}`}
+        title={`${props.id}: ${props.state ?? "?"}${props.prompt ? `\n${props.prompt}` : ""}`}
       >
-        <span className="swatch" style={{ background: requestColor(props.id, props.dark) }} aria-hidden="true" />
-        <span className="timeline-label-id">{props.id}</span>
+        <span className="swatch" style={{ background: props.color }} aria-hidden="true" />
+        <span className={`timeline-label-id${props.prompt ? " short" : ""}`}>{props.prompt ? shortId(props.id) : props.id}</span>
+        {props.prompt && <span className="timeline-label-prompt" data-testid="timeline-row-prompt">{props.prompt}</span>}
         <span className={`state-chip state-${(props.state ?? "").toLowerCase()}`}>{props.state ? STATE_LABEL[props.state] : ""}</span>
       </button>
     </li>
@@ -175,29 +218,61 @@ export function tooltipPosition(x: number, y: number): { left: number; top: numb
   return { left: Math.min(x + 14, w - 300), top: Math.min(y + 14, h - 140) };
 }
 
+/** One line per arrow ("victim -> cause @ t"), the DOM mirror of the drawn preemption arrows. */
+function arrowsText(arrows: readonly PreemptionArrow[], originTs: number): string {
+  return arrows.map((a) => `${a.victim} -> ${a.cause} @ ${(a.ts - originTs).toFixed(3)}`).join("\n");
+}
+
+interface Drag {
+  x: number;
+  view: TimeView | null;
+  moved: boolean;
+}
+
+type Views = Record<"live" | "replay", TimeView | null>;
+
 export function TimelinePanel() {
   const { store, selected, select, mode } = useDashboard();
   const state = useDashboardState(store);
-  // live: a scrolling window; replay: everything up to the replay position by default
+  // live: a scrolling window; replay: the whole recording by default
   const [choices, setChoices] = useState<Record<"live" | "replay", WindowChoice>>({ live: "30", replay: "all" });
   const choice = choices[mode];
-  const setChoice = (c: WindowChoice) => setChoices({ ...choices, [mode]: c });
+  // the user's zoom / pan of the chosen window, per mode; a new window choice starts unzoomed
+  const [views, setViews] = useState<Views>({ live: null, replay: null });
+  const zoom = views[mode];
+  const setZoom = useCallback((v: TimeView | null) => setViews((all) => ({ ...all, [mode]: v })), [mode]);
+  const setChoice = (c: WindowChoice) => {
+    setChoices({ ...choices, [mode]: c });
+    setZoom(null);
+  };
   const [hover, setHover] = useState<Hover | null>(null);
+  const [query, setQuery] = useState("");
+  const [matchAt, setMatchAt] = useState(0);
   const scrollTopRef = useRef(0);
+  const scrollRef = useRef<HTMLDivElement | null>(null);
+  const plotRef = useRef<HTMLDivElement | null>(null);
   const summaryRef = useRef<HTMLPreElement | null>(null);
   const verifySummaryRef = useRef<HTMLPreElement | null>(null);
+  const arrowsRef = useRef<HTMLPreElement | null>(null);
   const view = useRef({ t0: 0, t1: 1, width: 1 });
+  const zoomRef = useRef<TimeView | null>(zoom);
+  const dragRef = useRef<Drag | null>(null);
+  const suppressClick = useRef(false);
   const hoverRef = useRef<Hover | null>(null);
   const selectedRef = useRef(selected);
+  const matchesRef = useRef<ReadonlySet<string>>(new Set());
   const dark = getPalette().dark;
 
   // Rows at the UI rate; the canvas draws these rows with the latest segments every frame.
   const now = store.now();
-  const [t0, t1] = timeWindow(state, now, choice);
+  const base = timeWindow(state, now, choice, store);
+  const [t0, t1] = viewWindow(base, zoom);
   const rows = visibleTimelines(state, t0, t1);
   const rowKey = rows.map((r) => r.request_id).join("\n");
   const rowIds = useMemo(() => (rowKey === "" ? [] : rowKey.split("\n")), [rowKey]);
   const rowsRef = useRef(rowIds);
+  const matches = useMemo(() => searchRows(rowIds, query), [rowIds, query]);
+  const matchSet = useMemo(() => new Set(matches.map((i) => rowIds[i]!)), [matches, rowIds]);
   const active = [...state.timelines.values()].filter((t) => {
     const s = currentSegmentState(t);
     return s !== null && s !== "FINISHED" && s !== "ABORTED";
@@ -209,20 +284,75 @@ export function TimelinePanel() {
     rowsRef.current = rowIds;
     hoverRef.current = hover;
     selectedRef.current = selected;
+    zoomRef.current = zoom;
+    matchesRef.current = matchSet;
   });
   const contentH = AXIS_H + rowIds.length * ROW_H;
   // stable between renders, so memo(RowLabel) skips rows whose props did not change
   const onSelect = useCallback((id: string) => select(selected === id ? null : id), [select, selected]);
 
+  /** Scrolls row `i` into the middle of the list if it is out of sight. */
+  const revealRow = (i: number) => {
+    const el = scrollRef.current;
+    if (el === null) return;
+    const y = AXIS_H + i * ROW_H;
+    const height = el.clientHeight || PLOT_H;
+    if (y < el.scrollTop + AXIS_H || y + ROW_H > el.scrollTop + height) el.scrollTop = Math.max(0, y - height / 2);
+  };
+
+  const onQuery = (q: string) => {
+    setQuery(q);
+    setMatchAt(0);
+    const first = searchRows(rowIds, q)[0];
+    if (first !== undefined) revealRow(first);
+  };
+
+  // Enter: select the next match (and bring it into view)
+  const onQueryKey = (e: KeyboardEvent<HTMLInputElement>) => {
+    if (e.key !== "Enter" || matches.length === 0) return;
+    e.preventDefault();
+    const k = matchAt % matches.length;
+    const i = matches[k]!;
+    revealRow(i);
+    select(rowIds[i]!);
+    setMatchAt(k + 1);
+  };
+
+  const zoomBy = (factor: number) => {
+    const st = store.state;
+    const baseNow = timeWindow(st, store.now(), choice, store);
+    const [a, b] = viewWindow(baseNow, zoomRef.current);
+    setZoom(zoomView(baseNow, zoomRef.current, viewBounds(baseNow, st.originTs), (a + b) / 2, factor));
+  };
+
+  // The wheel zooms around the pointer. A native listener: React's wheel handlers are passive, and
+  // the page must not scroll while the plot zooms.
+  useEffect(() => {
+    const el = plotRef.current;
+    if (el === null) return;
+    const onWheel = (e: WheelEvent) => {
+      if (e.deltaY === 0 || e.shiftKey) return; // shift + wheel: leave it to the browser
+      e.preventDefault();
+      const rect = el.getBoundingClientRect();
+      const { t0: a, t1: b, width } = view.current;
+      const anchor = timeAt(e.clientX - rect.left, width - 6, [a, b]);
+      const st = store.state;
+      const baseNow = timeWindow(st, store.now(), choice, store);
+      setZoom(zoomView(baseNow, zoomRef.current, viewBounds(baseNow, st.originTs), anchor, Math.exp(e.deltaY * WHEEL_ZOOM)));
+    };
+    el.addEventListener("wheel", onWheel, { passive: false });
+    return () => el.removeEventListener("wheel", onWheel);
+  }, [store, choice, setZoom]);
+
   const canvasRef = useCanvas({
     // scroll position from the scroll event: reading scrollTop here would force a layout every frame
     // While nothing runs, only the axis moves: redraw it at 10 Hz instead of every frame.
-    key: () => [store.state, activeRef.current ? store.now() : Math.floor(store.now() * 10), rowsRef.current, scrollTopRef.current, hoverRef.current?.id, selectedRef.current, choice],
+    key: () => [store.state, activeRef.current ? store.now() : Math.floor(store.now() * 10), rowsRef.current, scrollTopRef.current, hoverRef.current?.id, selectedRef.current, choice, zoomRef.current, matchesRef.current],
     draw: (ctx, size) => {
       const p = getPalette();
       const st = store.state;
       const nowTs = store.now();
-      const [a, b] = timeWindow(st, nowTs, choice);
+      const [a, b] = viewWindow(timeWindow(st, nowTs, choice, store), zoomRef.current);
       view.current = { t0: a, t1: b, width: size.width };
       const x = timeScale(a, b, 0, size.width - 6);
       const scrollTop = scrollTopRef.current;
@@ -253,6 +383,12 @@ export function TimelinePanel() {
       for (let i = first; i < last; i++) {
         const id = ids[i]!;
         const y = AXIS_H + i * ROW_H - scrollTop;
+        if (matchesRef.current.has(id)) {
+          ctx.fillStyle = p.accent;
+          ctx.globalAlpha = 0.14;
+          ctx.fillRect(0, y, size.width, ROW_H);
+          ctx.globalAlpha = 1;
+        }
         if (id === selectedRef.current || id === hoverRef.current?.id) {
           ctx.fillStyle = p.grid;
           ctx.globalAlpha = id === selectedRef.current ? 1 : 0.5;
@@ -261,7 +397,7 @@ export function TimelinePanel() {
         }
         const timeline = st.timelines.get(id);
         if (timeline === undefined) continue;
-        const color = requestColor(id, p.dark);
+        const color = liveRequestColor(st.timelines, id, p.dark);
         for (const s of timeline.segments) {
           const end = s.end ?? nowTs;
           if (end < a || s.start > b) continue;
@@ -279,11 +415,18 @@ export function TimelinePanel() {
           drawVerify(ctx, mark, x(mark.ts), y, p);
         }
       }
-      ctx.restore();
-      if (store.live) {
-        ctx.fillStyle = p.accent;
-        ctx.fillRect(Math.round(x(nowTs)), AXIS_H, 1, size.height - AXIS_H);
+      const rowOf = new Map(ids.map((id, i) => [id, i]));
+      const shown = ids.map((id) => st.timelines.get(id)).filter((t): t is RequestTimeline => t !== undefined);
+      for (const arrow of preemptionArrows(shown, st.steps, a, b)) {
+        const from = rowOf.get(arrow.victim)!;
+        const to = rowOf.get(arrow.cause)!;
+        if (Math.max(from, to) < first || Math.min(from, to) >= last) continue;
+        drawArrow(ctx, x(arrow.ts), AXIS_H + from * ROW_H - scrollTop, AXIS_H + to * ROW_H - scrollTop, p);
       }
+      ctx.restore();
+      // the engine's "now": live, the latest time; replay, the replay position
+      ctx.fillStyle = p.accent;
+      ctx.fillRect(Math.round(x(nowTs)), AXIS_H, store.live ? 1 : 2, size.height - AXIS_H);
       return false;
     },
   });
@@ -292,9 +435,14 @@ export function TimelinePanel() {
   usePublishedState(store, (st) => {
     if (summaryRef.current !== null) summaryRef.current.textContent = timelineSummaryText([...st.timelines.values()]);
     if (verifySummaryRef.current !== null) verifySummaryRef.current.textContent = verifySummaryText(st.timelines.values());
+    if (arrowsRef.current !== null) {
+      const all = [...st.timelines.values()];
+      arrowsRef.current.textContent = arrowsText(preemptionArrows(all, st.steps, -Infinity, Infinity), st.originTs);
+    }
   });
 
   const onMove = (e: MouseEvent<HTMLCanvasElement>) => {
+    if (dragRef.current?.moved) return;
     const rect = e.currentTarget.getBoundingClientRect();
     const px = e.clientX - rect.left;
     const py = e.clientY - rect.top;
@@ -306,7 +454,7 @@ export function TimelinePanel() {
       return;
     }
     const { t0: a, t1: b, width } = view.current;
-    const ts = a + (px / Math.max(1, width - 6)) * (b - a);
+    const ts = timeAt(px, width - 6, [a, b]);
     const timeline = store.state.timelines.get(id);
     const slack = ((b - a) / Math.max(1, width)) * 5;
     const segment = timeline ? segmentAt(timeline, ts, store.now(), slack) : undefined;
@@ -314,9 +462,51 @@ export function TimelinePanel() {
     setHover({ id, segment, verify, ts, x: e.clientX, y: e.clientY });
   };
 
+  // Drag pans the window; a press that hardly moves stays a click.
+  const onPointerDown = (e: PointerEvent<HTMLCanvasElement>) => {
+    if (e.button !== 0) return;
+    dragRef.current = { x: e.clientX, view: zoomRef.current, moved: false };
+    e.currentTarget.setPointerCapture?.(e.pointerId);
+  };
+  const onPointerMove = (e: PointerEvent<HTMLCanvasElement>) => {
+    const drag = dragRef.current;
+    if (drag === null) return;
+    const dx = e.clientX - drag.x;
+    if (!drag.moved && Math.abs(dx) < DRAG_PX) return;
+    if (!drag.moved) setHover(null);
+    drag.moved = true;
+    const st = store.state;
+    const baseNow = timeWindow(st, store.now(), choice, store);
+    const [a, b] = viewWindow(baseNow, drag.view);
+    const dt = (-dx / Math.max(1, view.current.width - 6)) * (b - a);
+    setZoom(panView(baseNow, drag.view, viewBounds(baseNow, st.originTs), dt));
+  };
+  const onPointerUp = (e: PointerEvent<HTMLCanvasElement>) => {
+    suppressClick.current = dragRef.current?.moved ?? false;
+    dragRef.current = null;
+    e.currentTarget.releasePointerCapture?.(e.pointerId);
+  };
+
+  const onClick = (e: MouseEvent<HTMLCanvasElement>) => {
+    if (suppressClick.current) {
+      suppressClick.current = false;
+      return;
+    }
+    const replay = mode === "replay" ? replayControllerOf(store) : undefined;
+    if (replay?.getInfo().loaded) {
+      // replay: jump to the moment clicked (and select the row clicked, if any)
+      const rect = e.currentTarget.getBoundingClientRect();
+      const { t0: a, t1: b, width } = view.current;
+      replay.seekTs(timeAt(e.clientX - rect.left, width - 6, [a, b]));
+      if (hover) select(hover.id);
+      return;
+    }
+    if (hover) onSelect(hover.id);
+  };
 
   const hovered: RequestTimeline | undefined = hover ? state.timelines.get(hover.id) : undefined;
   const request = hover ? store.state.engine.requests.get(hover.id) : undefined;
+  const replayLoaded = mode === "replay" && (replayControllerOf(store)?.getInfo().loaded ?? false);
 
   return (
     <Card
@@ -330,36 +520,81 @@ export function TimelinePanel() {
           <li key={s}><span className={`legend-mark mark-${s.toLowerCase()}`} aria-hidden="true" />{STATE_LABEL[s]}</li>
         ))}
         <li><span className="legend-mark mark-tick" aria-hidden="true" />Prefill chunk</li>
+        <li><span className="legend-arrow" aria-hidden="true">↷</span> Preempted for</li>
         {hasVerifies && <li data-testid="timeline-legend-verify"><span className="legend-mark mark-verify" aria-hidden="true" />Verify step (speculative: accepted / rejected drafts)</li>}
       </ul>
-      <div className="timeline-scroll" onScroll={(e) => { scrollTopRef.current = e.currentTarget.scrollTop; setHover(null); }}>
+      <div className="timeline-tools">
+        <input
+          type="search"
+          placeholder="Find request id"
+          aria-label="Find a request by id"
+          value={query}
+          onChange={(e) => onQuery(e.currentTarget.value)}
+          onKeyDown={onQueryKey}
+          data-testid="timeline-search"
+        />
+        {query.trim() !== "" && (
+          <span className="muted" data-testid="timeline-search-count">
+            {matches.length === 0 ? "no match in this window" : `${matches.length} match${matches.length > 1 ? "es" : ""}${matches.length > 1 ? " · Enter: next" : " · Enter: select"}`}
+          </span>
+        )}
+        <span className="grow" />
+        {/* the wheel's zoom for the keyboard: around the middle of the window */}
+        <button type="button" className="btn btn-small btn-ghost" onClick={() => zoomBy(1 / 1.5)} data-testid="timeline-zoom-in" aria-label="Zoom in" title="Zoom in">+</button>
+        <button type="button" className="btn btn-small btn-ghost" onClick={() => zoomBy(1.5)} data-testid="timeline-zoom-out" aria-label="Zoom out" title="Zoom out">−</button>
+        {zoom !== null && (
+          <button type="button" className="btn btn-small btn-ghost" onClick={() => setZoom(null)} data-testid="timeline-zoom-reset" title="Back to the whole time window">
+            Reset zoom ({fmtSeconds(zoom.span)})
+          </button>
+        )}
+        <span className="muted small">wheel: zoom · drag: pan{replayLoaded ? " · click: jump there" : ""}</span>
+      </div>
+      <div className="timeline-scroll" ref={scrollRef} onScroll={(e) => { scrollTopRef.current = e.currentTarget.scrollTop; setHover(null); }}>
         <div className="timeline-inner" style={{ height: Math.max(contentH, PLOT_H) }}>
           <ol className="timeline-labels" aria-label="Requests in the timeline">
             <li className="timeline-labels-head" style={{ height: AXIS_H }} aria-hidden="true">Request</li>
             {rowIds.map((id) => (
-              <RowLabel key={id} id={id} state={currentSegmentState(state.timelines.get(id)!)} selected={id === selected} dark={dark} onSelect={onSelect} />
+              <RowLabel
+                key={id}
+                id={id}
+                state={currentSegmentState(state.timelines.get(id)!)}
+                selected={id === selected}
+                match={matchSet.has(id)}
+                color={liveRequestColor(state.timelines, id, dark)}
+                prompt={promptWords(state.engine.requests.get(id)?.prompt_preview ?? "", 5)}
+                onSelect={onSelect}
+              />
             ))}
           </ol>
-          <div className="timeline-plot">
+          <div className="timeline-plot" ref={plotRef}>
             <canvas
               ref={canvasRef}
-              className="timeline-canvas"
+              className={`timeline-canvas${replayLoaded ? " replay" : ""}`}
               data-testid="timeline-canvas"
+              data-view={zoom === null ? "auto" : `${zoom.span.toFixed(3)}@${zoom.endOffset.toFixed(3)}`}
               aria-label="Gantt chart of request states over time; the list beside it names the rows"
               role="img"
               onMouseMove={onMove}
               onMouseLeave={() => setHover(null)}
-              onClick={() => hover && onSelect(hover.id)}
+              onPointerDown={onPointerDown}
+              onPointerMove={onPointerMove}
+              onPointerUp={onPointerUp}
+              onPointerCancel={onPointerUp}
+              onClick={onClick}
             />
             {rowIds.length === 0 && (
               <div className="overlay-empty">
-                {state.engine.config.model === "" ? (
+                {mode === "replay" && !replayLoaded ? (
+                  <EmptyState title="Load a recording" testId="timeline-empty">
+                    Pick a recording above (or open a file) to replay it here.
+                  </EmptyState>
+                ) : state.engine.config.model === "" ? (
                   <EmptyState title="Waiting for the engine…" testId="timeline-empty">
                     The dashboard shows requests once the server's event stream (<code>/ws/events</code>) sends its first snapshot.
                   </EmptyState>
                 ) : (
                   <EmptyState title={state.timelines.size === 0 ? "No requests yet" : "Nothing in this time window"} testId="timeline-empty">
-                    {state.timelines.size === 0 ? "Send a chat message or start the load generator to watch requests flow through the engine." : "Widen the time window to see earlier requests."}
+                    {state.timelines.size === 0 ? "Send a chat message or start the load generator to watch requests flow through the engine." : "Widen the time window (or reset the zoom) to see earlier requests."}
                   </EmptyState>
                 )}
               </div>
@@ -370,7 +605,7 @@ export function TimelinePanel() {
       {hover && hovered && (
         <div className="tooltip" data-testid="timeline-tooltip" role="tooltip" style={tooltipPosition(hover.x, hover.y)}>
           <div className="tooltip-title">
-            <span className="swatch" style={{ background: requestColor(hover.id, dark) }} />
+            <span className="swatch" style={{ background: liveRequestColor(state.timelines, hover.id, dark) }} />
             {hover.id}
           </div>
           {hover.segment ? (
@@ -400,6 +635,7 @@ export function TimelinePanel() {
       )}
       <pre className="visually-hidden" data-testid="timeline-summary" ref={summaryRef} />
       <pre className="visually-hidden" data-testid="timeline-verify-summary" ref={verifySummaryRef} />
+      <pre className="visually-hidden" data-testid="timeline-arrows" ref={arrowsRef} />
     </Card>
   );
 }

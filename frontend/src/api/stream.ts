@@ -35,28 +35,35 @@ export async function streamCompletion(
   if (res.body === null) throw new Error("empty response");
   const reader = res.body.pipeThrough(new TextDecoderStream()).getReader();
   const parser = new SseParser();
-  const consume = (datas: string[]): boolean => {
-    let going = true;
+  const consume = (datas: string[]): void => {
     for (const data of datas) {
-      going = applyData(result, data) && going;
+      // after [DONE] nothing more belongs to the reply
+      if (result.done) break;
+      applyData(result, data);
+      if (result.done && handle.endedAt === null) handle.endedAt = performance.now();
       if (handle.firstTokenAt === null && result.choices.some((c) => c.text.length > 0 || c.tokens.length > 0 || c.tool_calls.length > 0)) {
         handle.firstTokenAt = performance.now();
       }
     }
     if (datas.length > 0) onUpdate(result, handle);
-    return going;
   };
+  // Read to the end of the body: the server closes it right after [DONE] (or an error event and
+  // [DONE]). Cancelling on [DONE] instead would abort a request that succeeded (net::ERR_ABORTED).
+  let ended = false;
   try {
     for (;;) {
       const { value, done } = await reader.read();
-      if (done) break;
-      if (!consume(parser.feed(value))) break;
-      if (result.error !== null) break;
+      if (done) {
+        ended = true;
+        break;
+      }
+      consume(parser.feed(value));
     }
     consume(parser.end());
   } finally {
-    handle.endedAt = performance.now();
-    reader.cancel().catch(() => undefined);
+    handle.endedAt ??= performance.now();
+    // only a stream left early (an exception, such as the abort) is cancelled
+    if (!ended) reader.cancel().catch(() => undefined);
   }
   if (result.error !== null) throw new Error(result.error);
   return { result, handle };

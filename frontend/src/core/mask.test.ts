@@ -20,6 +20,9 @@ describe("grammar-mask shading", () => {
     expect(alpha(maskShade(1e-4, false))).toBeGreaterThan(alpha(maskShade(0.1, false)));
     expect(maskShade(0.01, false)).toContain("rgb(0 0 0 /");
     expect(maskShade(0.01, true)).toContain("rgb(255 255 255 /");
+    // light, even where the grammar allowed a single token, so that constrained text stays readable
+    expect(alpha(maskShade(1e-9, false))).toBeLessThanOrEqual(0.22);
+    expect(alpha(maskShade(0.5, true))).toBeGreaterThan(0);
   });
 
   it("says the share of the vocabulary, with a token count when the vocabulary size is known", () => {

@@ -13,14 +13,18 @@ export function maskLevel(fraction: number): number {
   return Math.max(0, Math.min(1, -Math.log10(Math.min(1, fraction)) / DECADES));
 }
 
+/** The most ink a hatching line gets: light enough that the text over it (a JSON reply is almost
+ * all constrained tokens) stays readable. */
+export const MAX_MASK_ALPHA = 0.22;
+
 /** The hatching drawn over a token's background: denser ink where the grammar allowed fewer tokens
  * (dark ink on the light theme, light ink on the dark one); null for level 0. */
 export function maskShade(fraction: number, dark: boolean): string | null {
   const level = maskLevel(fraction);
   if (level === 0) return null;
-  const alpha = (0.08 + 0.37 * level).toFixed(2);
+  const alpha = (0.05 + (MAX_MASK_ALPHA - 0.05) * level).toFixed(2);
   const ink = dark ? `rgb(255 255 255 / ${alpha})` : `rgb(0 0 0 / ${alpha})`;
-  return `repeating-linear-gradient(135deg, ${ink} 0 1px, transparent 1px 4px)`;
+  return `repeating-linear-gradient(135deg, ${ink} 0 1px, transparent 1px 5px)`;
 }
 
 /** A percentage with two significant digits for small shares ("0.02%", "3.5%", "100%"). */

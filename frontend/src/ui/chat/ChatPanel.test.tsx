@@ -33,6 +33,7 @@ function engineStore(): DashboardStore {
 
 describe("ChatPanel with the live engine's drafted tokens", () => {
   beforeEach(() => {
+    localStorage.clear(); // the chat keeps conversations there
     vi.stubGlobal("fetch", vi.fn(async () => new Response(sse([" Hi", " there", "!"]), { headers: { "Content-Type": "text/event-stream", "X-Request-Id": "q1" } })));
   });
   afterEach(() => {

@@ -1,20 +1,23 @@
-// Chat playground: multi-turn streaming chat with Stop, regenerate, edit & resend, per-message stats,
-// structured output and tool calls, and a token view coloured by probability (accepted speculative
-// drafts and grammar-constrained tokens marked, from the live engine's events for the message's request).
-import { useEffect, useReducer, useRef, useState } from "react";
-import { describeRequest, requestProblem, type DecodingParams, type TokenView } from "../../core/openai";
+// Chat playground: conversations kept across reloads (with a system prompt each, export / import),
+// multi-turn streaming chat with Stop, regenerate (the earlier replies kept as versions), Continue,
+// edit & resend, per-message stats, structured output and tool calls, and a token view coloured by
+// probability (accepted speculative drafts and grammar-constrained tokens marked, from the live
+// engine's events for the message's request) or the reply as Markdown.
+import { useCallback, useRef, useState } from "react";
+import { describeRequest, requestProblem, type DecodingParams } from "../../core/openai";
 import type { DashboardStore } from "../../live/store";
 import { EmptyState } from "../components/Card";
 import { Toggle } from "../components/fields";
-import { activeChoice, chatReducer, clockMs, historyBefore, initialChat, isStreaming, requestCandidates, type AssistantTurn, type Turn } from "./chatState";
+import { AssistantMessage } from "./AssistantMessage";
+import { clockMs, isStreaming, type AssistantTurn, type ChatAction, type SpecCounts, type Turn } from "./chatState";
+import { activeConversation, conversationTitle, requestMessages, uniqueId } from "./conversations";
+import { Conversations, SystemPrompt } from "./Conversations";
 import { DecodingControls } from "./DecodingControls";
-import { MessageStats } from "./MessageStats";
-import { LiveTokenText } from "./LiveTokenText";
-import { ToolCalls } from "./ToolCalls";
+import { useChats } from "./useChats";
+import { useStickToBottom } from "./useStickToBottom";
 import { useStreams } from "./useStream";
-
-let counter = 0;
-const nextId = (prefix: string) => `${prefix}${++counter}`;
+import { UserMessage } from "./UserMessage";
+import "./chat.css";
 
 export function ChatPanel(props: {
   model: string | null;
@@ -24,29 +27,29 @@ export function ChatPanel(props: {
   /** The live engine state: which tokens came from accepted drafts (none shown without it). */
   engine?: DashboardStore;
 }) {
-  const [chat, dispatch] = useReducer(chatReducer, initialChat);
+  const { state: chats, dispatch: dispatchChats, saveProblem } = useChats();
+  const chat = activeConversation(chats);
+  const dispatch = useCallback((action: ChatAction) => dispatchChats({ type: "chat", action, now: Date.now() }), [dispatchChats]);
   const [input, setInput] = useState("");
   const [tokenView, setTokenView] = useState(true);
+  const [showChats, setShowChats] = useState(false);
   const [editing, setEditing] = useState<{ id: string; text: string } | null>(null);
   const { run, stop } = useStreams(dispatch, props.model);
   const streaming = isStreaming(chat);
   const listRef = useRef<HTMLOListElement | null>(null);
+  const { onScroll, pin } = useStickToBottom(listRef, chat.turns);
   const { params } = props;
   const problem = requestProblem(params);
-
-  useEffect(() => {
-    const el = listRef.current;
-    if (el !== null && el.scrollHeight - el.scrollTop - el.clientHeight < 120) el.scrollTop = el.scrollHeight;
-  }, [chat]);
+  const system = chat.systemPrompt;
 
   const send = () => {
     const content = input.trim();
     if (!content || streaming || problem !== null) return;
-    const userId = nextId("u");
-    const assistantId = nextId("a");
-    dispatch({ type: "send", userId, assistantId, content, params, at: clockMs() });
+    const assistantId = uniqueId("a");
+    dispatch({ type: "send", userId: uniqueId("u"), assistantId, content, params, at: clockMs() });
     setInput("");
-    void run(assistantId, [...historyBefore(chat.turns, chat.turns.length), { role: "user", content }], params);
+    pin();
+    void run(assistantId, [...requestMessages(system, chat.turns, chat.turns.length), { role: "user", content }], params);
   };
 
   const regenerate = () => {
@@ -54,31 +57,65 @@ export function ChatPanel(props: {
     let i = chat.turns.length - 1;
     while (i >= 0 && chat.turns[i]!.role === "assistant") i--;
     if (i < 0) return;
-    const assistantId = nextId("a");
+    const assistantId = uniqueId("a");
     dispatch({ type: "regenerate", assistantId, params, at: clockMs() });
-    void run(assistantId, historyBefore(chat.turns, i + 1), params);
+    void run(assistantId, requestMessages(system, chat.turns, i + 1), params);
+  };
+
+  const continueLast = (t: AssistantTurn) => {
+    const i = chat.turns.indexOf(t);
+    const text = activeText(t);
+    if (streaming || problem !== null || i < 0 || !text) return;
+    const key = uniqueId("a");
+    dispatch({ type: "continue", key, at: clockMs() });
+    // one sequence extends the text shown; the template leaves the last assistant turn open
+    const p = { ...t.params, n: 1, beam_width: 1 };
+    void run(key, [...requestMessages(system, chat.turns, i), { role: "assistant", content: text }], p, { continue_final_message: true, add_generation_prompt: false });
   };
 
   const resend = (userId: string, text: string) => {
     const i = chat.turns.findIndex((t) => t.id === userId);
     if (i < 0 || streaming || problem !== null || !text.trim()) return;
-    const assistantId = nextId("a");
+    const assistantId = uniqueId("a");
     dispatch({ type: "edit", userId, content: text.trim(), assistantId, params, at: clockMs() });
     setEditing(null);
-    void run(assistantId, [...historyBefore(chat.turns, i), { role: "user", content: text.trim() }], params);
+    void run(assistantId, [...requestMessages(system, chat.turns, i), { role: "user", content: text.trim() }], params);
+  };
+
+  const onSpec = useCallback((key: string, spec: SpecCounts) => dispatch({ type: "spec", id: key, spec }), [dispatch]);
+
+  const deleteConversation = (id: string) => {
+    const c = chats.conversations.find((x) => x.id === id);
+    // its replies still streaming end with it
+    for (const t of c?.turns ?? []) if (t.role === "assistant") for (const v of t.versions) if (v.status === "streaming") stop(v.key);
+    dispatchChats({ type: "delete", id, freshId: uniqueId("c"), now: Date.now() });
   };
 
   const lastAssistant = [...chat.turns].reverse().find((t): t is AssistantTurn => t.role === "assistant");
 
   return (
-    <div className="chat" data-testid="chat-panel">
+    <div className="chat" data-testid="chat-panel" data-conversation={chat.id}>
+      <div className="chat-bar">
+        <button type="button" className="btn btn-ghost btn-small" aria-expanded={showChats} data-testid="chats-toggle" onClick={() => setShowChats(!showChats)}
+          title="Conversations: switch, delete, export, import">☰ {chats.conversations.length}</button>
+        <span className="chat-title" data-testid="chat-title" title={conversationTitle(chat)}>{conversationTitle(chat)}</span>
+        <button type="button" className="btn btn-small" data-testid="chat-new" onClick={() => { setEditing(null); pin(); dispatchChats({ type: "new", id: uniqueId("c"), now: Date.now() }); }}>New chat</button>
+      </div>
+      {showChats && (
+        <Conversations state={chats} busy={streaming}
+          onSwitch={(id) => { setEditing(null); pin(); dispatchChats({ type: "switch", id }); }}
+          onDelete={deleteConversation}
+          onImport={(conversations) => dispatchChats({ type: "import", conversations })} />
+      )}
+      {saveProblem !== null && <div className="chat-notice error-text small" role="status" data-testid="chat-save-problem">{saveProblem}</div>}
+      <SystemPrompt key={chat.id} value={system} disabled={streaming} onChange={(text) => dispatchChats({ type: "system", text, now: Date.now() })} />
       <details className="decoding-details">
         <summary>
           Decoding <span className="muted">· {describeRequest(params)} · max {params.max_tokens}{params.n > 1 && params.beam_width <= 1 ? ` · n=${params.n}` : ""}</span>
         </summary>
         <DecodingControls value={params} onChange={props.setParams} />
       </details>
-      <ol className="messages" ref={listRef} role="log" aria-live="polite" aria-label="Conversation" data-testid="chat-messages">
+      <ol className="messages" ref={listRef} onScroll={onScroll} role="log" aria-live="polite" aria-label="Conversation" data-testid="chat-messages">
         {chat.turns.length === 0 && (
           <li className="messages-empty">
             <EmptyState title="Say something" testId="chat-empty">
@@ -88,33 +125,16 @@ export function ChatPanel(props: {
         )}
         {chat.turns.map((t: Turn) =>
           t.role === "user" ? (
-            <li key={t.id} className="message message-user" data-testid="message-user">
-              {editing?.id === t.id ? (
-                <form className="edit" onSubmit={(e) => { e.preventDefault(); resend(t.id, editing.text); }}>
-                  <label className="visually-hidden" htmlFor={`edit-${t.id}`}>Edit message</label>
-                  <textarea id={`edit-${t.id}`} data-testid="message-edit-input" value={editing.text} rows={3} autoFocus onChange={(e) => setEditing({ id: t.id, text: e.currentTarget.value })} onKeyDown={(e) => {
-                    if (e.key === "Escape") setEditing(null);
-                    if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); resend(t.id, editing.text); }
-                  }} />
-                  <div className="row gap">
-                    <button type="submit" className="btn btn-small btn-primary" data-testid="message-resend" disabled={streaming || problem !== null}>Resend</button>
-                    <button type="button" className="btn btn-small" onClick={() => setEditing(null)}>Cancel</button>
-                  </div>
-                </form>
-              ) : (
-                <>
-                  <div className="message-text">{t.content}</div>
-                  <div className="message-actions">
-                    <button type="button" className="btn btn-ghost btn-small" data-testid="message-edit" disabled={streaming} onClick={() => setEditing({ id: t.id, text: t.content })}>Edit</button>
-                  </div>
-                </>
-              )}
-            </li>
+            <UserMessage key={t.id} turn={t} editing={editing?.id === t.id ? editing.text : null} streaming={streaming} blocked={problem !== null}
+              onEdit={(text) => setEditing(text === null ? null : { id: t.id, text })} onResend={(text) => resend(t.id, text)} />
           ) : (
-            <AssistantMessage key={t.id} turn={t} tokenView={tokenView} isLast={t === lastAssistant} streaming={streaming} blocked={problem !== null} engine={props.engine}
+            <AssistantMessage key={t.id} turn={t} view={tokenView ? "tokens" : "markdown"} isLast={t === lastAssistant} streaming={streaming} blocked={problem !== null} engine={props.engine}
               onChoose={(index) => dispatch({ type: "choose", id: t.id, index })}
+              onVersion={(index) => dispatch({ type: "version", id: t.id, index })}
               onRegenerate={regenerate}
-              onStop={() => stop(t.id)}
+              onContinue={() => continueLast(t)}
+              onStop={() => stop(t.key)}
+              onSpec={onSpec}
               onShowRequest={props.onShowRequest} />
           ),
         )}
@@ -136,7 +156,7 @@ export function ChatPanel(props: {
           }}
         />
         <div className="composer-bar">
-          <Toggle label="Token view" checked={tokenView} onChange={setTokenView} testId="chat-token-view" hint="Colour tokens by probability (needs logprobs)" />
+          <Toggle label="Token view" checked={tokenView} onChange={setTokenView} testId="chat-token-view" hint="Colour tokens by probability (needs logprobs); off: the reply as Markdown" />
           <span className="grow" />
           {problem !== null && <span className="error-text small composer-problem" data-testid="chat-problem" title={problem}>{problem}</span>}
           <button type="button" className="btn btn-ghost btn-small" data-testid="chat-clear" disabled={streaming || chat.turns.length === 0} onClick={() => dispatch({ type: "clear" })}>Clear</button>
@@ -151,60 +171,6 @@ export function ChatPanel(props: {
   );
 }
 
-function AssistantMessage(props: {
-  turn: AssistantTurn;
-  tokenView: boolean;
-  isLast: boolean;
-  streaming: boolean;
-  /** The current settings cannot be sent (no regenerate). */
-  blocked: boolean;
-  onChoose: (index: number) => void;
-  onRegenerate: () => void;
-  onStop: () => void;
-  onShowRequest: (candidates: string[]) => boolean;
-  engine?: DashboardStore;
-}) {
-  const t = props.turn;
-  const choice = activeChoice(t);
-  const live = t.status === "streaming";
-  const candidates = requestCandidates(t);
-  return (
-    <li className={`message message-assistant status-${t.status}`} data-testid="message-assistant" data-status={t.status} data-finish={choice?.finish_reason ?? undefined}>
-      <div className="message-meta muted small">
-        {describeRequest(t.params)}
-        {t.result.choices.length > 1 && (
-          <span className="choice-tabs" role="tablist" aria-label="Choices">
-            {t.result.choices.map((c) => (
-              <button key={c.index} type="button" role="tab" aria-selected={c.index === t.activeChoice} data-testid={`message-choice-${c.index}`} onClick={() => props.onChoose(c.index)}>
-                {t.params.beam_width > 1 ? "beam" : "choice"} {c.index + 1}
-              </button>
-            ))}
-          </span>
-        )}
-      </div>
-      {choice === undefined && live ? (
-        <div className="message-text muted"><span className="caret" aria-hidden="true" /> waiting for the first token…</div>
-      ) : (
-        <LiveTokenText tokens={choice?.tokens ?? NO_TOKENS} text={choice?.text ?? ""} tokenView={props.tokenView} streaming={live} testId="message-content"
-          engine={props.engine} candidates={candidates} choiceIndex={choice?.index ?? 0} />
-      )}
-      {choice !== undefined && choice.tool_calls.length > 0 && <ToolCalls calls={choice.tool_calls} finishReason={choice.finish_reason} streaming={live} />}
-      {t.status === "error" && <div className="error-text small" role="alert" data-testid="message-error">{t.error}</div>}
-      {t.status === "stopped" && <div className="muted small">Stopped — the request was aborted on the server.</div>}
-      <div className="message-footer">
-        <MessageStats turn={t} />
-        <div className="message-actions">
-          {live && <button type="button" className="btn btn-ghost btn-small" onClick={props.onStop}>Stop</button>}
-          {!live && props.isLast && (
-            <button type="button" className="btn btn-ghost btn-small" data-testid="message-regenerate" disabled={props.streaming || props.blocked} onClick={props.onRegenerate}>Regenerate</button>
-          )}
-          {candidates.length > 0 && (
-            <button type="button" className="btn btn-ghost btn-small" data-testid="message-show-request" onClick={() => props.onShowRequest(candidates)}>Show in timeline</button>
-          )}
-        </div>
-      </div>
-    </li>
-  );
+function activeText(t: AssistantTurn): string {
+  return (t.result.choices.find((c) => c.index === t.activeChoice) ?? t.result.choices[0])?.text ?? "";
 }
-
-const NO_TOKENS: readonly TokenView[] = [];

@@ -21,6 +21,8 @@ export function LiveTokenText(props: {
   candidates: readonly string[];
   /** The choice shown (its sequence wins a tie when aligning). */
   choiceIndex: number;
+  /** The indices of the tokens to show (all when absent): a tool call's markup is left out. */
+  keep?: readonly number[];
 }) {
   const engineTokens = useEngineTokens(props.engine, props.candidates);
   const { tokens, choiceIndex } = props;
@@ -29,7 +31,10 @@ export function LiveTokenText(props: {
     [engineTokens, tokens, choiceIndex],
   );
   const texts = useMemo(() => (engineTokens === undefined ? undefined : tokenTexts(ringItems(engineTokens))), [engineTokens]);
-  return <TokenText tokens={tokens} text={props.text} tokenView={props.tokenView} streaming={props.streaming} testId={props.testId} engine={aligned} texts={texts} />;
+  const { keep } = props;
+  // aligned on every token first (positions match the engine's), then filtered
+  const shown = useMemo(() => (keep === undefined ? { tokens, aligned } : { tokens: keep.map((i) => tokens[i]!), aligned: aligned === undefined ? undefined : keep.map((i) => aligned[i]) }), [keep, tokens, aligned]);
+  return <TokenText tokens={shown.tokens} text={props.text} tokenView={props.tokenView} streaming={props.streaming} testId={props.testId} engine={shown.aligned} texts={texts} />;
 }
 
 /** The live engine's generated tokens for the request (undefined until it is known). */

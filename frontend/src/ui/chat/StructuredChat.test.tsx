@@ -4,7 +4,7 @@
 // tokens (from the live engine's TokenGenerated.allowed_fraction) show in the reply.
 import { act, cleanup, fireEvent, render, screen, within } from "@testing-library/react";
 import { useState } from "react";
-import { afterEach, describe, expect, it, vi } from "vitest";
+import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { fromSnapshot, reduce } from "../../core/dashboard";
 import { defaultParams, type DecodingParams } from "../../core/openai";
 import { EXAMPLE_TOOLS } from "../../core/tools";
@@ -52,6 +52,7 @@ function lastBody(fetchMock: ReturnType<typeof vi.fn>): Record<string, unknown> 
 }
 
 describe("structured output in the chat", () => {
+  beforeEach(() => localStorage.clear()); // the chat keeps conversations there
   afterEach(() => {
     cleanup();
     vi.unstubAllGlobals();

@@ -1,6 +1,7 @@
-// The chat playground's conversation as a pure reducer (streaming updates, stop, regenerate, edit
-// and resend), so its rules can be tested without a browser.
-import type { ChatTurn, DecodingParams, StreamResult } from "../../core/openai";
+// The chat playground's conversation as a pure reducer (streaming updates, stop, regenerate keeping
+// the earlier replies as versions, Continue, edit and resend), so its rules can be tested without a
+// browser.
+import type { ChatTurn, ChoiceResult, DecodingParams, StreamResult } from "../../core/openai";
 import { emptyResult } from "../../core/openai";
 
 export interface UserTurn {
@@ -11,9 +12,18 @@ export interface UserTurn {
 
 export type TurnStatus = "streaming" | "done" | "stopped" | "error";
 
-export interface AssistantTurn {
-  readonly id: string;
-  readonly role: "assistant";
+/** Speculative decoding's counts for a reply's request, from the live engine's events. */
+export interface SpecCounts {
+  /** Drafted tokens the target model verified. */
+  readonly drafted: number;
+  /** Drafted tokens it accepted. */
+  readonly accepted: number;
+}
+
+/** One version of an assistant reply (regenerate adds versions; the message shows one at a time). */
+export interface Reply {
+  /** The stream that writes this version (its updates and finish carry it as `id`). */
+  readonly key: string;
   readonly params: DecodingParams;
   readonly result: StreamResult;
   readonly status: TurnStatus;
@@ -23,7 +33,21 @@ export interface AssistantTurn {
   readonly startedAt: number;
   readonly firstTokenAt: number | null;
   readonly endedAt: number | null;
+  /** When the last update arrived (live tokens/s while streaming). */
+  readonly updatedAt: number | null;
   readonly activeChoice: number;
+  readonly spec: SpecCounts | null;
+  /** Continue: the choice as it was before the continuation, which the streamed text extends. */
+  readonly base: ChoiceResult | null;
+}
+
+/** An assistant message: the fields of the version on screen, plus every version. Invariant: the
+ * flat Reply fields equal versions[shown] (assistantTurn() keeps them so). */
+export interface AssistantTurn extends Reply {
+  readonly id: string;
+  readonly role: "assistant";
+  readonly versions: readonly Reply[];
+  readonly shown: number;
 }
 
 export type Turn = UserTurn | AssistantTurn;
@@ -35,16 +59,37 @@ export interface ChatState {
 export type ChatAction =
   | { type: "send"; userId: string; assistantId: string; content: string; params: DecodingParams; at: number }
   | { type: "edit"; userId: string; content: string; assistantId: string; params: DecodingParams; at: number }
+  /** A new version of the last reply, shown (streamed by `assistantId`). */
   | { type: "regenerate"; assistantId: string; params: DecodingParams; at: number }
-  | { type: "update"; id: string; result: StreamResult; requestId: string | null; firstTokenAt: number | null }
+  /** The last reply's shown version goes on streaming (by `key`). */
+  | { type: "continue"; key: string; at: number }
+  | { type: "update"; id: string; result: StreamResult; requestId: string | null; firstTokenAt: number | null; at?: number }
   | { type: "finish"; id: string; status: Exclude<TurnStatus, "streaming">; error?: string; at: number }
   | { type: "choose"; id: string; index: number }
+  /** Show version `index` of message `id`. */
+  | { type: "version"; id: string; index: number }
+  | { type: "spec"; id: string; spec: SpecCounts }
   | { type: "clear" };
 
 export const initialChat: ChatState = { turns: [] };
 
+export function newReply(key: string, params: DecodingParams, at: number): Reply {
+  return { key, params, result: emptyResult(), status: "streaming", error: null, requestId: null, startedAt: at, firstTokenAt: null, endedAt: null, updatedAt: null, activeChoice: 0, spec: null, base: null };
+}
+
+/** The message with these versions, `shown` on screen. */
+export function assistantTurn(id: string, versions: readonly Reply[], shown: number): AssistantTurn {
+  const i = Math.max(0, Math.min(versions.length - 1, shown));
+  return { ...versions[i]!, id, role: "assistant", versions, shown: i };
+}
+
 function assistant(id: string, params: DecodingParams, at: number): AssistantTurn {
-  return { id, role: "assistant", params, result: emptyResult(), status: "streaming", error: null, requestId: null, startedAt: at, firstTokenAt: null, endedAt: null, activeChoice: 0 };
+  return assistantTurn(id, [newReply(id, params, at)], 0);
+}
+
+function lastAssistantIndex(turns: readonly Turn[]): number {
+  for (let i = turns.length - 1; i >= 0; i--) if (turns[i]!.role === "assistant") return i;
+  return -1;
 }
 
 export function chatReducer(state: ChatState, action: ChatAction): ChatState {
@@ -60,25 +105,81 @@ export function chatReducer(state: ChatState, action: ChatAction): ChatState {
       let i = state.turns.length - 1;
       while (i >= 0 && state.turns[i]!.role === "assistant") i--;
       if (i < 0) return state;
-      return { turns: [...state.turns.slice(0, i + 1), assistant(action.assistantId, action.params, action.at)] };
+      const last = state.turns[i + 1];
+      const reply = newReply(action.assistantId, action.params, action.at);
+      // the new version joins the earlier ones (one message, ‹n/m›)
+      const turn = last?.role === "assistant" ? assistantTurn(last.id, [...last.versions, reply], last.versions.length) : assistant(action.assistantId, action.params, action.at);
+      return { turns: [...state.turns.slice(0, i + 1), turn] };
+    }
+    case "continue": {
+      const i = lastAssistantIndex(state.turns);
+      const t = state.turns[i] as AssistantTurn | undefined;
+      if (t === undefined || t.status === "streaming") return state;
+      const choice = activeChoice(t);
+      const base: ChoiceResult = choice === undefined ? { index: 0, text: "", tokens: [], tool_calls: [], finish_reason: null } : { ...choice, index: 0 };
+      const reply: Reply = { ...t, key: action.key, status: "streaming", error: null, base, activeChoice: 0, result: { ...emptyResult(), choices: [base] }, startedAt: action.at, firstTokenAt: null, endedAt: null, updatedAt: null };
+      return { turns: state.turns.map((x, k) => (k === i ? replaceShown(t, reply) : x)) };
     }
     case "update":
-      return mapTurn(state, action.id, (t) => ({ ...t, result: action.result, requestId: action.requestId ?? t.requestId, firstTokenAt: t.firstTokenAt ?? action.firstTokenAt }));
+      return mapReply(state, action.id, (r) => ({
+        ...r,
+        result: r.base === null ? action.result : extendChoice(r.base, action.result),
+        requestId: action.requestId ?? r.requestId,
+        firstTokenAt: r.firstTokenAt ?? action.firstTokenAt,
+        updatedAt: action.at ?? r.updatedAt,
+      }));
     case "finish":
-      return mapTurn(state, action.id, (t) => (t.status === "streaming" ? { ...t, status: action.status, error: action.error ?? null, endedAt: action.at } : t));
+      return mapReply(state, action.id, (r) => (r.status === "streaming" ? { ...r, status: action.status, error: action.error ?? null, endedAt: action.at } : r));
     case "choose":
-      return mapTurn(state, action.id, (t) => ({ ...t, activeChoice: action.index }));
+      return mapTurn(state, action.id, (t) => replaceShown(t, { ...t, activeChoice: action.index }));
+    case "version":
+      return mapTurn(state, action.id, (t) => (t.status === "streaming" ? t : assistantTurn(t.id, t.versions, action.index)));
+    case "spec":
+      return mapReply(state, action.id, (r) => (r.spec?.drafted === action.spec.drafted && r.spec.accepted === action.spec.accepted ? r : { ...r, spec: action.spec }));
     case "clear":
       return initialChat;
   }
+}
+
+/** The continuation's streamed choice 0 appended to the choice it continues. */
+function extendChoice(base: ChoiceResult, r: StreamResult): StreamResult {
+  const more = r.choices.find((c) => c.index === 0);
+  const choice: ChoiceResult = more === undefined ? base : { ...more, text: base.text + more.text, tokens: [...base.tokens, ...more.tokens], tool_calls: [...base.tool_calls, ...more.tool_calls] };
+  return { ...r, choices: [choice] };
+}
+
+function replyOf(t: AssistantTurn): Reply {
+  const { id: _id, role: _role, versions: _v, shown: _s, ...reply } = t;
+  return reply;
+}
+
+/** The turn with its shown version replaced. */
+function replaceShown(t: AssistantTurn, r: Reply): AssistantTurn {
+  return assistantTurn(t.id, t.versions.map((v, k) => (k === t.shown ? replyOf({ ...t, ...r }) : v)), t.shown);
 }
 
 function mapTurn(state: ChatState, id: string, fn: (t: AssistantTurn) => AssistantTurn): ChatState {
   let changed = false;
   const turns = state.turns.map((t) => {
     if (t.id !== id || t.role !== "assistant") return t;
+    const next = fn(t);
+    if (next !== t) changed = true;
+    return next;
+  });
+  return changed ? { turns } : state;
+}
+
+/** Applies `fn` to the version written by stream `key`, wherever it is. */
+function mapReply(state: ChatState, key: string, fn: (r: Reply) => Reply): ChatState {
+  let changed = false;
+  const turns = state.turns.map((t) => {
+    if (t.role !== "assistant") return t;
+    const k = t.versions.findIndex((v) => v.key === key);
+    if (k < 0) return t;
+    const next = fn(t.versions[k]!);
+    if (next === t.versions[k]) return t;
     changed = true;
-    return fn(t);
+    return assistantTurn(t.id, t.versions.map((v, j) => (j === k ? next : v)), t.shown);
   });
   return changed ? { turns } : state;
 }
@@ -122,7 +223,7 @@ export function historyBefore(turns: readonly Turn[], index: number): ChatTurn[]
 }
 
 export function isStreaming(state: ChatState): boolean {
-  return state.turns.some((t) => t.role === "assistant" && t.status === "streaming");
+  return state.turns.some((t) => t.role === "assistant" && t.versions.some((v) => v.status === "streaming"));
 }
 
 /** A copy of a StreamResult that React can hold while the stream keeps mutating the original. */
@@ -133,6 +234,8 @@ export function cloneResult(r: StreamResult): StreamResult {
 export interface TurnStats {
   ttft: number | null;
   tokensPerS: number | null;
+  /** tokensPerS is the client's running measure while the reply streams. */
+  live: boolean;
   promptTokens: number | null;
   cachedTokens: number | null;
   generated: number | null;
@@ -140,20 +243,28 @@ export interface TurnStats {
   preemptions: number | null;
   e2e: number | null;
   queue: number | null;
+  drafted: number | null;
+  accepted: number | null;
 }
 
-/** Per-message numbers: the server's timings when present, else measured by the client. */
-export function turnStats(t: AssistantTurn): TurnStats {
+/** Per-message numbers: the server's timings when present, else measured by the client (while
+ * streaming: tokens so far over the time since the first one). */
+export function turnStats(t: Reply): TurnStats {
   const timings = t.result.timings;
   const usage = t.result.usage;
-  const choice = activeChoice(t);
+  const choice = t.result.choices.find((c) => c.index === t.activeChoice) ?? t.result.choices[0];
   const clientTtft = t.firstTokenAt !== null ? (t.firstTokenAt - t.startedAt) / 1000 : null;
-  const generated = usage?.completion_tokens ?? timings?.generated_tokens ?? (t.result.choices.reduce((n, c) => n + c.tokens.length, 0) || null);
-  const decodeS = t.endedAt !== null && t.firstTokenAt !== null ? (t.endedAt - t.firstTokenAt) / 1000 : null;
+  // a continuation's earlier tokens were not generated by this request
+  const streamed = t.result.choices.reduce((n, c) => n + c.tokens.length, 0) - (t.base?.tokens.length ?? 0);
+  const generated = usage?.completion_tokens ?? timings?.generated_tokens ?? (streamed > 0 ? streamed : null);
+  const live = t.status === "streaming";
+  const until = live ? t.updatedAt : t.endedAt;
+  const decodeS = until !== null && t.firstTokenAt !== null ? (until - t.firstTokenAt) / 1000 : null;
   const clientRate = generated !== null && decodeS !== null && decodeS > 0 && generated > 1 ? (generated - 1) / decodeS : null;
   return {
     ttft: timings?.ttft_s ?? clientTtft,
     tokensPerS: timings?.tokens_per_s ?? clientRate,
+    live: live && timings?.tokens_per_s == null,
     promptTokens: usage?.prompt_tokens ?? timings?.prompt_tokens ?? null,
     cachedTokens: timings?.cached_prompt_tokens ?? usage?.cached_tokens ?? null,
     generated,
@@ -161,6 +272,8 @@ export function turnStats(t: AssistantTurn): TurnStats {
     preemptions: timings?.num_preemptions ?? null,
     e2e: timings?.e2e_s ?? (t.endedAt !== null ? (t.endedAt - t.startedAt) / 1000 : null),
     queue: timings?.queue_s ?? null,
+    drafted: t.spec?.drafted ?? null,
+    accepted: t.spec?.accepted ?? null,
   };
 }
 

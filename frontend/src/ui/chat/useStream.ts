@@ -14,22 +14,23 @@ export function useStreams(dispatch: (a: ChatAction) => void, model: string | nu
     };
   }, []);
 
-  const run = useCallback(async (id: string, messages: ChatTurn[], params: DecodingParams) => {
+  /** `extra`: fields on top of the request body (Continue's continue_final_message). */
+  const run = useCallback(async (id: string, messages: ChatTurn[], params: DecodingParams, extra: Record<string, unknown> = {}) => {
     const ctrl = new AbortController();
     controllers.current.set(id, ctrl);
     let frame = 0;
     let latest: { r: Parameters<typeof cloneResult>[0]; requestId: string | null; firstTokenAt: number | null } | null = null;
     try {
-      const { result, handle } = await streamCompletion("/v1/chat/completions", chatRequestBody(model, messages, params), ctrl.signal, (r, h) => {
+      const { result, handle } = await streamCompletion("/v1/chat/completions", { ...chatRequestBody(model, messages, params), ...extra }, ctrl.signal, (r, h) => {
         latest = { r, requestId: h.requestId, firstTokenAt: h.firstTokenAt };
         if (frame !== 0) return;
         frame = requestAnimationFrame(() => {
           frame = 0;
-          dispatch({ type: "update", id, result: cloneResult(r), requestId: h.requestId, firstTokenAt: h.firstTokenAt });
+          dispatch({ type: "update", id, result: cloneResult(r), requestId: h.requestId, firstTokenAt: h.firstTokenAt, at: performance.now() });
         });
       });
       cancelAnimationFrame(frame);
-      dispatch({ type: "update", id, result: cloneResult(result), requestId: handle.requestId, firstTokenAt: handle.firstTokenAt });
+      dispatch({ type: "update", id, result: cloneResult(result), requestId: handle.requestId, firstTokenAt: handle.firstTokenAt, at: handle.endedAt ?? performance.now() });
       dispatch({ type: "finish", id, status: "done", at: performance.now() });
     } catch (err) {
       cancelAnimationFrame(frame);

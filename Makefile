@@ -78,7 +78,7 @@ fuzz: setup-python
 
 # A real server under concurrent streams with hang-ups and slow readers (not in CI): RSS, errors, leaks.
 soak: setup-python
-	$(PY) scripts/soak.py --minutes $${MINUTES:-5} --streams $${STREAMS:-16}
+	$(PY) scripts/soak.py --minutes $${MINUTES:-5} --streams $${STREAMS:-16} $${ATTACK:+--attack}
 
 # GuideLLM against a real server on the embedded model at 1 / 8 / 32 streams (tests/test_guidellm.py is the short run).
 compat: setup-python setup-guidellm

@@ -2,9 +2,12 @@
 minutes, with clients that read everything, hang up part-way, or read slowly. Every 15 s it prints
 the server's RSS, KV usage and the outcome counts; at the end it waits for the engine to go idle and
 checks that no KV block is still referenced. Writes a JSON summary and an RSS plot; exits 1 on any
-error or leaked block.
+error, leaked block, or (with --attack) an RSS peak over --max-rss-gib.
 
-    python scripts/soak.py --minutes 5 --streams 16 [--model PATH] [--out bench-results]
+--attack turns half the streams hostile (scripts/soak_attacks.py: new large grammars every request,
+tools near the prompt-size bound, malformed fields and bodies); those may get any 2xx or 4xx.
+
+    python scripts/soak.py --minutes 5 --streams 16 [--attack] [--model PATH] [--out bench-results]
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from collections import Counter
 from pathlib import Path
 
 import httpx
+from soak_attacks import MALFORMED_BODIES, attack_body
 
 PROMPTS = [
     "Explain continuous batching.",
@@ -107,10 +111,25 @@ async def one_request(client: httpx.AsyncClient, rng: random.Random, outcomes: C
         outcomes["completed (slow reader)" if behaviour == "slow" else "completed"] += 1
 
 
-async def worker(client: httpx.AsyncClient, seed: int, deadline: float, outcomes: Counter) -> None:
+async def one_attack(client: httpx.AsyncClient, rng: random.Random, outcomes: Counter) -> None:
+    """A hostile request: any 2xx or 4xx is fine (counted by attack), a 5xx or a dropped connection is an error."""
+    if rng.random() < 0.1:
+        name, kwargs = "malformed body", {"content": rng.choice(MALFORMED_BODIES)}
+    else:
+        name, body = attack_body(rng)
+        kwargs = {"json": body}
+    try:
+        r = await client.post("/v1/chat/completions", headers={"content-type": "application/json"}, **kwargs)
+    except httpx.HTTPError as exc:
+        outcomes[f"error {type(exc).__name__} ({name})"] += 1
+        return
+    outcomes[f"error {r.status_code} ({name})" if r.status_code >= 500 else f"attack {r.status_code // 100}xx"] += 1
+
+
+async def worker(client: httpx.AsyncClient, seed: int, deadline: float, outcomes: Counter, hostile: bool) -> None:
     rng = random.Random(seed)
     while time.monotonic() < deadline:
-        await one_request(client, rng, outcomes)
+        await (one_attack if hostile else one_request)(client, rng, outcomes)
 
 
 async def sample(client: httpx.AsyncClient) -> dict:
@@ -147,14 +166,18 @@ async def soak(args: argparse.Namespace) -> dict:
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120, limits=limits) as client:
             await wait_healthy(client, proc)
-            print(f"\n[soak] {args.streams} streams for {args.minutes:g} min against http://127.0.0.1:{port}")
+            hostile = args.streams // 2 if args.attack else 0
+            print(
+                f"\n[soak] {args.streams} streams ({hostile} hostile) for {args.minutes:g} min against "
+                f"http://127.0.0.1:{port}"
+            )
             outcomes: Counter = Counter()
             series: list[dict] = []
             start = time.monotonic()
             deadline = start + 60 * args.minutes
             await asyncio.gather(
                 monitor(client, start, deadline, outcomes, series),
-                *(worker(client, seed, deadline, outcomes) for seed in range(args.streams)),
+                *(worker(client, seed, deadline, outcomes, seed < hostile) for seed in range(args.streams)),
             )
             leaked, live = await leaked_blocks(client)
             series.append(await sample(client) | {"t_s": time.monotonic() - start})
@@ -165,6 +188,7 @@ async def soak(args: argparse.Namespace) -> dict:
     return {
         "minutes": args.minutes,
         "streams": args.streams,
+        "attack": args.attack,
         "outcomes": dict(outcomes),
         "errors": errors,
         "leaked_blocks": leaked,
@@ -189,7 +213,7 @@ def report(result: dict, out: Path) -> None:
     ax.set(
         xlabel="seconds",
         ylabel="server RSS (GiB)",
-        title=f"soak: {result['streams']} streams, "
+        title=f"soak{' (attack)' if result['attack'] else ''}: {result['streams']} streams, "
         f"{result['minutes']:g} min, {result['errors']} errors, {result['leaked_blocks']} leaked blocks",
     )
     ax.set_ylim(bottom=0)
@@ -197,13 +221,14 @@ def report(result: dict, out: Path) -> None:
     fig.savefig(out / "soak_rss.png", dpi=120)
     o = result["outcomes"]
     print(
-        "\n| minutes | streams | completed | of them slow readers | hung up | errors | leaked blocks "
+        "\n| minutes | streams | attack | completed | of them slow readers | hung up | errors | leaked blocks "
         "| RSS first / peak / last (GiB) |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     slow = o.get("completed (slow reader)", 0)
     print(
-        f"| {result['minutes']:g} | {result['streams']} | {o.get('completed', 0) + slow} | {slow} "
+        f"| {result['minutes']:g} | {result['streams']} | {sum(v for k, v in o.items() if k.startswith('attack'))} "
+        f"| {o.get('completed', 0) + slow} | {slow} "
         f"| {o.get('hung up', 0)} | {result['errors']} | {result['leaked_blocks']} "
         f"| {result['rss_gib_first']:.2f} / {result['rss_gib_peak']:.2f} / {result['rss_gib_last']:.2f} |"
     )
@@ -216,10 +241,17 @@ def main() -> int:
     parser.add_argument("--streams", type=int, default=16)
     parser.add_argument("--model", default=None, help="default: the embedded model")
     parser.add_argument("--out", default="bench-results")
+    parser.add_argument("--attack", action="store_true", help="half the streams send hostile requests")
+    parser.add_argument(
+        "--max-rss-gib", type=float, default=1.5, help="with --attack: the RSS peak the server must stay under"
+    )
     args = parser.parse_args()
     result = asyncio.run(soak(args))
     report(result, Path(args.out))
-    return 1 if result["errors"] or result["leaked_blocks"] or result["live_requests_at_end"] else 0
+    over = args.attack and result["rss_gib_peak"] > args.max_rss_gib
+    if over:
+        print(f"[soak] RSS peaked at {result['rss_gib_peak']:.2f} GiB, over the {args.max_rss_gib:g} GiB limit")
+    return 1 if result["errors"] or result["leaked_blocks"] or result["live_requests_at_end"] or over else 0
 
 
 if __name__ == "__main__":

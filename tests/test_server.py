@@ -893,3 +893,19 @@ def test_frontend_dist_with_client_route_fallback(tmp_path):
         assert c.get("/assets/missing.js").status_code == 404
         assert c.get("/v1/unknown").status_code == 404
         assert c.get("/health").status_code == 200
+
+
+def test_a_chat_request_is_labelled_with_its_last_user_message(client):
+    """The chat route hands the engine token ids; the dashboard's label is the user's words, not the template's."""
+    client.post("/api/recordings/start")
+    body = {
+        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour"}],
+        "max_tokens": 2,
+        **GREEDY,
+    }
+    assert client.post("/v1/chat/completions", json=body).status_code == 200
+    client.post("/v1/completions", json={"prompt": "Plain text prompt", "max_tokens": 2, **GREEDY})
+    rid = client.post("/api/recordings/stop").json()["id"]
+    recording = parse_lines(client.get(f"/api/recordings/{rid}").content.splitlines())
+    previews = [e.prompt_preview for e in recording.events if isinstance(e, ev.RequestArrived)]
+    assert previews == ["Name a colour", "Plain text prompt"]

@@ -215,3 +215,30 @@ def test_building_the_grammar_tokenizer_hands_its_temporaries_back_once(tiny_mod
     compiler.compile(Structured(json={"type": "object"}))
     compiler.compile(Structured(regex="[ab]+"))
     assert trims == [1]
+
+
+def test_the_grammar_cache_is_bounded_by_estimated_memory_and_gives_the_heap_back(tiny_model, monkeypatch):
+    """Compiled grammars are kept by least recent use within CACHE_BYTES (estimated from each
+    constraint's length: a 15,000-choice grammar held 8.7 MiB, and 256 such entries ~2 GiB); the newest
+    stays even when it alone is over; evicted memory goes back to the OS in batches."""
+    from minivllm.structured import grammar
+
+    trims = []
+    monkeypatch.setattr(grammar, "release_free_heap", lambda: trims.append(1) or True)
+    compiler = grammar.GrammarCompiler(tiny_model.tokenizer, tiny_model.config.vocab_size)
+    compiler.compile(Structured(regex="[ab]+"))  # builds the tokenizer (one trim of its own)
+    trims.clear()
+    choices = [Structured(choice=[f"option {i:02d}-{j:03d}" for j in range(400)]) for i in range(12)]
+    one = grammar.estimated_bytes(choices[0].cache_key)
+    monkeypatch.setattr(grammar, "CACHE_BYTES", 4 * one)
+    monkeypatch.setattr(grammar, "TRIM_AFTER_BYTES", 3 * one)
+    for params in choices:
+        compiler.compile(params)
+        assert compiler.cached_bytes <= grammar.CACHE_BYTES
+    kept = list(compiler._cache)
+    assert len(kept) == 4 and kept[-1] == choices[-1].cache_key and choices[0].cache_key not in kept
+    assert compiler.compile(choices[-2]) is compiler._cache[choices[-2].cache_key]  # still cached: no recompile
+    assert len(trims) == 2  # 8 or 9 evicted (the small regex among them): two batches of 3
+    monkeypatch.setattr(grammar, "CACHE_BYTES", one // 2)
+    compiler.compile(Structured(choice=[f"x{j}" for j in range(1000)]))
+    assert len(compiler._cache) == 1  # the newest stays though it alone is over the bound

@@ -177,6 +177,7 @@ class AsyncEngine:
         prompt_token_ids: list[int] | None = None,
         priority: int = 0,
         cache_salt: str | None = None,
+        preview: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Streams RequestOutputs until the request finishes, each with what is new (text, tokens,
         logprobs; `OutputAccumulator` folds them). Validation errors are raised before the first."""
@@ -192,7 +193,7 @@ class AsyncEngine:
                 if prompt_token_ids is None:
                     prompt_token_ids = await self.tokenize(lambda _: self.engine.encode(prompt or ""))
                 await self.call(
-                    lambda e: e.add_request(request_id, prompt, params, prompt_token_ids, priority, cache_salt)
+                    lambda e: e.add_request(request_id, prompt, params, prompt_token_ids, priority, cache_salt, preview)
                 )
             except Exception:
                 rejected = True  # never added: there is nothing of ours to abort under this id

@@ -187,8 +187,11 @@ class LLMEngine:
         prompt_token_ids: list[int] | None = None,
         priority: int = 0,
         cache_salt: str | None = None,
+        preview: str | None = None,
     ) -> Request:
-        """`cache_salt` (vLLM's): the request shares prefix-cache blocks only with those of the same salt."""
+        """`cache_salt` (vLLM's): the request shares prefix-cache blocks only with those of the same salt.
+        `preview`: what the dashboard labels the request with (default: the prompt's start), e.g. a chat's
+        last user message where the prompt is token ids."""
         params = params or SamplingParams()
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -204,7 +207,7 @@ class LLMEngine:
                 self.bus.now(),
                 max_tokens=max_tokens,
                 priority=priority,
-                preview=(prompt or "")[:120],
+                preview=(prompt or "" if preview is None else preview)[:120],
                 grammar=self.grammars.for_params(params),
                 cache_salt=cache_salt,
             )

@@ -130,13 +130,14 @@ async def _respond_all(
     prompts: list[Prompt],
     priority: int,
     salt: str | None,
+    preview: str | None = None,
 ) -> Response:
     """One engine request per prompt (ids `<request id>-<i>` for a list of prompts), run concurrently:
     every one is checked before the response starts, and a failure of any aborts the others."""
     rid = request_id_of(request.scope)
     ids = [rid] if len(prompts) == 1 else [f"{rid}-{i}" for i in range(len(prompts))]
     streams = [
-        ae.generate(text, job.params, request_id, token_ids, priority, salt)
+        ae.generate(text, job.params, request_id, token_ids, priority, salt, preview)
         for request_id, (text, token_ids) in zip(ids, prompts)
     ]
     model = job.model
@@ -273,7 +274,8 @@ async def chat_completions(request: Request) -> Response:
         chat_echo=echoed,
         **job_options(req),
     )
-    return await _respond_all(request, server, ae, job, req.stream, [(None, prompt_ids)], req.priority, salt)
+    preview = next((m["content"] for m in reversed(messages) if m["role"] == "user"), None)
+    return await _respond_all(request, server, ae, job, req.stream, [(None, prompt_ids)], req.priority, salt, preview)
 
 
 def check_chat_template(server: ServerState, template: str | None) -> None:

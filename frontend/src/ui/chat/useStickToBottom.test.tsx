@@ -3,7 +3,7 @@
 // a list that got shorter (the Decoding settings opened above it) still follows.
 import { act, cleanup, fireEvent, render, screen } from "@testing-library/react";
 import { useRef } from "react";
-import { afterEach, describe, expect, it } from "vitest";
+import { afterEach, describe, expect, it, vi } from "vitest";
 import { atEnd, useStickToBottom } from "./useStickToBottom";
 
 /** jsdom has no layout: the list's geometry is set by hand. */
@@ -55,5 +55,25 @@ describe("stick to the bottom", () => {
     g.scrollHeight = 1800;
     rerender(<List items={["a", "b", "c", "d", "e"]} />);
     expect(list.scrollTop).toBe(1800);
+  });
+
+  it("follows with the page where the list grows inside it (the phone layout), until the reader scrolls up", () => {
+    const page = { scrollHeight: 2000, clientHeight: 800 };
+    geometry(document.documentElement, page);
+    const scrollTo = vi.spyOn(window, "scrollTo").mockImplementation(() => undefined);
+    const { rerender } = render(<List items={["a"]} />);
+    const list = screen.getByTestId("list");
+    geometry(list, { scrollHeight: 900, clientHeight: 900 });  // not a scroll box
+    rerender(<List items={["a", "b"]} />);
+    expect(scrollTo).toHaveBeenLastCalledWith(0, 2000);
+    expect(list.scrollTop).toBe(0);
+    act(() => {
+      document.documentElement.scrollTop = 300;  // the reader went up the page
+      fireEvent.scroll(window);
+    });
+    scrollTo.mockClear();
+    rerender(<List items={["a", "b", "c"]} />);
+    expect(scrollTo).not.toHaveBeenCalled();
+    scrollTo.mockRestore();
   });
 });

@@ -242,3 +242,22 @@ def test_the_grammar_cache_is_bounded_by_estimated_memory_and_gives_the_heap_bac
     monkeypatch.setattr(grammar, "CACHE_BYTES", one // 2)
     compiler.compile(Structured(choice=[f"x{j}" for j in range(1000)]))
     assert len(compiler._cache) == 1  # the newest stays though it alone is over the bound
+
+
+def test_a_finished_request_lets_its_grammar_go_once_the_cache_does(engine):
+    """Finished requests stay for snapshots; their compiled grammar must not: once the cache evicts it,
+    nothing keeps it alive (256 kept requests held ~7 MiB each under an attack of new constraints)."""
+    import gc
+    import weakref
+
+    params = SamplingParams(
+        temperature=1.0, seed=1, max_tokens=4, structured_outputs=Structured(choice=["red", "blue"])
+    )
+    engine.add_request("a", "Hello", params)
+    assert run(engine)["a"].outputs[0].text in ("red", "blue")
+    (finished,) = engine.tracker.finished
+    assert finished.grammar is None and all(s.grammar is None for s in finished.all_seqs())
+    compiled = weakref.ref(engine.grammars.compile(params.structured_outputs))
+    engine.grammars._cache.clear()
+    gc.collect()
+    assert compiled() is None

@@ -27,8 +27,13 @@ from playwright.sync_api import Browser, BrowserContext, Page, expect, sync_play
 from e2e_support import ARTIFACTS, INIT_SCRIPT, REPO
 
 CHROMIUM = os.environ.get("MINIVLLM_E2E_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 VIEWPORT = {"width": 1600, "height": 1000}
 
 # The session's engine. A chat here has a ~40-token prompt (the template's default system prompt
@@ -74,11 +79,27 @@ def running_server(extra_args: list[str], log_name: str) -> Iterator[str]:
         pytest.fail("frontend/dist is missing: run `cd frontend && npm run build` first")
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     port = _free_port()
-    cmd = [_minivllm(), "serve", "--host", "127.0.0.1", "--port", str(port),
-           "--num-blocks", str(ENGINE["num_blocks"]), "--block-size", str(ENGINE["block_size"]),
-           "--max-num-seqs", str(ENGINE["max_num_seqs"]),
-           "--max-num-batched-tokens", str(ENGINE["max_num_batched_tokens"]),
-           *extra_args, "--frontend-dist", str(dist), "--log-level", "warning"]
+    cmd = [
+        _minivllm(),
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--num-blocks",
+        str(ENGINE["num_blocks"]),
+        "--block-size",
+        str(ENGINE["block_size"]),
+        "--max-num-seqs",
+        str(ENGINE["max_num_seqs"]),
+        "--max-num-batched-tokens",
+        str(ENGINE["max_num_batched_tokens"]),
+        *extra_args,
+        "--frontend-dist",
+        str(dist),
+        "--log-level",
+        "warning",
+    ]
     env = dict(os.environ)
     # One intra-op thread: on a small shared box, torch's default (one thread per core) competes
     # with the browser and other jobs and every engine step slows down by an order of magnitude.
@@ -179,6 +200,13 @@ def page(context: BrowserContext, request: pytest.FixtureRequest, engine: dict) 
     pg = context.new_page()
     errors: list[str] = []
     pg.on("pageerror", lambda e: errors.append(str(e)))
+    # every test: no console error and no request the client gave up on (a successful stream read to its
+    # end), except where a test provokes them on purpose and says so with its marker
+    problems: list[str] = []
+    if request.node.get_closest_marker("console_errors_expected") is None:
+        pg.on("console", lambda m: problems.append(f"console error: {m.text}") if m.type == "error" else None)
+    if request.node.get_closest_marker("aborts_requests") is None:
+        pg.on("requestfailed", lambda r: problems.append(f"request failed: {r.method} {r.url} {r.failure}"))
     pg.goto("/")
     expect(pg.get_by_test_id("connection-badge")).to_have_attribute("data-status", "live")
     expect(pg.get_by_test_id("heatmap-summary")).to_contain_text(f"blocks={engine['num_blocks']} ")
@@ -192,3 +220,9 @@ def page(context: BrowserContext, request: pytest.FixtureRequest, engine: dict) 
         except Exception:  # noqa: BLE001 - best effort: the page may be gone
             pass
     assert not errors, f"uncaught errors in the page: {errors}"
+    assert not problems, "\n".join(problems)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "aborts_requests: the test stops requests on purpose (the Stop button)")
+    config.addinivalue_line("markers", "console_errors_expected: the test provokes failed loads on purpose (4xx)")

@@ -110,18 +110,22 @@ def wait_js(page: Page, predicate: str, arg: object = None, timeout_ms: float = 
 
 def wait_owns_blocks(page: Page, rid: str, timeout_ms: float = 60_000) -> dict:
     """Waits until the heatmap shows blocks held by request `rid`; returns the heatmap summary then."""
-    return wait_js(page, "(id) => { const h = window.__e2e.heatmap(); return h && h.per[id] > 0 ? h : false; }",
-                   rid, timeout_ms)
+    return wait_js(
+        page, "(id) => { const h = window.__e2e.heatmap(); return h && h.per[id] > 0 ? h : false; }", rid, timeout_ms
+    )
 
 
 def wait_idle(page: Page, rid: str = "", timeout_ms: float = 60_000) -> dict:
     """Waits until no block is in use (and `rid` holds none); returns the heatmap summary then."""
-    return wait_js(page, "(id) => { const h = window.__e2e.heatmap(); return h && h.used === 0 && !(id in h.per) ? h : false; }",
-                   rid, timeout_ms)
+    return wait_js(
+        page,
+        "(id) => { const h = window.__e2e.heatmap(); return h && h.used === 0 && !(id in h.per) ? h : false; }",
+        rid,
+        timeout_ms,
+    )
 
 
-def wait_finished(page: Page, rid: str, state: str | tuple[str, ...] = "FINISHED",
-                  timeout_ms: float = 90_000) -> Row:
+def wait_finished(page: Page, rid: str, state: str | tuple[str, ...] = "FINISHED", timeout_ms: float = 90_000) -> Row:
     """Waits until request `rid` is in `state` (or any of several: the caller then checks which)."""
     states = [state] if isinstance(state, str) else list(state)
     wait_js(page, "([id, s]) => s.includes(window.__e2e.timeline()[id]?.state)", [rid, states], timeout_ms)
@@ -136,8 +140,9 @@ def open_decoding(page: Page) -> Locator:
     return controls
 
 
-def set_decoding(page: Page, preset: str | None = None, max_tokens: int | None = None,
-                 seed: int | None | str = "keep") -> None:
+def set_decoding(
+    page: Page, preset: str | None = None, max_tokens: int | None = None, seed: int | None | str = "keep"
+) -> None:
     open_decoding(page)
     if preset is not None:
         page.get_by_test_id(f"preset-{preset}").click()
@@ -155,8 +160,12 @@ def set_structured(page: Page, mode: str, text: str | None = None) -> None:
     open_decoding(page)
     page.get_by_test_id("structured-mode").select_option(mode)
     expect(page.get_by_test_id("structured-controls")).to_have_attribute("data-mode", mode)
-    editor = {"json_schema": "structured-schema", "regex": "structured-regex", "choice": "structured-choices",
-              "grammar": "structured-grammar"}.get(mode)
+    editor = {
+        "json_schema": "structured-schema",
+        "regex": "structured-regex",
+        "choice": "structured-choices",
+        "grammar": "structured-grammar",
+    }.get(mode)
     if text is not None:
         assert editor is not None, f"structured mode {mode} has no text"
         page.get_by_test_id(editor).fill(text)
@@ -222,8 +231,11 @@ def shot(target: Page | Locator, name: str, **kw) -> Path:
 
 def _frames(page: Page, n: int = 3) -> None:
     """Waits for `n` animation frames (the frame loop redraws the canvases after a resize)."""
-    page.evaluate("(n) => new Promise((done) => { const f = (k) => (k ? requestAnimationFrame(() => f(k - 1)) : done()); f(n); })",
-                  n)
+    page.evaluate(
+        "(n) => new Promise((done) => {"
+        " const f = (k) => (k ? requestAnimationFrame(() => f(k - 1)) : done()); f(n); })",
+        n,
+    )
 
 
 def dashboard_shot(page: Page, name: str, max_height: int = 3200) -> Path:
@@ -233,7 +245,8 @@ def dashboard_shot(page: Page, name: str, max_height: int = 3200) -> Path:
     assert size is not None
     page.evaluate("() => document.querySelector('main.main')?.scrollTo(0, 0)")
     extra = page.evaluate(
-        "() => { const m = document.querySelector('main.main'); return m ? m.scrollHeight - m.clientHeight : 0; }")
+        "() => { const m = document.querySelector('main.main'); return m ? m.scrollHeight - m.clientHeight : 0; }"
+    )
     page.set_viewport_size({"width": size["width"], "height": min(max_height, size["height"] + max(0, int(extra)))})
     _frames(page)
     try:

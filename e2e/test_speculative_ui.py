@@ -14,9 +14,9 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from conftest import ENGINE, running_server
 from playwright.sync_api import Page, expect
 
-from conftest import ENGINE, running_server
 from e2e_support import last_reply, reply_text, send_chat, set_decoding, shot
 
 SPEC = {"method": "ngram", "num_speculative_tokens": 4}
@@ -71,8 +71,11 @@ def test_speculative_setup_drafted_tokens_verify_marks_and_acceptance(page: Page
 
     # the server's own counters agree with what the panel derived
     counters = httpx.get(f"{server}/metrics", timeout=10).text
-    accepted = sum(float(line.rsplit(" ", 1)[1]) for line in counters.splitlines()
-                   if line.startswith("minivllm:spec_decode_num_accepted_tokens_total"))
+    accepted = sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in counters.splitlines()
+        if line.startswith("minivllm:spec_decode_num_accepted_tokens_total")
+    )
     assert accepted >= drafted.count() > 0, (accepted, drafted.count())
     shot(page.get_by_test_id("chat-panel"), "panel-chat-speculative.png")
     page.get_by_test_id(f"request-row-{rid}").click()

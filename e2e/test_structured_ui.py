@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from playwright.sync_api import Page, expect
 
-from e2e_support import (CHAT_PATH, last_reply, reply_text, send_chat, set_decoding, set_structured,
-                         set_token_view, shot)
+from e2e_support import CHAT_PATH, last_reply, reply_text, send_chat, set_decoding, set_structured, set_token_view, shot
 
 # additionalProperties false, as OpenAI's strict mode asks: without it the grammar lets the small model
 # add keys until max_tokens runs out.
@@ -37,7 +37,9 @@ def test_json_schema_reply_parses_and_tokens_show_the_grammar_mask(page: Page) -
         send_chat(page, "Give the city and population of Paris as JSON.")
     body = req.value.post_data_json
     assert body["response_format"] == {
-        "type": "json_schema", "json_schema": {"name": "response", "schema": SCHEMA, "strict": True}}, body
+        "type": "json_schema",
+        "json_schema": {"name": "response", "schema": SCHEMA, "strict": True},
+    }, body
     reply_text(page)
     msg = last_reply(page)
     assert msg.get_attribute("data-finish") == "stop", f"finish reason {msg.get_attribute('data-finish')!r}"
@@ -47,16 +49,19 @@ def test_json_schema_reply_parses_and_tokens_show_the_grammar_mask(page: Page) -
     tokens = msg.get_by_test_id("token")
     expect(tokens.first).to_be_visible()
     expect(msg.locator('[data-testid="token"]:not([data-allowed])')).to_have_count(0)
-    fractions = [float(x) for x in msg.locator('[data-testid="token"][data-allowed]').evaluate_all(
-        "els => els.map((e) => e.dataset.allowed)")]
+    fractions = [
+        float(x)
+        for x in msg.locator('[data-testid="token"][data-allowed]').evaluate_all(
+            "els => els.map((e) => e.dataset.allowed)"
+        )
+    ]
     assert fractions and len(fractions) == tokens.count(), fractions
     assert all(0 < f <= 1 for f in fractions), fractions
     assert min(fractions) < 0.01, f"a JSON schema leaves few choices at its braces and keys: {fractions}"
     expect(msg.get_by_test_id("legend-mask")).to_be_visible()
     narrow = msg.locator('[data-testid="token"][data-allowed]').nth(fractions.index(min(fractions)))
     narrow.hover()
-    expect(page.get_by_test_id("token-tooltip").get_by_test_id("token-mask")).to_contain_text(
-        "grammar allowed ")
+    expect(page.get_by_test_id("token-tooltip").get_by_test_id("token-mask")).to_contain_text("grammar allowed ")
     shot(page.get_by_test_id("chat-panel"), "panel-chat-structured.png")
 
     # the reply itself (the token view off shows the plain text) is JSON with the schema's keys
@@ -105,6 +110,7 @@ def test_choices_reply_is_exactly_one_of_them(page: Page) -> None:
     expect(last_reply(page)).to_have_attribute("data-finish", "stop")
 
 
+@pytest.mark.console_errors_expected  # the browser logs the refused request's 400
 def test_regex_the_server_refuses_shows_its_400_message(page: Page) -> None:
     set_decoding(page, preset="greedy", max_tokens=8)
     set_structured(page, "regex", "([a-z]+")

@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import pytest
 from playwright.sync_api import Page, expect
 
-from e2e_support import (last_reply, regenerate, reply_text, send_chat, set_decoding, shot, timeline,
-                         wait_finished, wait_idle, wait_js, wait_owns_blocks)
+from e2e_support import (
+    last_reply,
+    regenerate,
+    reply_text,
+    send_chat,
+    set_decoding,
+    shot,
+    timeline,
+    wait_finished,
+    wait_idle,
+    wait_js,
+    wait_owns_blocks,
+)
 
 # Returns {status, len} once the last assistant message is longer than `n` characters or has stopped
 # streaming (false while neither: wait_for_function keeps polling).
@@ -18,6 +30,7 @@ _GROWN = """(n) => {
 }"""
 
 
+@pytest.mark.aborts_requests  # Stop cancels the stream: the browser reports it as aborted
 def test_reply_streams_token_by_token_and_stop_aborts(page: Page) -> None:
     # The greedy story runs past 1,000 tokens; 200 (what the e2e pool of 256 slots holds beside the
     # prompt) keep it decoding for over a second at 150 tok/s. At 96 a fast box had finished the
@@ -46,8 +59,10 @@ def test_reply_streams_token_by_token_and_stop_aborts(page: Page) -> None:
 
     # The server aborted the request: ABORTED in the timeline summary and the row, blocks freed.
     row = wait_finished(page, rid, ("ABORTED", "FINISHED"))
-    assert row.state == "ABORTED", ("the request was not aborted (it finished before Stop reached the "
-                                    f"server, or the disconnect went unnoticed): {row}")
+    assert row.state == "ABORTED", (
+        "the request was not aborted (it finished before Stop reached the "
+        f"server, or the disconnect went unnoticed): {row}"
+    )
     assert row.segments[-1] == "ABORTED" and "DECODE" in row.segments, row
     assert "FINISHED" not in row.segments, row
     expect(page.get_by_test_id(f"request-row-{rid}")).to_have_attribute("data-state", "ABORTED")

@@ -125,18 +125,24 @@ def test_import_reports_a_bad_file_and_renders_a_good_one_as_markdown(page: Page
     page.get_by_test_id("chats-toggle").click()
     bad = {"format": "minivllm-chats", "version": 1, "conversations": [{"turns": [{"role": "user", "content": 3}]}]}
     page.get_by_test_id("chats-import-file").set_input_files(
-        files=[{"name": "bad.json", "mimeType": "application/json", "buffer": json.dumps(bad).encode()}])
+        files=[{"name": "bad.json", "mimeType": "application/json", "buffer": json.dumps(bad).encode()}]
+    )
     expect(page.get_by_test_id("chats-import-error")).to_have_text(
-        "bad.json: conversations[0].turns[0].content: expected a string, got a number")
+        "bad.json: conversations[0].turns[0].content: expected a string, got a number"
+    )
     expect(page.get_by_test_id("conversation")).to_have_count(1)
 
     # a good file: its reply renders as Markdown (token view off), and Copy puts a code block's code
     # on the clipboard
     page.context.grant_permissions(["clipboard-read", "clipboard-write"])
     reply = "Use **ls**:\n\n```sh\nls -l /tmp\n```\n\n| flag | meaning |\n|---|---|\n| -l | long |\n"
-    good = {"title": "Shell help", "turns": [{"role": "user", "content": "How do I list files?"}, {"role": "assistant", "content": reply}]}
+    good = {
+        "title": "Shell help",
+        "turns": [{"role": "user", "content": "How do I list files?"}, {"role": "assistant", "content": reply}],
+    }
     page.get_by_test_id("chats-import-file").set_input_files(
-        files=[{"name": "good.json", "mimeType": "application/json", "buffer": json.dumps(good).encode()}])
+        files=[{"name": "good.json", "mimeType": "application/json", "buffer": json.dumps(good).encode()}]
+    )
     expect(page.get_by_test_id("chats-import-error")).to_have_count(0)
     expect(page.get_by_test_id("chat-title")).to_have_text("Shell help")
     set_token_view(page, False)
@@ -151,7 +157,8 @@ def test_import_reports_a_bad_file_and_renders_a_good_one_as_markdown(page: Page
 
 _AT_END = """() => {
   const el = document.querySelector('[data-testid="chat-messages"]');
-  return { overflow: el.scrollHeight - el.clientHeight, gap: el.scrollHeight - el.scrollTop - el.clientHeight, height: el.clientHeight };
+  const gap = el.scrollHeight - el.scrollTop - el.clientHeight;
+  return { overflow: el.scrollHeight - el.clientHeight, gap, height: el.clientHeight };
 }"""
 
 
@@ -161,7 +168,8 @@ def test_conversation_follows_new_replies_with_the_decoding_settings_open(page: 
     turns = [{"role": "user", "content": "Say hello."}, {"role": "assistant", "content": "Hello." + "\n" * 60 + "Bye."}]
     page.get_by_test_id("chats-toggle").click()
     page.get_by_test_id("chats-import-file").set_input_files(
-        files=[{"name": "long.json", "mimeType": "application/json", "buffer": json.dumps({"turns": turns}).encode()}])
+        files=[{"name": "long.json", "mimeType": "application/json", "buffer": json.dumps({"turns": turns}).encode()}]
+    )
     expect(page.get_by_test_id("chats-imported")).to_contain_text("Imported 1 conversation")
     page.get_by_test_id("chats-toggle").click()
     set_decoding(page, preset="greedy", max_tokens=48)  # leaves the Decoding settings open

@@ -167,12 +167,17 @@ def test_timeline_colours_arrows_search_zoom_and_replay_seek(page: Page, server:
     page.get_by_test_id("record-start").click()
     expect(page.get_by_test_id("record-stop")).to_be_visible()
     recording_id = api.get("/api/recordings/status").json()["recording"]["id"]
-    ids = _run_load(page, server, chat=False)
+    arrows = page.get_by_test_id("timeline-arrows")
+    # the workload arranges a preemption for another request; on a loaded box the five may arrive too far
+    # apart for one (or the newest preempts itself: no arrow), so it runs again, at most three times
+    for _ in range(3):
+        ids = _run_load(page, server, chat=False)
+        if any(line.split(" -> ")[0] in ids for line in (arrows.text_content() or "").splitlines() if " -> " in line):
+            break
     page.get_by_test_id("record-stop").click()
     expect(page.get_by_test_id("record-start")).to_be_visible()
 
     # an arrow from each preempted request to the one that needed its blocks
-    arrows = page.get_by_test_id("timeline-arrows")
     expect(arrows).to_contain_text(" -> ")
     pairs = [re.match(r"^(\S+) -> (\S+) @ ", line) for line in (arrows.text_content() or "").splitlines()]
     pairs = [(m[1], m[2]) for m in pairs if m and m[1] in ids]

@@ -10,8 +10,19 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 from playwright.sync_api import Page, expect
 
-from e2e_support import (api_chat, dashboard_shot, heatmap, send_chat, set_decoding, shot, timeline, wait_finished,
-                         wait_idle, wait_js, wait_owns_blocks)
+from e2e_support import (
+    api_chat,
+    dashboard_shot,
+    heatmap,
+    send_chat,
+    set_decoding,
+    shot,
+    timeline,
+    wait_finished,
+    wait_idle,
+    wait_js,
+    wait_owns_blocks,
+)
 
 
 def test_timeline_request_passes_every_state(page: Page) -> None:
@@ -56,16 +67,24 @@ def test_heatmap_blocks_follow_the_request(page: Page, engine: dict) -> None:
     shot(page.get_by_test_id("heatmap-panel"), "panel-heatmap.png")
 
 
-SYSTEM = ("You are a meticulous assistant for a small bakery. Answer questions about bread, pastry, opening "
-          "hours and ingredients. Keep every answer short, friendly and accurate, and never invent prices "
-          "or products that the bakery does not sell.")
+SYSTEM = (
+    "You are a meticulous assistant for a small bakery. Answer questions about bread, pastry, opening "
+    "hours and ingredients. Keep every answer short, friendly and accurate, and never invent prices "
+    "or products that the bakery does not sell."
+)
 
 
 def _chat_with_system(server: str, rid: str, question: str, max_tokens: int) -> dict:
     with httpx.Client(base_url=server, timeout=180) as client:
-        r = client.post("/v1/chat/completions", headers={"X-Request-Id": rid}, json={
-            "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
-            "max_tokens": max_tokens, "temperature": 0})
+        r = client.post(
+            "/v1/chat/completions",
+            headers={"X-Request-Id": rid},
+            json={
+                "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
+                "max_tokens": max_tokens,
+                "temperature": 0,
+            },
+        )
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -77,10 +96,14 @@ def test_shared_system_prompt_shares_and_caches_blocks(page: Page, server: str) 
         # the second request arrives once the first is decoding: its prompt blocks are registered
         wait_js(page, "(id) => window.__e2e.timeline()[id]?.state === 'DECODE'", a)
         second = pool.submit(_chat_with_system, server, b, "When do you open on Sundays?", 24)
-        both = wait_js(page, """([a, b]) => {
+        both = wait_js(
+            page,
+            """([a, b]) => {
           const h = window.__e2e.heatmap();
           return h && h.per[a] > 0 && h.per[b] > 0 && h.shared > 0 ? h : false;
-        }""", [a, b])
+        }""",
+            [a, b],
+        )
         shot(page.get_by_test_id("heatmap-panel"), "panel-heatmap-shared.png")
         first_body, second_body = first.result(), second.result()
     # the system prompt spans at least two full blocks, held by both requests at once
@@ -107,8 +130,13 @@ LOAD_PROMPTS = [
 
 def test_load_generator_preempts_and_every_request_is_correct(page: Page, api: httpx.Client, engine: dict) -> None:
     sent: dict[str, dict] = {}  # engine request id -> the body the page sent
-    page.on("response", lambda r: r.url.endswith("/v1/chat/completions") and sent.__setitem__(
-        r.header_value("x-request-id"), r.request.post_data_json))
+    page.on(
+        "response",
+        lambda r: (
+            r.url.endswith("/v1/chat/completions")
+            and sent.__setitem__(r.header_value("x-request-id"), r.request.post_data_json)
+        ),
+    )
 
     page.get_by_test_id("tab-loadgen").click()
     page.get_by_test_id("loadgen-count").fill(str(len(LOAD_PROMPTS)))
@@ -121,8 +149,11 @@ def test_load_generator_preempts_and_every_request_is_correct(page: Page, api: h
     page.get_by_test_id("loadgen-start").click()
 
     # While it runs, the pool is too small for all of them: the scheduler preempts.
-    wait_js(page, "() => Object.values(window.__e2e.timeline()).some((r) => r.segments.includes('PREEMPTED'))",
-            timeout_ms=120_000)
+    wait_js(
+        page,
+        "() => Object.values(window.__e2e.timeline()).some((r) => r.segments.includes('PREEMPTED'))",
+        timeout_ms=120_000,
+    )
     alert_rows = page.locator('[data-testid="scheduler-step-row"].row-alert')
     expect(alert_rows.first).to_be_attached(timeout=60_000)
     # freeze the scheduler table on the preemption to read it (and picture it)
@@ -184,8 +215,9 @@ def test_load_generator_preempts_and_every_request_is_correct(page: Page, api: h
 # batch or a preemption's recompute changes fp32 attention sums in their last bits, and the default
 # engine rounds activations (to int8 per block of 32 in our kernels; to bf16 in torch's, whose step
 # at logits of 8-32 is 0.06-0.125), so a value can cross a rounding boundary: measured, one request in
-# six switching between two tokens 0.0625 apart; a flat distribution can hold three such tokens. A scheduling bug (a wrong block, position or KV) does
-# not pick the alone run's runner-up at a tie; it shows as a difference elsewhere.
+# six switching between two tokens 0.0625 apart; a flat distribution can hold three such tokens. A scheduling
+# bug (a wrong block, position or KV) does not pick the alone run's runner-up at a tie; it shows as a
+# difference elsewhere.
 NEAR_TIE_NATS = 0.25
 
 
@@ -209,27 +241,42 @@ def first_divergence(shown: str, alone_choice: dict) -> str | None:
     # with the alone run's (" trans" / " transformer").
     for i in (len(offsets) - 1, len(offsets) - 2)[: len(offsets)]:
         token = tokens[i]
-        taken = next((t for t in token["top_logprobs"]
-                      if t["token"] != token["token"] and shown.startswith(t["token"], offsets[i])), None)
+        taken = next(
+            (
+                t
+                for t in token["top_logprobs"]
+                if t["token"] != token["token"] and shown.startswith(t["token"], offsets[i])
+            ),
+            None,
+        )
         if taken is not None and token["logprob"] - taken["logprob"] <= NEAR_TIE_NATS:
-            print(f"[e2e] batched and alone runs part at a near-tie, token {i}: {token['token']!r} "
-                  f"{token['logprob']:.4f} vs {taken['token']!r} {taken['logprob']:.4f}")
+            print(
+                f"[e2e] batched and alone runs part at a near-tie, token {i}: {token['token']!r} "
+                f"{token['logprob']:.4f} vs {taken['token']!r} {taken['logprob']:.4f}"
+            )
             return None
     token = tokens[len(offsets) - 1]
-    return (f"at token {len(offsets) - 1} the alone run chose {token['token']!r} ({token['logprob']:.4f}; top five "
-            f"{[(t['token'], round(t['logprob'], 4)) for t in token['top_logprobs']]}), and the batched run "
-            f"did not take a near-tie runner-up:\n{shown!r}\n{expected!r}")
+    return (
+        f"at token {len(offsets) - 1} the alone run chose {token['token']!r} ({token['logprob']:.4f}; top five "
+        f"{[(t['token'], round(t['logprob'], 4)) for t in token['top_logprobs']]}), and the batched run "
+        f"did not take a near-tie runner-up:\n{shown!r}\n{expected!r}"
+    )
 
 
 def _choice(*tokens: tuple[str, float, list[tuple[str, float]]]) -> dict:
-    content = [{"token": t, "logprob": lp, "top_logprobs": [{"token": a, "logprob": b} for a, b in top]}
-               for t, lp, top in tokens]
+    content = [
+        {"token": t, "logprob": lp, "top_logprobs": [{"token": a, "logprob": b} for a, b in top]}
+        for t, lp, top in tokens
+    ]
     return {"message": {"content": "".join(t for t, _, _ in tokens)}, "logprobs": {"content": content}}
 
 
 def test_first_divergence_accepts_only_a_near_tie_runner_up() -> None:
-    alone = _choice(("A", -0.1, [("A", -0.1), ("B", -3.0)]), (" cat", -1.80, [(" cat", -1.80), (" dog", -1.86)]),
-                    (" sat", -0.2, [(" sat", -0.2), (" ran", -2.0)]))
+    alone = _choice(
+        ("A", -0.1, [("A", -0.1), ("B", -3.0)]),
+        (" cat", -1.80, [(" cat", -1.80), (" dog", -1.86)]),
+        (" sat", -0.2, [(" sat", -0.2), (" ran", -2.0)]),
+    )
     assert first_divergence("A cat sat", alone) is None
     assert first_divergence("A dog barked", alone) is None  # the runner-up of a 0.06-nat tie
     assert "token 0" in first_divergence("B cat sat", alone)  # a runner-up 2.9 nats behind
@@ -281,7 +328,8 @@ def test_settings_shrink_the_kv_pool(page: Page, api: httpx.Client, engine: dict
     expect(page.get_by_test_id("engine-model")).to_contain_text(f"{smaller} blocks × {engine['block_size']}")
     expect(page.get_by_test_id("heatmap-panel")).to_contain_text(f"{smaller} blocks × {engine['block_size']} tokens")
     expect(page.get_by_test_id("heatmap-canvas")).to_have_attribute(
-        "aria-label", re.compile(rf"^KV cache blocks: 0 in use, 0 shared, 0 cached, {smaller} free\."))
+        "aria-label", re.compile(rf"^KV cache blocks: 0 in use, 0 shared, 0 cached, {smaller} free\.")
+    )
     expect(field).to_have_value(str(smaller))
     # rebuilding the engine keeps the weights as loaded
     after = api.get("/api/config").json()
@@ -310,7 +358,8 @@ def test_settings_switch_the_kv_cache_to_float16(page: Page, api: httpx.Client, 
     select.select_option("float16")
     page.get_by_test_id("settings-apply").click()
     expect(page.get_by_test_id("settings-status")).to_contain_text(
-        f"Applied: {engine['num_blocks']} blocks × {engine['block_size']} tokens (float16)", timeout=180_000)
+        f"Applied: {engine['num_blocks']} blocks × {engine['block_size']} tokens (float16)", timeout=180_000
+    )
     assert api.get("/api/config").json()["kv_cache_dtype"] == "float16"
     expect(select).to_have_value("float16")
     page.get_by_test_id("tab-chat").click()

@@ -21,8 +21,11 @@ def test_replay_of_a_recording_ends_in_the_live_final_state(page: Page, api: htt
     chat_id = send_chat(page, "Give me three tips for baking bread.")
     wait_js(page, "(id) => window.__e2e.timeline()[id]?.state === 'DECODE'", chat_id)
     api_id = f"replay-{uuid.uuid4().hex[:8]}"
-    r = api.post("/v1/chat/completions", headers={"X-Request-Id": api_id}, json={
-        "messages": [{"role": "user", "content": "What is sourdough?"}], "max_tokens": 16, "temperature": 0})
+    r = api.post(
+        "/v1/chat/completions",
+        headers={"X-Request-Id": api_id},
+        json={"messages": [{"role": "user", "content": "What is sourdough?"}], "max_tokens": 16, "temperature": 0},
+    )
     assert r.status_code == 200, r.text
     wait_finished(page, chat_id)
     wait_finished(page, api_id)
@@ -90,8 +93,11 @@ def test_reconnect_resumes_without_losing_state(page: Page, api: httpx.Client, e
 
     # The engine keeps working while the dashboard is cut off...
     missed_id = f"missed-{uuid.uuid4().hex[:8]}"
-    r = api.post("/v1/chat/completions", headers={"X-Request-Id": missed_id}, json={
-        "messages": [{"role": "user", "content": "What is a cache?"}], "max_tokens": 12, "temperature": 0})
+    r = api.post(
+        "/v1/chat/completions",
+        headers={"X-Request-Id": missed_id},
+        json={"messages": [{"role": "user", "content": "What is a cache?"}], "max_tokens": 12, "temperature": 0},
+    )
     assert r.status_code == 200, r.text
     # ...and the dashboard keeps what it had, without the missed request
     expect(badge).not_to_have_attribute("data-status", "live")
@@ -116,7 +122,8 @@ def test_reconnect_resumes_without_losing_state(page: Page, api: httpx.Client, e
     expect(fresh.get_by_test_id("connection-badge")).to_have_attribute("data-status", "live")
     expect(fresh.get_by_test_id("heatmap-summary")).to_contain_text(f"blocks={engine['num_blocks']} ")
     expect(page.get_by_test_id("heatmap-summary")).to_have_text(
-        fresh.get_by_test_id("heatmap-summary").text_content() or "<empty>")
+        fresh.get_by_test_id("heatmap-summary").text_content() or "<empty>"
+    )
     assert page.get_by_test_id("heatmap-summary").text_content() != before_heatmap  # the missed blocks are cached
     fresh.close()
 

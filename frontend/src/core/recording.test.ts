@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { parseRecording, RecordingFormatError } from "./recording";
+import { parseRecording, recordingOwner, RecordingFormatError } from "./recording";
 
 const header = JSON.stringify({ type: "header", version: 1, created: "2025-01-01T00:00:00Z", snapshot: { type: "snapshot", seq: 0, ts: 0, step: 0, config: {}, requests: [], blocks: [] } });
 
@@ -27,5 +27,14 @@ describe("parseRecording", () => {
     expect(bad([header, "{nope"].join("\n"))).toMatch(/line 2: not JSON/);
     expect(bad([header, JSON.stringify({ type: "what" })].join("\n"))).toMatch(/line 2: unknown event type/);
     expect(bad([header, JSON.stringify({ type: "footer", snapshot: {} }), JSON.stringify({ type: "metrics" })].join("\n"))).toMatch(/line 3: content after the footer/);
+  });
+});
+
+describe("recordingOwner", () => {
+  it("says whose recording it is", () => {
+    expect(recordingOwner({ mine: true, server: "127.0.0.1-8000" })).toBe("this server");
+    expect(recordingOwner({ mine: false, server: "127.0.0.1-8001" })).toBe("from 127.0.0.1-8001");
+    expect(recordingOwner({ server: "upload" })).toBe("uploaded");
+    expect(recordingOwner({})).toBe("unknown server");
   });
 });

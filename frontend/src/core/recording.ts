@@ -1,6 +1,6 @@
 // Recordings (JSONL): line 1 a header {type: "header", version, created, snapshot}, then one event per
 // line, and — when the recording was stopped cleanly — a footer {type: "footer", snapshot}.
-import type { AnyEvent, RecordingFooter, RecordingHeader } from "./wire";
+import type { AnyEvent, RecordingFooter, RecordingHeader, RecordingInfo } from "./wire";
 import { EVENT_TYPES } from "./wire";
 
 export interface Recording {
@@ -63,4 +63,11 @@ export function parseRecording(text: string, name = "recording"): Recording {
   }
   if (header === null) throw new RecordingFormatError(1, "empty recording: expected a header line");
   return { header, events, footer, name };
+}
+
+/** Whose recording it is, for the list: servers run from one checkout share its `./recordings`. */
+export function recordingOwner(info: Pick<RecordingInfo, "mine" | "server">): string {
+  if (info.mine === true) return "this server";
+  if (info.server === "upload") return "uploaded";
+  return info.server ? `from ${info.server}` : "unknown server";
 }

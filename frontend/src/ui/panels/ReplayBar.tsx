@@ -3,7 +3,7 @@
 import { useEffect, useMemo, useState, useSyncExternalStore, type ChangeEvent } from "react";
 import { downloadRecording, listRecordings, recordingUrl, traceUrl, uploadRecording } from "../../api/client";
 import { fmtBytes } from "../../core/format";
-import { parseRecording } from "../../core/recording";
+import { parseRecording, recordingOwner } from "../../core/recording";
 import { verifyRecording } from "../../core/replay";
 import type { RecordingInfo } from "../../core/wire";
 import { useBusyAction } from "../hooks";
@@ -99,7 +99,7 @@ export function ReplayBar(props: { controller: ReplayController; refreshKey: num
             {recordings !== null && recordings.length === 0 && <option value="">No recordings on the server</option>}
             {recordings?.map((r) => (
               <option key={r.id} value={r.id} disabled={r.active}>
-                {r.id} · {r.num_events} events · {r.duration_s.toFixed(1)} s · {fmtBytes(r.size_bytes)}{r.active ? " (recording…)" : ""}
+                {recordingOwner(r)} · {r.id} · {r.num_events} events · {r.duration_s.toFixed(1)} s · {fmtBytes(r.size_bytes)}{r.active ? " (recording…)" : ""}
               </option>
             ))}
           </select>

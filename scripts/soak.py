@@ -243,7 +243,7 @@ def main() -> int:
     parser.add_argument("--out", default="bench-results")
     parser.add_argument("--attack", action="store_true", help="half the streams send hostile requests")
     parser.add_argument(
-        "--max-rss-gib", type=float, default=1.5, help="with --attack: the RSS peak the server must stay under"
+        "--max-rss-gib", type=float, default=1.25, help="with --attack: the RSS peak the server must stay under"
     )
     args = parser.parse_args()
     result = asyncio.run(soak(args))

@@ -60,6 +60,7 @@ async def pool_state(engine: AsyncEngine):
     return await engine.call(read)
 
 
+@pytest.mark.slow
 def test_streamed_deltas_concatenate_to_the_final_text(engine, tiny_model):
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 
@@ -268,6 +269,7 @@ def test_failed_step_spares_requests_still_waiting(tiny_model):
     assert queued.finished and len(queued.outputs[0].token_ids) == 20
 
 
+@pytest.mark.slow
 def test_tokenizing_a_prompt_never_freezes_running_streams(engine):
     """A prompt whose tokenization does not end (until released) must not stop a running stream:
     tokenizing happens off the engine thread. On the engine thread, the victim below would wait for

@@ -81,6 +81,7 @@ def expected(tiny):
     return {(i, case): hf_beams(hf, prompt, *case) for i, prompt in enumerate(PROMPTS) for case in CASES}
 
 
+@pytest.mark.slow
 def test_tiny_cases_exercise_eos(expected):
     """Guards the test data: some of HF's beams end with EOS (else the EOS path goes untested) and
     some run to max_tokens."""
@@ -88,6 +89,7 @@ def test_tiny_cases_exercise_eos(expected):
     assert any(ends) and not all(ends)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "k{}-n{}-lp{}-m{}".format(*c))
 def test_tiny_beam_search_matches_hf(tiny, expected, case):
     _, loaded = tiny
@@ -153,6 +155,7 @@ PREEMPTED_BEAM_SCENARIOS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scenario", range(len(PREEMPTED_BEAM_SCENARIOS)))
 def test_tiny_preempted_beams_resume_correctly(tiny, scenario):
     hf, loaded = tiny

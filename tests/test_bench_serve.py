@@ -7,10 +7,13 @@ from __future__ import annotations
 import argparse
 import json
 
+import pytest
 from test_cli import cli
 
 from minivllm.bench.serve import bench_prompts, model_options
 from minivllm.engine_args import add_model_args
+
+pytestmark = pytest.mark.slow  # a server, a subprocess or the real model in every test
 
 
 def test_bench_serve_tiny_run_prints_both_sides_and_writes_json_and_plot(tmp_path):

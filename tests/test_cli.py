@@ -17,6 +17,8 @@ from minivllm.cli import main
 from minivllm.kernels.cpu import native
 from minivllm.sampling.params import SamplingParams
 
+pytestmark = pytest.mark.slow  # a server, a subprocess or the real model in every test
+
 
 def minivllm_cmd() -> list[str]:
     exe = Path(sys.executable).parent / "minivllm"

@@ -33,6 +33,7 @@ def tiny():
     return loaded, engine
 
 
+@pytest.mark.slow
 def test_one_graph_serves_every_row_count_and_width(tiny):
     """Row count and width are dynamic from the first trace, a row count of 1 included: the warm-up
     (1, 2 and 4 rows at three widths) compiles one graph, and a start-up traces it once."""
@@ -79,6 +80,7 @@ def test_a_step_with_chunks_runs_them_eagerly_and_its_single_rows_compiled(tiny)
     torch.testing.assert_close(mixed[:2], eager[:2], atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow
 def test_no_recompiles_in_steady_state(tiny):
     """After warm-up, 200 decode steps over every row count and many block-table widths add no graph,
     with every guard evaluated: what makes skipping the non-differentiating ones after warm-up safe."""
@@ -111,6 +113,7 @@ def test_a_rebuilt_pool_compiles_nothing_new(tiny):
         engine.reconfigure(num_blocks=96, block_size=16)
 
 
+@pytest.mark.slow
 def test_engine_outputs_equal_eager_with_beams_and_n(tiny):
     """Greedy, n > 1 (seeded sampling) and beam search through the whole engine: compiled == eager."""
     loaded, _ = tiny
@@ -140,6 +143,7 @@ def test_layers_run_in_equal_groups_and_an_early_exit_remainder_runs_eagerly(tin
     assert graph_count() == before
 
 
+@pytest.mark.slow
 def test_compile_failure_falls_back_to_eager_with_one_warning(tiny, capfd):
     loaded, engine = tiny
 
@@ -163,6 +167,7 @@ def test_compile_failure_falls_back_to_eager_with_one_warning(tiny, capfd):
     torch.testing.assert_close(again, out, atol=0, rtol=0)
 
 
+@pytest.mark.slow
 def test_enforce_eager_and_the_default(monkeypatch, capfd):
     monkeypatch.delenv("MINIVLLM_ENFORCE_EAGER", raising=False)
     eager = create_engine("random:tiny", enforce_eager=True)
@@ -182,6 +187,7 @@ def test_enforce_eager_and_the_default(monkeypatch, capfd):
         assert "compiling decode step 1/" in capfd.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_compiled_step_is_built_where_the_native_step_cannot_run_every_decode_step(monkeypatch, capfd):
     """Without the native attention (the portable path's pool), neither a native step nor a model's 4-bit
     products on our kernels can serve decode steps: the warm-up builds and compiles the compiled step."""
@@ -235,6 +241,7 @@ def test_default_precision_parts_from_eager_only_at_near_ties(embedded_model_q4)
         first_part_at_a_near_tie(runs[0][rid].outputs[0], runs[1][rid].outputs[0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("user_choice", [False, True])
 def test_compiled_kernels_persist_in_our_cache_folder(tmp_path, user_choice):
     """Inductor's kernels go to $MINIVLLM_CACHE_DIR/inductor (a second start is then fast, and a

@@ -85,6 +85,7 @@ def _logits(runner, graphs, single, chunks=(), **kwargs):
         runner.graphs = None
 
 
+@pytest.mark.slow
 def test_one_graph_per_row_and_width_bucket(tiny):
     _, _, graphs, counting = tiny
     assert sorted(graphs.graphs) == [(r, w) for r in (1, 2, 4, 8) for w in (2, 4, 8)]
@@ -92,6 +93,7 @@ def test_one_graph_per_row_and_width_bucket(tiny):
     assert "12 graphs" in graphs.describe()
 
 
+@pytest.mark.slow
 def test_every_row_count_and_width_matches_eager(tiny):
     """Padded rows and columns change nothing in the real rows: each step's logits are eager's."""
     _, runner, graphs, counting = tiny
@@ -223,6 +225,7 @@ def test_cuda_turns_capture_on_unless_eager_and_compiling_on_request(monkeypatch
     assert not model.may_capture and model.eager_reason == "--enforce-eager"
 
 
+@pytest.mark.slow
 def test_the_cuda_warm_up_compiles_then_captures_the_compiled_layers(monkeypatch):
     """The CUDA start-up with MINIVLLM_CUDA_COMPILE=1, here with `no_capture` for the capture: the
     runner compiles the decode layers, then captures graphs that run them; replayed logits are
@@ -252,6 +255,7 @@ def test_the_cuda_warm_up_compiles_then_captures_the_compiled_layers(monkeypatch
     assert runner.graphs.replays == 3
 
 
+@pytest.mark.slow
 def test_verify_steps_of_speculation_replay_graphs_sized_for_their_drafts(monkeypatch):
     """With n-gram speculation a verify step holds each sequence's last token and its drafts: the
     graphs are captured up to that many rows, verify steps replay them, and the greedy tokens are

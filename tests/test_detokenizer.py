@@ -52,6 +52,7 @@ def stream(tok, prompt, ids, skip=True):
 # ---------------------------------------------------------------- byte-level BPE (SmolLM2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("text", REAL_TEXTS)
 def test_real_text_deltas_equal_full_decode(smol, text):
     ids = smol.encode(text, add_special_tokens=False)
@@ -101,6 +102,7 @@ def test_special_tokens_mid_stream(smol):
     assert detok.text == "one<|im_end|><|endoftext|> two 日本"
 
 
+@pytest.mark.slow
 def test_random_token_sequences_byte_level(smol):
     rng = random.Random(1234)
     vocab = len(smol)

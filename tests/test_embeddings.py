@@ -125,6 +125,7 @@ def test_embeddings_match_transformers(request, hf_embedded_model, embedded_toke
 # ---- the engine (tiny random model) ----------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pooling_type", ["last", "mean"])
 def test_pooling_ignores_chunking_batching_and_the_prefix_cache(tiny_model, pooling_type):
     """Chunks of 7 tokens, four prompts at once, and the same prompts again: last-token pooling
@@ -151,6 +152,7 @@ def test_normalize_false_returns_the_raw_pooled_state(tiny_model, pooling_type):
     assert abs(reference.norm().item() - 1) > 0.01, "the raw state is not unit-length by chance"
 
 
+@pytest.mark.slow
 def test_pooling_through_a_preemption_mid_prompt(tiny_model):
     """A pool that holds one of the two: the pooling request (the newer) is preempted while its prompt
     is half done, recomputes it, and no position is counted twice."""
@@ -173,6 +175,7 @@ def test_pooling_through_a_preemption_mid_prompt(tiny_model):
     assert_all_blocks_free(engine)
 
 
+@pytest.mark.slow
 def test_pooling_through_the_native_decode_step():
     """Outside --enforce-eager, single-token rows run through the native decode step; a budget of
     one token makes every pooling chunk such a row: the states it returns are final-normed too."""
@@ -187,6 +190,7 @@ def test_pooling_through_the_native_decode_step():
     assert_all_blocks_free(engine)
 
 
+@pytest.mark.slow
 def test_a_generation_beside_pooling_requests_is_unchanged(tiny_model):
     """Pooling chunks yield no logits rows: a neighbour's sampled rows must not shift."""
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=5)
@@ -207,6 +211,7 @@ def test_a_generation_beside_pooling_requests_is_unchanged(tiny_model):
     assert_all_blocks_free(engine)
 
 
+@pytest.mark.slow
 def test_the_event_log_folds_to_the_snapshots_with_pooling_requests(tiny_model):
     """The dashboard's view: pooling requests arrive (their pooling shown), prefill in chunks beside a
     generation and finish; the events folded onto any snapshot give the next one."""
@@ -380,6 +385,7 @@ def test_chat_form_embeds_the_rendered_chat(client):
     assert cosine(out["data"][0]["embedding"], own_reference(model, rendered, "last")) >= SAME_MODEL_MIN_COSINE
 
 
+@pytest.mark.slow
 def test_mean_pooling_is_a_server_option(tmp_path):
     model = served_model()
     ids = prompt_ids(25, seed=9)

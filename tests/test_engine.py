@@ -149,6 +149,7 @@ def step_until(engine, predicate, max_steps: int = 200) -> list:
     raise AssertionError("condition never reached")
 
 
+@pytest.mark.slow
 def test_abort_in_every_state_frees_everything(tiny_model):
     engine = make_engine(tiny_model, num_blocks=10, block_size=4, max_num_batched_tokens=8, max_num_seqs=2)
     bm = engine.block_manager
@@ -203,6 +204,7 @@ def test_abort_in_every_state_frees_everything(tiny_model):
     assert reasons == {"prefill": "abort", "waiting": "abort", "decode": "abort", "a": "length", "b": "abort"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_random_mix_of_finish_abort_preempt_leaks_nothing(tiny_model, seed):
     """Random requests (n > 1, beams, stop tokens, shared prefixes) in a tight pool, random aborts:
@@ -253,6 +255,7 @@ def test_random_mix_of_finish_abort_preempt_leaks_nothing(tiny_model, seed):
     assert any(e.preempted for e in log.of(ev.StepScheduled)), "the pool was never tight"
 
 
+@pytest.mark.slow
 def test_preempted_parallel_samples_resume(tiny_model):
     """n = 3 samples are preempted by a more urgent request once they have diverged, then resume from
     the prefix cache: they must be readmitted (the samples' shared cached prompt blocks are reused
@@ -283,6 +286,7 @@ MULTI_SEQUENCE_PARAMS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("prefix_caching", [False, True], ids=["no-prefix-cache", "prefix-cache"])
 @pytest.mark.parametrize("prompt_len", [16, 17], ids=["block-aligned-prompt", "partial-block-prompt"])
 @pytest.mark.parametrize("kind", ["samples", "beams"])
@@ -454,6 +458,7 @@ def test_more_samples_than_the_token_budget_is_rejected_or_runs(tiny_model):
 # ---- n > 1 and seeds ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_parallel_samples_share_prompt_blocks_and_reproduce(tiny_model):
     prompt = list(range(300, 322))  # 22 tokens: one full block of 16 and a partial one
     params = SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=12, ignore_eos=True)
@@ -489,6 +494,7 @@ def test_parallel_samples_share_prompt_blocks_and_reproduce(tiny_model):
     assert [o.token_ids for o in again.outputs] == samples
 
 
+@pytest.mark.slow
 def test_seeded_request_same_alone_and_in_a_batch(tiny_model):
     prompt = list(range(500, 513))
     params = SamplingParams(temperature=0.9, top_p=0.9, top_k=50, seed=1234, max_tokens=16, ignore_eos=True)
@@ -623,6 +629,7 @@ def test_logprobs_match_hf(embedded_model, hf_embedded_model, france):
 # ---- priority and chunked prefill ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_lower_priority_value_runs_first_when_the_pool_is_tight(tiny_model):
     # 5 blocks of 4 tokens hold one request (13 prompt + 6 new tokens) at a time; arrival order is
     # the reverse of the priority order
@@ -642,6 +649,7 @@ def test_lower_priority_value_runs_first_when_the_pool_is_tight(tiny_model):
     assert finished == ["urgent", "mid", "late"]
 
 
+@pytest.mark.slow
 def test_preemption_picks_the_lowest_priority_running_request(tiny_model):
     # both fit at first, not both to the end: the older but less urgent one must give way
     engine = make_engine(tiny_model, num_blocks=6, block_size=4)
@@ -694,6 +702,7 @@ def test_chunked_prefill_keeps_decoding(embedded_model):
     assert_all_blocks_free(engine)
 
 
+@pytest.mark.slow
 def test_a_rebuild_frees_the_old_pool_before_allocating_the_new_one(monkeypatch):
     """The runner (and on CUDA its graphs) and the speculator held the old pool while the new one was
     allocated: twice the pool's memory at the peak of every settings change."""

@@ -54,6 +54,7 @@ def eventful_workload(engine, step: int) -> None:
         engine.abort_request(aborts[step])
 
 
+@pytest.mark.slow
 def test_fold_from_any_snapshot_equals_later_snapshots(tiny_model):
     engine = make_engine(
         tiny_model, num_blocks=12, block_size=4, max_num_batched_tokens=24, max_num_seqs=8, metrics_interval_s=0.0
@@ -111,6 +112,7 @@ def test_recording_round_trip(recording):
     assert seqs == list(range(rec.header.snapshot.seq + 1, rec.header.snapshot.seq + 1 + len(seqs)))
 
 
+@pytest.mark.slow
 def test_recorder_attached_mid_run(tiny_model, tmp_path):
     """A recording started while requests run: its header snapshot + its events = its footer."""
     engine = make_engine(tiny_model, num_blocks=12, block_size=4, max_num_batched_tokens=24)
@@ -159,6 +161,7 @@ def test_replay_summary_in_process(recording, capsys):
     check_summary(capsys.readouterr().out, expected_summary_numbers(recording))
 
 
+@pytest.mark.slow
 def test_replay_summary_cli(recording):
     exe = Path(sys.executable).parent / "minivllm"
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "minivllm.cli"]

@@ -79,6 +79,7 @@ def alone(tiny_model, prompt: str, params: SamplingParams) -> list[list[int]]:
     return [o.token_ids for o in run(engine)["ref"].outputs]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("phase", list(BAD_PARAMS))
 def test_a_fault_in_one_request_fails_only_that_request(tiny_model, phase):
     engine = make_engine(tiny_model, num_blocks=64)

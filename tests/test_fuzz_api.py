@@ -19,6 +19,8 @@ from hypothesis import HealthCheck, given, settings, strategies
 from schemathesis import GenerationMode
 from test_server_support import tiny_app, tiny_engine, wait_for
 
+pytestmark = pytest.mark.slow  # a server, a subprocess or the real model in every test
+
 FUZZ_EXAMPLES = int(os.environ.get("MINIVLLM_FUZZ_EXAMPLES", "40"))  # per operation, valid and invalid
 
 

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from test_openai_client import API_KEY, _start_server
 
+pytestmark = pytest.mark.slow  # a server, a subprocess or the real model in every test
+
 REPO = Path(__file__).resolve().parents[1]
 GUIDELLM = REPO / ".venv-guidellm" / "bin" / "guidellm"
 STREAMS = (1, 4)

@@ -230,6 +230,7 @@ def kquant_gguf(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 @needs_avx2
 def test_a_q4_k_m_gguf_runs_its_own_blocks_and_answers_as_its_fp32_dequantization(kquant_gguf):
     native_model = load_model(str(kquant_gguf), quantization="auto")
@@ -259,6 +260,7 @@ def test_a_q4_k_m_gguf_runs_its_own_blocks_and_answers_as_its_fp32_dequantizatio
     assert tokens[0] == tokens[1]
 
 
+@pytest.mark.slow
 @needs_avx2
 @pytest.mark.parametrize("acts", matmul_paths.NATIVE_ACTS)
 def test_the_native_decode_step_runs_k_quant_products_as_the_eager_layers_do(kquant_gguf, acts):

@@ -299,6 +299,7 @@ def test_the_native_embedding_lookup_is_the_torch_forms_bits(hidden, group):
             native.int8_embedding(torch.tensor([1, bad]), table.q, table.scale)
 
 
+@pytest.mark.slow
 @needs_vnni
 def test_minivllm_no_vnni_runs_the_avx2_loops_and_times_its_kernels_apart():
     """MINIVLLM_NO_VNNI=1 (with ATEN_CPU_CAPABILITY=avx2 and MKL_ENABLE_INSTRUCTIONS=AVX2: an AVX2 box's

@@ -82,6 +82,7 @@ def _assert_near(native_logits: torch.Tensor, eager_logits: torch.Tensor) -> Non
     torch.testing.assert_close(native_logits, eager_logits, atol=2e-4 * scale, rtol=0)
 
 
+@pytest.mark.slow
 def test_native_logits_match_the_eager_layers_for_every_decode_shape(tiny_q4, native_calls):
     loaded, step, engine = tiny_q4
     rng = random.Random(0)
@@ -169,6 +170,7 @@ def test_a_mixed_step_runs_its_single_rows_natively_with_their_bits_alone(tiny_q
     _assert_near(mixed[:2], eager[:2])
 
 
+@pytest.mark.slow
 def test_a_rebuilt_pool_runs_natively(tiny_fp32):
     """The dashboard's settings rebuild the KV pool (another block count and size): the native step
     reads the new pools as they come."""
@@ -182,6 +184,7 @@ def test_a_rebuilt_pool_runs_natively(tiny_fp32):
         engine.reconfigure(num_blocks=96, block_size=16)
 
 
+@pytest.mark.slow
 def test_engine_outputs_with_beams_and_n_equal_eager_in_fp32(tiny_fp32):
     """Greedy, n > 1 (seeded sampling) and beam search through the whole engine: native == eager."""
     loaded, step, _ = tiny_fp32
@@ -195,6 +198,7 @@ def test_engine_outputs_with_beams_and_n_equal_eager_in_fp32(tiny_fp32):
     assert results[0] == results[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["ngram", "early_exit"])
 def test_speculative_decoding_through_the_native_step_keeps_the_greedy_tokens(tiny_q4, native_calls, method):
     """Verification rows are decode rows (one per drafted position, each at its own context length): the
@@ -304,6 +308,7 @@ def test_a_weight_of_the_wrong_size_is_named_before_anything_runs(tiny_q4):
     assert all(torch.equal(a, b) for a, b in zip(pools, (*engine.kv_cache.k, *engine.kv_cache.v)))
 
 
+@pytest.mark.slow
 def test_fp32_native_logits_match_eager_within_1e_4_for_every_decode_shape(tiny_fp32, native_calls):
     loaded, step, engine = tiny_fp32
     assert step is not None and step.kinds(1) == [3] * 4 * len(loaded.model.layers)
@@ -316,6 +321,7 @@ def test_fp32_native_logits_match_eager_within_1e_4_for_every_decode_shape(tiny_
     assert native_calls == shapes
 
 
+@pytest.mark.slow
 def test_mkl_products_and_enforce_eager_have_no_native_step(tiny_model):
     """The session's tiny fp32 model as loaded: MKL serves it or ours does (a timing); MKL has no native step."""
     mkl = any(isinstance(m, PackedLinear) and not m.native for m in tiny_model.model.modules())
@@ -323,6 +329,7 @@ def test_mkl_products_and_enforce_eager_have_no_native_step(tiny_model):
     assert create_engine("random:tiny", enforce_eager=True).loaded.model.native_step is None
 
 
+@pytest.mark.slow
 def test_the_default_engine_runs_it_and_says_so(monkeypatch, capfd):
     monkeypatch.setenv("MINIVLLM_ENFORCE_EAGER", "0")  # the test session's default is eager (conftest)
     engine = create_engine(

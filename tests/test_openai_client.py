@@ -25,6 +25,8 @@ from test_server_support import wait_for
 from engine_utils import NEAR_TIE_NATS
 from minivllm.events import types as ev
 
+pytestmark = pytest.mark.slow  # a server, a subprocess or the real model in every test
+
 API_KEY = "test-key"
 PROMPTS = [
     "What is a KV cache?",

@@ -425,6 +425,7 @@ class DecodeCase:
         )
 
 
+@pytest.mark.slow
 def test_compiled_decode_attention_equals_sdpa_and_a_row_keeps_its_bits_in_any_batch_and_padding(monkeypatch):
     """The portable path (no native kernels). Inside the compiled step decode attention is products and
     sums (attention_by_sums), fused by inductor; eagerly it is SDPA. Both agree; a sequence's output is

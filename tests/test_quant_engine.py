@@ -127,6 +127,7 @@ def test_torchs_bf16_kernels_answer_as_fp32_where_bf16_logits_used_to_tie(embedd
     assert answers[1] == answers[0] and "Paris" in answers[0], answers
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("forced", ["bf16", "fp32"])
 def test_one_kernel_for_every_row_count_makes_batch_and_alone_identical(forced):
     """Each kernel computes each row independently, so when one kernel serves 1 row and 5 rows the
@@ -142,6 +143,7 @@ def test_one_kernel_for_every_row_count_makes_batch_and_alone_identical(forced):
     assert [o.token_ids for o in alone] == [o.token_ids for o in batched]
 
 
+@pytest.mark.slow
 def test_int8_activation_kernels_part_batch_from_alone_only_at_near_ties(capsys):
     """Our kernels also compute each row alone (bit for bit: test_native_kernels.py), but a batch's
     attention sums in another order than a request's alone, and int8 activation rounding turns that

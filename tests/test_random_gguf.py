@@ -13,6 +13,8 @@ from minivllm.bench.llamacpp import ENV_DIR
 from minivllm.loader import load_model
 from minivllm.loader.gguf_loader import load_gguf_tokenizer
 
+pytestmark = pytest.mark.slow  # a server, a subprocess or the real model in every test
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -415,6 +415,7 @@ def test_bad_input_gets_a_400_in_openai_shape(client, route, body, param, words)
     assert words in err["message"], err["message"]
 
 
+@pytest.mark.slow
 def test_bad_input_never_disturbs_a_streaming_request(client):
     """Every bad-input case above is sent while a greedy stream runs; the stream must finish as it
     does alone (same text, its finish_reason)."""
@@ -814,6 +815,7 @@ def test_recordings_folder_keeps_to_its_quota_oldest_first(tmp_path):
         assert r.status_code == 413 and "at most" in error_of(r)["message"]
 
 
+@pytest.mark.slow
 def test_servers_sharing_a_recordings_folder_name_their_own_recordings(tmp_path):
     folder = tmp_path / "shared-recordings"
     with TestClient(tiny_app(tmp_path, recordings_dir=folder, server_name="127.0.0.1:8000")) as first:

@@ -258,6 +258,7 @@ def _run(app, scenario):
     return asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_a_5000_property_schema_does_not_stall_a_streaming_neighbour(tmp_path):
     """The issue's attack: 5,000 optional properties. Its matcher took 0.3-1.5 s to build on the
     engine thread at every request (and its first mask ~110 ms); now the grammar worker builds it
@@ -294,6 +295,7 @@ def test_a_5000_property_schema_does_not_stall_a_streaming_neighbour(tmp_path):
     assert gap < baseline + MARGIN_S, f"victim's largest gap {gap:.3f} s beside the schema, {baseline:.3f} s without"
 
 
+@pytest.mark.slow
 def test_prompt_logprobs_on_a_long_prompt_do_not_stall_a_streaming_neighbour(tmp_path):
     """A 1,800-token prompt with `prompt_logprobs: 20`: its chunks ran the LM head and the reductions
     over the vocabulary for every row, so one step cost several plain ones. Now each such token

@@ -108,6 +108,7 @@ def test_a_draft_with_another_vocabulary_is_refused_naming_both(tiny_model):
         check_same_vocabulary(tiny_model, other)
 
 
+@pytest.mark.slow
 def test_the_cli_refuses_a_bad_config_before_loading(tmp_path):
     import subprocess
     import sys
@@ -151,6 +152,7 @@ def test_greedy_acceptance_stops_at_the_first_disagreement():
     assert accept_greedy([3, 5, 6, 7], [4, 5, 6]) == [3]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("one_hot", [False, True])
 def test_rejection_sampling_preserves_the_target_distribution(one_hot):
     """Chi-square of the first emitted token against p, for a q far from p."""
@@ -192,6 +194,7 @@ def greedy_requests() -> list[tuple[list[int], SamplingParams]]:
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["ngram", "early_exit", "draft_model_same", "draft_model_other"])
 def test_greedy_output_is_identical_with_every_method(tiny_model, draft_other, method):
     spec, draft = {
@@ -352,6 +355,7 @@ def exact_next(loaded, ids: list[int]) -> torch.Tensor:
     return torch.softmax(logits[0], dim=-1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["draft_model", "ngram"])
 def test_sampling_with_drafts_follows_the_target_distribution(small_vocab_models, method):
     """2,000 samples of 3 tokens at temperature 1; the 2nd and 3rd tokens (which come through

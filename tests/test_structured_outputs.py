@@ -46,6 +46,7 @@ def _texts(done, prefix: str) -> list[str]:
     return [o.text for rid, out in sorted(done.items()) if rid.startswith(prefix) for o in out.outputs]
 
 
+@pytest.mark.slow
 def test_every_seed_obeys_its_json_schema_regex_and_choice(engine):
     for seed in range(20):
         engine.add_request(f"json{seed:02}", "Hello", _constrained(seed, Structured(json=SCHEMA)))
@@ -62,6 +63,7 @@ def test_every_seed_obeys_its_json_schema_regex_and_choice(engine):
     assert_all_blocks_free(engine)
 
 
+@pytest.mark.slow
 def test_same_seed_same_output_and_unconstrained_output_differs(engine):
     engine.add_request("a", "Hello", _constrained(5, Structured(json=SCHEMA)))
     engine.add_request("b", "Hello", _constrained(5, Structured(json=SCHEMA)))
@@ -72,6 +74,7 @@ def test_same_seed_same_output_and_unconstrained_output_differs(engine):
         json.loads(done["free"].outputs[0].text)
 
 
+@pytest.mark.slow
 def test_n_samples_logprobs_and_prefix_caching_keep_the_constraint(tiny_model):
     engine = make_engine(tiny_model, enable_prefix_caching=True)
     prompt = "A long shared prompt that fills a few blocks of the cache. " * 4

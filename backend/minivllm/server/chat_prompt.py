@@ -46,6 +46,22 @@ def check_template_options(
         raise bad_request(f"chat_template_kwargs may not set {', '.join(reserved)}", "chat_template_kwargs")
 
 
+def request_prompt_ids(tokenizer: Any, req: Any, messages: list[dict[str, str]], tools: ToolPlan | None) -> list[int]:
+    """`chat_prompt_ids` with the template options a chat-shaped request carries (vLLM's field names:
+    chat completions, /tokenize and /v1/embeddings read them the same way)."""
+    return chat_prompt_ids(
+        tokenizer,
+        messages,
+        tools,
+        add_generation_prompt=req.add_generation_prompt,
+        continue_final_message=req.continue_final_message,
+        template_kwargs=req.chat_template_kwargs,
+        add_special_tokens=req.add_special_tokens,
+        chat_template=getattr(req, "chat_template", None),
+        documents=getattr(req, "documents", None),
+    )
+
+
 def chat_prompt_ids(
     tokenizer: Any,
     messages: list[dict[str, str]],

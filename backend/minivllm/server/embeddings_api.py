@@ -23,7 +23,7 @@ from minivllm.engine.api import AsyncEngine, PoolingParams, PoolingRequestOutput
 from minivllm.server import embeddings_protocol as e
 from minivllm.server import openai_protocol as p
 from minivllm.server.auth import require_api_key
-from minivllm.server.chat_prompt import chat_prompt_ids, check_template_options
+from minivllm.server.chat_prompt import check_template_options, request_prompt_ids
 from minivllm.server.errors import APIError, bad_request, decode_either
 from minivllm.server.middleware import request_id_of, unique_request_id
 from minivllm.server.openai_api import (
@@ -91,19 +91,7 @@ async def prompt_ids(server: ServerState, ae: AsyncEngine, req: EmbeddingRequest
         check_template_options(req.add_generation_prompt, req.continue_final_message, req.chat_template_kwargs)
         messages = chat_messages(p.ChatCompletionRequest(messages=req.messages))
         check_prompt_size(server, sum(len(m["content"]) for m in messages), "messages")
-        prompts = [
-            await ae.tokenize(
-                lambda tok: chat_prompt_ids(
-                    tok,
-                    messages,
-                    None,
-                    add_generation_prompt=req.add_generation_prompt,
-                    continue_final_message=req.continue_final_message,
-                    template_kwargs=req.chat_template_kwargs,
-                    add_special_tokens=req.add_special_tokens,
-                )
-            )
-        ]
+        prompts = [await ae.tokenize(lambda tok: request_prompt_ids(tok, req, messages, None))]
     return [truncated(ids, keep, limit) for ids in prompts]
 
 

@@ -21,7 +21,7 @@ from minivllm.sampling.params import SamplingParams
 from minivllm.server import openai_protocol as p
 from minivllm.server import openai_serving as s
 from minivllm.server.auth import require_api_key
-from minivllm.server.chat_prompt import chat_prompt_ids, check_template_options
+from minivllm.server.chat_prompt import check_template_options, request_prompt_ids
 from minivllm.server.completion_prompts import Prompt, completion_prompts, engine_prompt_logprobs
 from minivllm.server.errors import APIError, bad_request, decode_body
 from minivllm.server.middleware import request_id_of, unique_request_id
@@ -247,19 +247,7 @@ async def chat_completions(request: Request) -> Response:
     salt = cache_salt(req)
     with engine_errors():
         await compile_grammars(ae, params, tools)
-        prompt_ids = await ae.tokenize(
-            lambda tok: chat_prompt_ids(
-                tok,
-                messages,
-                tools,
-                add_generation_prompt=req.add_generation_prompt,
-                continue_final_message=req.continue_final_message,
-                template_kwargs=req.chat_template_kwargs,
-                add_special_tokens=req.add_special_tokens,
-                chat_template=req.chat_template,
-                documents=req.documents,
-            )
-        )
+        prompt_ids = await ae.tokenize(lambda tok: request_prompt_ids(tok, req, messages, tools))
     prompt_ids = truncated(prompt_ids, req.truncate_prompt_tokens, server.max_model_len or 0)
     echoed = messages[-1]["content"] if req.echo and messages[-1]["role"] == "assistant" else ""
     job = s.Job(

@@ -20,7 +20,7 @@ from litestar import Request, Router, get, post
 from minivllm.engine.api import RequestRejectedError
 from minivllm.server import openai_protocol as p
 from minivllm.server.auth import require_api_key
-from minivllm.server.chat_prompt import chat_prompt_ids, check_template_options
+from minivllm.server.chat_prompt import check_template_options, request_prompt_ids
 from minivllm.server.errors import decode_body, decode_either
 from minivllm.server.openai_api import check_chat_template, check_model, check_prompt_size, engine_errors
 from minivllm.server.openai_inputs import chat_messages
@@ -105,16 +105,7 @@ async def tokenize(request: Request) -> TokenizeResponse:
         check_prompt_size(server, sum(sizes.values()), largest(sizes))
 
         def encode(tok: Any) -> list[int]:
-            return chat_prompt_ids(
-                tok,
-                messages,
-                tools,
-                add_generation_prompt=req.add_generation_prompt,
-                continue_final_message=req.continue_final_message,
-                template_kwargs=req.chat_template_kwargs,
-                add_special_tokens=req.add_special_tokens,
-                chat_template=req.chat_template,
-            )
+            return request_prompt_ids(tok, req, messages, tools)
 
     def run(tok: Any) -> tuple[list[int], list[str] | None]:
         ids = encode(tok)

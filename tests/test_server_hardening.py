@@ -296,6 +296,29 @@ def test_a_5000_property_schema_does_not_stall_a_streaming_neighbour(tmp_path):
 
 
 @pytest.mark.slow
+def test_fifteen_thousand_choices_answer_one_of_them_without_stalling_a_streaming_neighbour(tmp_path):
+    """The issue's first attack at the size the constraint bound allows: 100,000 choices stalled every
+    stream for ~8.4 s once cached (each request's matcher was built on the engine thread); 15,000 new
+    ones now compile on the grammar worker, and each request copies the compiled matcher."""
+    app = tiny_app(tmp_path)
+    choices = [f"option {i:05d}" for i in range(15_000)]  # ~210,000 characters: under the bound
+    attack = {"messages": [{"role": "user", "content": "Pick."}], "max_tokens": 16, "guided_choice": choices}
+    plain = {"messages": [{"role": "user", "content": "Pick."}], "max_tokens": 16, "guided_choice": choices[:2]}
+
+    async def scenario():
+        for warm in (attack, plain):  # compiled and cached first: what stalled was each request's matcher
+            status, body = await _asgi_post(app, "/v1/chat/completions", warm)
+            assert status == 200, body[:300]
+        baseline, _, _ = await _victim_gap_beside(app, "/v1/chat/completions", plain)
+        gap, status, response = await _victim_gap_beside(app, "/v1/chat/completions", attack)
+        return baseline, gap, status, response
+
+    baseline, gap, status, response = _run(app, scenario)
+    assert status == 200 and response["choices"][0]["message"]["content"] in choices, response
+    assert gap < baseline + MARGIN_S, f"victim's largest gap {gap:.3f} s beside the choices, {baseline:.3f} s without"
+
+
+@pytest.mark.slow
 def test_prompt_logprobs_on_a_long_prompt_do_not_stall_a_streaming_neighbour(tmp_path):
     """A 1,800-token prompt with `prompt_logprobs: 20`: its chunks ran the LM head and the reductions
     over the vocabulary for every row, so one step cost several plain ones. Now each such token

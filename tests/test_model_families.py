@@ -1,16 +1,17 @@
 """The Qwen2/2.5 and Qwen3 families against transformers' own `Qwen2ForCausalLM` / `Qwen3ForCausalLM` (the oracle).
 
 Each variant is a tiny random checkpoint built from transformers' config class, saved with the embedded
-tokenizer and loaded through our loader: fp32 logits at every position within 1e-4 of HF's, 32 greedy
-tokens through our engine equal to HF `generate`, the same in a batch as alone and through preemption,
-and the same through a GGUF file written with gguf-py from the same weights. Biases and norms are
-randomised (HF initialises them to 0 and 1), so a missing or misplaced piece shows.
+tokenizer and loaded through our loader: fp32 hidden states after every layer and logits at every position
+within 1e-4 of HF's, 32 greedy tokens through our engine equal to HF `generate`, the same in a batch as
+alone and through preemption, and the same through a GGUF file written with gguf-py from the same weights.
+Biases and norms are randomised (HF initialises them to 0 and 1), so a missing or misplaced piece shows.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+from test_model_parity import hf_forward, our_forward
 
 from engine_utils import EventLog, assert_all_blocks_free, make_engine, run
 from minivllm.events import types as ev
@@ -97,18 +98,42 @@ def greedy_through_engine(loaded, prompts, **config) -> tuple[dict[str, list[int
     return {rid: out.outputs[0].token_ids for rid, out in done.items()}, log
 
 
-def assert_logits_match(loaded, hf, name: str) -> float:
-    from minivllm.engine.scoring import forward_prefills
-
+def assert_parity(loaded, hf, name: str, lengths=(150, 37)) -> tuple[float, float]:
+    """Every layer's hidden states and the logits at every position within ATOL of HF's, the sequences
+    (each no longer than the loaded context) in one flattened pass; returns the worst differences."""
+    limit = loaded.model.rotary.cos.shape[0]  # the length the model was loaded for
     gen = torch.Generator().manual_seed(0)
-    sequences = [torch.randint(0, loaded.config.vocab_size, (n,), generator=gen).tolist() for n in (150, 37)]
-    worst = 0.0
-    for ids, ours in zip(sequences, forward_prefills(loaded, sequences)):  # both in one flattened pass
-        with torch.no_grad():
-            ref = hf(torch.tensor([ids])).logits[0].float()
-        torch.testing.assert_close(ours, ref, atol=ATOL, rtol=0, msg=lambda m: f"{name} logits: {m}")
-        worst = max(worst, (ours - ref).abs().max().item())
-    return worst
+    sequences = [torch.randint(0, loaded.config.vocab_size, (min(n, limit),), generator=gen).tolist() for n in lengths]
+    worst_hidden = worst_logits = 0.0
+    for ids, (states, logits) in zip(sequences, our_forward(loaded, sequences)):
+        ref_states, ref_logits = hf_forward(hf, ids)
+        assert len(states) == len(ref_states)
+        for i, (a, b) in enumerate(zip(states, ref_states)):
+            torch.testing.assert_close(a, b, atol=ATOL, rtol=0, msg=lambda m: f"{name} hidden state {i}: {m}")
+            worst_hidden = max(worst_hidden, (a - b).abs().max().item())
+        torch.testing.assert_close(logits, ref_logits, atol=ATOL, rtol=0, msg=lambda m: f"{name} logits: {m}")
+        worst_logits = max(worst_logits, (logits - ref_logits).abs().max().item())
+    return worst_hidden, worst_logits
+
+
+def report(capsys, line: str) -> None:
+    with capsys.disabled():
+        print(f"\n[parity] {line}", flush=True)
+
+
+def assert_greedy_matches_hf(loaded, hf, name: str) -> None:
+    """32 greedy tokens through our engine equal to HF `generate`: each prompt alone, all batched, and
+    batched through a pool so tight that sequences are preempted and recomputed."""
+    expected = {f"r{i}": hf_greedy(hf, p) for i, p in enumerate(PROMPTS)}
+    for i, prompt in enumerate(PROMPTS):
+        alone, _ = greedy_through_engine(loaded, [prompt])
+        assert alone["r0"] == expected[f"r{i}"], f"{name} prompt {i} alone differs from HF"
+    batched, _ = greedy_through_engine(loaded, PROMPTS)
+    assert batched == expected
+    # 3 x (<=13 + 32) tokens in 4-token blocks need ~34 blocks: 16 forces preemption and recompute
+    tight, log = greedy_through_engine(loaded, PROMPTS, num_blocks=16, block_size=4)
+    assert any(e.preempted for e in log.of(ev.StepScheduled)), "the pool was never tight"
+    assert tight == expected
 
 
 def test_config_read_from_checkpoint(pair):
@@ -124,23 +149,15 @@ def test_config_read_from_checkpoint(pair):
         assert loaded.model.lm_head.weight.data_ptr() == loaded.model.embed_tokens.weight.data_ptr()
 
 
-def test_logits_match_hf_at_every_position(pair):
+def test_hidden_states_and_logits_match_hf(pair, capsys):
     name, hf, loaded, _ = pair
-    assert_logits_match(loaded, hf, name)
+    hidden, logits = assert_parity(loaded, hf, name)
+    report(capsys, f"{name}: max abs diff hidden states {hidden:.2e}, logits {logits:.2e} (atol {ATOL})")
 
 
 def test_greedy_matches_hf_alone_batched_and_preempted(pair):
     name, hf, loaded, _ = pair
-    expected = {f"r{i}": hf_greedy(hf, p) for i, p in enumerate(PROMPTS)}
-    for i, prompt in enumerate(PROMPTS):
-        alone, _ = greedy_through_engine(loaded, [prompt])
-        assert alone["r0"] == expected[f"r{i}"], f"{name} prompt {i} alone differs from HF"
-    batched, _ = greedy_through_engine(loaded, PROMPTS)
-    assert batched == expected
-    # 3 x (<=13 + 32) tokens in 4-token blocks need ~34 blocks: 16 forces preemption and recompute
-    tight, log = greedy_through_engine(loaded, PROMPTS, num_blocks=16, block_size=4)
-    assert any(e.preempted for e in log.of(ev.StepScheduled)), "the pool was never tight"
-    assert tight == expected
+    assert_greedy_matches_hf(loaded, hf, name)
 
 
 def test_int4_serves_the_family(pair):
@@ -265,7 +282,7 @@ def write_gguf(hf, path, tokenizer_source) -> None:
     writer.close()
 
 
-def test_gguf_of_the_same_weights_matches_hf(pair, embedded_path, tmp_path):
+def test_gguf_of_the_same_weights_matches_hf(pair, embedded_path, tmp_path, capsys):
     name, hf, _, _ = pair
     path = tmp_path / f"{name}.gguf"
     write_gguf(hf, path, embedded_path)
@@ -276,7 +293,8 @@ def test_gguf_of_the_same_weights_matches_hf(pair, embedded_path, tmp_path):
     )
     assert loaded.config.tie_word_embeddings == hf.config.tie_word_embeddings
     assert loaded.tokenizer is not None and len(loaded.tokenizer) == hf.config.vocab_size
-    assert_logits_match(loaded, hf, f"{name} (GGUF)")
+    hidden, logits = assert_parity(loaded, hf, f"{name} (GGUF)")
+    report(capsys, f"{name} (GGUF): max abs diff hidden states {hidden:.2e}, logits {logits:.2e} (atol {ATOL})")
     tokens, _ = greedy_through_engine(loaded, PROMPTS)
     assert tokens == {f"r{i}": hf_greedy(hf, p) for i, p in enumerate(PROMPTS)}
 
@@ -304,7 +322,15 @@ def test_stop_tokens_from_generation_config(tmp_path, embedded_tokenizer):
     assert load_model(str(tmp_path), device="cpu").config.eos_token_ids == (2, 7)
 
 
-def test_sliding_window_is_refused_clearly(tmp_path, embedded_tokenizer):
-    make_tiny("Qwen2", tmp_path, embedded_tokenizer, use_sliding_window=True, sliding_window=64, max_window_layers=0)
-    with pytest.raises(UnsupportedModelError, match="sliding-window"):
-        load_model(str(tmp_path), device="cpu")
+def test_sliding_window_caps_the_context_or_refuses(tmp_path, embedded_tokenizer, capsys):
+    """A Qwen sliding window is served exactly by capping the context at it (within it, sliding-window
+    attention is full attention); a longer max_model_len is refused."""
+    hf = make_tiny(
+        "Qwen2", tmp_path, embedded_tokenizer, use_sliding_window=True, sliding_window=64, max_window_layers=0
+    )
+    loaded = load_model(str(tmp_path), dtype="float32", device="cpu")
+    assert (loaded.config.sliding_window, loaded.config.max_position_embeddings) == (64, 64)
+    assert sum("sliding window of 64" in line for line in capsys.readouterr().err.splitlines()) == 1
+    assert_parity(loaded, hf, "qwen2 sliding window", lengths=(64, 37))
+    with pytest.raises(UnsupportedModelError, match="sliding-window attention over 64 tokens"):
+        load_model(str(tmp_path), device="cpu", max_model_len=100)

@@ -21,11 +21,12 @@ import torch
 
 from minivllm.console import progress
 from minivllm.loader import gguf_loader, hf_loader, random_shapes
+from minivllm.loader.context import fit_sliding_window
 from minivllm.loader.gguf_tensors import read_gguf_tensors
 from minivllm.loader.hf_loader import ModelNotFoundError
 from minivllm.loader.huge_pages import thp_mode
 from minivllm.loader.install_quantized import QuantReport
-from minivllm.loader.weights import CorruptCheckpointError, build_model
+from minivllm.loader.weights import CorruptCheckpointError, build_model, with_norm_offset
 from minivllm.model.config import LlamaConfig, UnsupportedModelError
 from minivllm.model.families import FAMILIES
 from minivllm.model.llama import LlamaModel
@@ -206,6 +207,8 @@ def _read_gguf(path: Path, cfg: LlamaConfig, nearest_native: bool):
             cfg.num_attention_heads,
             cfg.num_key_value_heads,
             rotary_interleaved=FAMILIES[cfg.family].rotary_interleaved_in_gguf,
+            fused_products=FAMILIES[cfg.family].fused_checkpoint,
+            sandwich_norms=cfg.sandwich_norms,
             nearest_native=nearest_native,
         )
     except Exception as exc:  # the reader raises many types for a damaged file
@@ -217,7 +220,7 @@ def _load_hf_dir(directory: Path, name: str, options: _Options) -> LoadedModel:
     cfg = LlamaConfig.from_hf(hf_loader.load_hf_config(directory), name=name)
     extra_eos = [i for i in hf_loader.generation_eos_ids(directory) if i not in cfg.eos_token_ids]
     cfg = dataclasses.replace(cfg, eos_token_ids=(*cfg.eos_token_ids, *extra_eos))
-    tensors = hf_loader.load_safetensors(directory, options.dtype)
+    tensors = with_norm_offset(cfg, hf_loader.load_safetensors(directory, options.dtype))
     tokenizer = hf_loader.load_hf_tokenizer(directory)
     return _finish(cfg, tensors, tokenizer, name, str(directory), options)
 
@@ -236,6 +239,7 @@ def _load_random(shape: str, seed: int, options: _Options) -> LoadedModel:
 
 
 def _finish(cfg, tensors, tokenizer, name, source, options: _Options) -> LoadedModel:
+    cfg = fit_sliding_window(cfg, options.max_len)
     if options.quant.mode not in ("none", "auto"):
         progress(f"quantizing to {options.quant.mode} and choosing kernels")
     model, report = build_model(

@@ -20,6 +20,7 @@ import functools
 import hashlib
 import json
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -34,7 +35,7 @@ from minivllm.model.config import LlamaConfig
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1  # bump when what an entry holds changes
+FORMAT = 2  # bump when what an entry holds changes
 TENSOR_TABLE = "tensors.json"
 LLAMA_CONFIG = "llama-config.json"  # our LlamaConfig's fields
 
@@ -88,6 +89,7 @@ def load_config(path: Path, name: str) -> LlamaConfig:
 
     config = LlamaConfig.from_hf(AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name), name)
     config = _with_what_the_tensors_say(config, path)
+    config = _with_what_the_metadata_says(config, path)
     _store(file, lambda target: target.write_text(json.dumps(config.to_json_dict())))
     return config
 
@@ -106,6 +108,88 @@ def _with_what_the_tensors_say(config: LlamaConfig, path: Path) -> LlamaConfig:
         qkv_bias="blk.0.attn_q.bias" in records,
         o_bias="blk.0.attn_output.bias" in records,
     )
+
+
+STOP_FIELDS = ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
+
+
+def _with_what_the_metadata_says(config: LlamaConfig, path: Path) -> LlamaConfig:
+    """What transformers' GGUF reader leaves out for some architectures: the end-of-turn stop tokens, the
+    sliding window (the file's, not a config class's default: a Mistral file read as `mistral` would get
+    4096), the rotary width (`rope.dimension_count`, partial rotary), Gemma's settings and Phi-3's LongRoPE."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(path))
+    arch = str(_field(reader, "general.architecture"))
+    window = _field(reader, f"{arch}.attention.sliding_window")
+    rotary_dim = _field(reader, f"{arch}.rope.dimension_count")
+    config = dataclasses.replace(
+        config,
+        eos_token_ids=_with_stop_tokens(config.eos_token_ids, reader),
+        sliding_window=int(window) if window else None,
+        rotary_dim=int(rotary_dim) if rotary_dim and int(rotary_dim) < config.head_dim else None,
+    )
+    if config.family.startswith("gemma"):
+        config = _gemma_settings(config, reader, arch)
+    return _with_longrope(config, reader, arch)
+
+
+def _with_stop_tokens(eos: tuple[int, ...], reader) -> tuple[int, ...]:
+    """llama.cpp ends generation at the end-of-turn / end-of-message tokens too (Gemma's <end_of_turn>,
+    Phi-3's <|end|>), which the chat templates close a reply with and `eos_token_id` may not name."""
+    stops = [int(i) for key in STOP_FIELDS if (i := _field(reader, key)) is not None]
+    return (*eos, *(i for i in dict.fromkeys(stops) if i not in eos))
+
+
+def _with_longrope(config: LlamaConfig, reader, arch: str) -> LlamaConfig:
+    """Phi-3's LongRoPE as llama.cpp's converter writes it: the factors as tensors, the lengths as fields."""
+    factors = {t.name: t for t in reader.tensors if t.name.startswith("rope_factors_")}
+    if not factors:
+        return config
+    original = int(_field(reader, f"{arch}.rope.scaling.original_context_length"))
+    attention = _field(reader, f"{arch}.rope.scaling.attn_factor")
+    factor = config.max_position_embeddings / original
+    if attention is None:  # transformers' default
+        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    scaling = {
+        "rope_type": "longrope",
+        "long_factor": [float(v) for v in factors["rope_factors_long.weight"].data],
+        "short_factor": [float(v) for v in factors["rope_factors_short.weight"].data],
+        "original_max_position_embeddings": original,
+        "attention_factor": float(attention),
+    }
+    return dataclasses.replace(config, rope_scaling=scaling)
+
+
+GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}  # llama.cpp scales these by hidden / heads, not head_dim
+
+
+def _gemma_settings(config: LlamaConfig, reader, arch: str) -> LlamaConfig:
+    """Gemma's settings a GGUF holds as llama.cpp reads them: soft-caps and linear rope scaling from the
+    fields, and the attention scale by llama.cpp's rule (a file has no `query_pre_attn_scalar`: head_dim
+    ** -0.5, but (hidden / heads) ** -0.5 for the 27B models, which is what their configs say)."""
+    attn_cap = _field(reader, f"{arch}.attn_logit_softcapping")
+    final_cap = _field(reader, f"{arch}.final_logit_softcapping")
+    big = config.num_hidden_layers == GEMMA_27B_LAYERS.get(arch)
+    scaling = config.rope_scaling
+    if _field(reader, f"{arch}.rope.scaling.type") == "linear":
+        scaling = {"rope_type": "linear", "factor": float(_field(reader, f"{arch}.rope.scaling.factor"))}
+    return dataclasses.replace(
+        config,
+        attn_softcap=float(attn_cap) if attn_cap else None,
+        final_softcap=float(final_cap) if final_cap else None,
+        attn_scale=(config.hidden_size / config.num_attention_heads if big else config.head_dim) ** -0.5,
+        rope_scaling=scaling,
+    )
+
+
+def _field(reader, key: str):
+    """A scalar metadata field's value (a string decoded), or None where the file has none."""
+    field = reader.fields.get(key)
+    if field is None:
+        return None
+    value = field.parts[field.data[0]]
+    return bytes(value).decode() if field.types and field.types[0].name == "STRING" else value[0]
 
 
 def load_tokenizer(path: Path):

@@ -1,4 +1,4 @@
-"""Read a Llama GGUF's tensors in the precision they are stored in.
+"""Read a GGUF's tensors in the precision they are stored in.
 
 Q4_1 and Q8_0 blocks become Int4Weight / Int8Weight without a detour through floats, Q4_K / Q5_K / Q6_K
 super-blocks a KQuantWeight holding the file's bytes as they are; F32/F16/BF16 tensors become torch
@@ -54,6 +54,14 @@ _LAYER_NAMES = {
     "attn_q_norm": "self_attn.q_norm",
     "attn_k_norm": "self_attn.k_norm",  # Qwen3's per-head norms
 }
+# Gemma's four norms a layer, by HF's names (its `post_attention_layernorm` is on the attention's output)
+_SANDWICH_NAMES = {
+    "attn_norm": "input_layernorm",
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+_FUSED_NAMES = {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}  # Phi-3: Q|K|V and gate|up in one
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 
 
@@ -65,10 +73,17 @@ class GGUFTensors:
     rerounded: dict[str, str] = field(default_factory=dict)  # of those, name -> the native format it now holds
 
 
-def hf_name(gguf_name: str) -> str | None:
+def hf_name(gguf_name: str, fused_products: bool = False, sandwich_norms: bool = False) -> str | None:
+    """The HF name of a GGUF tensor; `fused_products`: the family stores Q|K|V and gate|up fused (Phi-3);
+    `sandwich_norms`: four norms a layer (Gemma)."""
     parts = gguf_name.split(".")
-    if parts[0] == "blk" and len(parts) == 4 and parts[2] in _LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
+    names = {
+        **_LAYER_NAMES,
+        **(_FUSED_NAMES if fused_products else {}),
+        **(_SANDWICH_NAMES if sandwich_norms else {}),
+    }
+    if parts[0] == "blk" and len(parts) == 4 and parts[2] in names:
+        return f"model.layers.{parts[1]}.{names[parts[2]]}.{parts[3]}"
     if len(parts) == 2 and parts[0] in _GLOBAL_NAMES:
         return f"{_GLOBAL_NAMES[parts[0]]}.{parts[1]}"
     return None
@@ -81,15 +96,23 @@ def rotary_unpermute_index(rows: int, heads: int) -> torch.Tensor:
 
 
 def read_gguf_tensors(
-    path: Path, num_heads: int, num_kv_heads: int, rotary_interleaved: bool = True, nearest_native: bool = False
+    path: Path,
+    num_heads: int,
+    num_kv_heads: int,
+    rotary_interleaved: bool = True,
+    nearest_native: bool = False,
+    fused_products: bool = False,
+    sandwich_norms: bool = False,
 ) -> GGUFTensors:
-    """`rotary_interleaved`: whether llama.cpp permuted this family's Q/K rows (Llama; not Qwen2/Qwen3).
+    """`rotary_interleaved`: whether llama.cpp permuted this family's Q/K rows (Llama; not Qwen2/Qwen3/Phi-3).
+    `fused_products`: Q|K|V and gate|up are stored fused (Phi-3's `attn_qkv`, and `ffn_up` holding gate|up).
+    `sandwich_norms`: Gemma's four norms a layer (stored with their +1 folded in, as this model runs them).
     `nearest_native`: re-round the types no kernel reads into the nearest one that does (else: floats)."""
     from minivllm.loader.gguf_cache import tensor_records
 
     out = GGUFTensors({})
     for record in tensor_records(path):
-        name = hf_name(record.name)
+        name = hf_name(record.name, fused_products, sandwich_norms)
         if name is None:
             continue
         out.types[name] = record.kind

@@ -1,4 +1,4 @@
-"""Map Hugging Face Llama tensor names onto the fused from-scratch model."""
+"""Map Hugging Face tensor names (Llama's, or a family's fused ones) onto the fused from-scratch model."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from minivllm.loader.install_quantized import (
     weight_tensors,
 )
 from minivllm.model.config import LlamaConfig
+from minivllm.model.families import FAMILIES
 from minivllm.model.llama import LlamaModel
 from minivllm.model.packed_linear import pack_model
 from minivllm.quant.formats import QuantizedWeight
@@ -29,25 +30,64 @@ class CorruptCheckpointError(ValueError):
     """A checkpoint is missing tensors or has tensors of the wrong shape."""
 
 
+# A layer's products in checkpoint order (random:<shape> weights are drawn in this order: keep it)
+SPLIT_PRODUCTS = tuple(
+    f"{part}.weight"
+    for part in (
+        "self_attn.q_proj",
+        "self_attn.k_proj",
+        "self_attn.v_proj",
+        "self_attn.o_proj",
+        "mlp.gate_proj",
+        "mlp.up_proj",
+        "mlp.down_proj",
+    )
+)
+# Phi-3's checkpoints: fused as this model runs them
+FUSED_PRODUCTS = (
+    "self_attn.qkv_proj.weight",
+    "self_attn.o_proj.weight",
+    "mlp.gate_up_proj.weight",
+    "mlp.down_proj.weight",
+)
+
+
+# A layer's norms, HF name -> ours. Gemma's `post_attention_layernorm` is on the attention's output, and its
+# `pre_feedforward_layernorm` is what Llama calls `post_attention_layernorm` (the norm before the MLP).
+LLAMA_NORMS = {
+    "input_layernorm.weight": "input_layernorm.weight",
+    "post_attention_layernorm.weight": "post_attention_layernorm.weight",
+}
+SANDWICH_NORMS = {
+    "input_layernorm.weight": "input_layernorm.weight",
+    "post_attention_layernorm.weight": "attn_out_norm.weight",
+    "pre_feedforward_layernorm.weight": "post_attention_layernorm.weight",
+    "post_feedforward_layernorm.weight": "mlp_out_norm.weight",
+}
+
+
+def layer_norm_names(cfg: LlamaConfig) -> dict[str, str]:
+    return SANDWICH_NORMS if cfg.sandwich_norms else LLAMA_NORMS
+
+
+def with_norm_offset(cfg: LlamaConfig, hf: MutableMapping[str, torch.Tensor]) -> MutableMapping[str, torch.Tensor]:
+    """An HF checkpoint's norm weights with the family's offset folded in: Gemma's norms scale by (1 + w),
+    which is an ordinary RMSNorm of weight 1 + w (llama.cpp's converter folds it the same way)."""
+    offset = FAMILIES[cfg.family].norm_offset
+    if offset:
+        for name in [n for n in hf if n.endswith("norm.weight")]:
+            hf[name] = hf[name] + offset
+    return hf
+
+
 def hf_tensor_names(cfg: LlamaConfig) -> list[str]:
     """The parameter names the HF model of this config's family (LlamaForCausalLM, Qwen2ForCausalLM, ...) has."""
     names = ["model.embed_tokens.weight", "model.norm.weight"]
+    products = FUSED_PRODUCTS if FAMILIES[cfg.family].fused_checkpoint else SPLIT_PRODUCTS
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."
-        names += [
-            p + n
-            for n in (
-                "self_attn.q_proj.weight",
-                "self_attn.k_proj.weight",
-                "self_attn.v_proj.weight",
-                "self_attn.o_proj.weight",
-                "mlp.gate_proj.weight",
-                "mlp.up_proj.weight",
-                "mlp.down_proj.weight",
-                "input_layernorm.weight",
-                "post_attention_layernorm.weight",
-            )
-        ]
+        names += [p + n for n in products]
+        names += [p + n for n in layer_norm_names(cfg)]
         names += [p + n for n in _family_piece_names(cfg)]
     if not cfg.tie_word_embeddings:
         names.append("lm_head.weight")
@@ -72,14 +112,18 @@ def fused_state_dict(cfg: LlamaConfig, hf: MutableMapping[str, torch.Tensor]) ->
     for i in range(cfg.num_hidden_layers):
         src, dst = f"model.layers.{i}.", f"layers.{i}."
         attn, mlp = src + "self_attn.", src + "mlp."
-        out[dst + "self_attn.qkv_proj.weight"] = fuse(
-            [hf.pop(attn + "q_proj.weight"), hf.pop(attn + "k_proj.weight"), hf.pop(attn + "v_proj.weight")]
-        )
+        for fused, parts in (
+            ("self_attn.qkv_proj.weight", SPLIT_PRODUCTS[:3]),
+            ("mlp.gate_up_proj.weight", SPLIT_PRODUCTS[4:6]),
+        ):
+            if src + fused in hf:  # stored fused (Phi-3): taken as it is
+                out[dst + fused] = hf.pop(src + fused)
+            else:
+                out[dst + fused] = fuse([hf.pop(src + part) for part in parts])
         out[dst + "self_attn.o_proj.weight"] = hf.pop(attn + "o_proj.weight")
-        out[dst + "mlp.gate_up_proj.weight"] = fuse([hf.pop(mlp + "gate_proj.weight"), hf.pop(mlp + "up_proj.weight")])
         out[dst + "mlp.down_proj.weight"] = hf.pop(mlp + "down_proj.weight")
-        for norm in ("input_layernorm.weight", "post_attention_layernorm.weight"):
-            out[dst + norm] = hf.pop(src + norm)
+        for norm, ours in layer_norm_names(cfg).items():
+            out[dst + ours] = hf.pop(src + norm)
         out.update(_family_pieces(cfg, hf, attn, dst + "self_attn."))
     out["lm_head.weight"] = embedding if cfg.tie_word_embeddings else hf.pop("lm_head.weight")
     return out

@@ -332,9 +332,13 @@ def paged_attention(
     v_pool: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    softcap: float | None = None,
 ) -> torch.Tensor:
-    """q: [T, heads, D], k/v: [T, kv_heads, D] for all tokens of the step -> [T, heads * D]."""
+    """q: [T, heads, D], k/v: [T, kv_heads, D] for all tokens of the step -> [T, heads * D]. `softcap`:
+    scores become softcap * tanh(score / softcap) before the softmax (Gemma 2), on the portable path."""
     write_kv(k_pool, v_pool, k, v, meta.slot_mapping)
+    if softcap is not None:
+        return softcapped_attention(q, k, v, k_pool, v_pool, meta, scale, softcap)
     if not meta.prefills:  # every row is one sequence's single token: no slicing by a row count
         out = decode_attention(
             q, k_pool, v_pool, meta.decode_block_tables, meta.decode_context_lens, meta.decode_mask, scale
@@ -351,3 +355,54 @@ def paged_attention(
         s, e = chunk.start, chunk.end
         parts.append(prefill_attention(q[s:e], k[s:e], v[s:e], chunk, k_pool, v_pool, scale))
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+
+
+def softcapped_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    softcap: float,
+) -> torch.Tensor:
+    """Attention with soft-capped scores, which neither SDPA nor our kernels take: scores, cap, mask and
+    softmax written out, over each decode row's gathered context and each prefill chunk's."""
+    parts = []
+    nd = meta.num_decode_tokens
+    if nd:
+        keys = gather_blocks(k_pool, meta.decode_block_tables).to(q.dtype)  # [B, L, kv, D]
+        values = gather_blocks(v_pool, meta.decode_block_tables).to(q.dtype)
+        span = torch.arange(keys.shape[1], device=q.device)
+        visible = span[None, :] < meta.decode_context_lens[:, None]  # [B, L]
+        out = capped_scores_attention(q[:nd, None], keys, values, visible[:, None, :], scale, softcap)
+        parts.append(out.reshape(nd, -1))
+    for chunk in meta.prefills:
+        s, e = chunk.start, chunk.end
+        if chunk.num_computed == 0:
+            keys, values = k[s:e], v[s:e]
+        else:
+            keys = gather_blocks(k_pool, chunk.block_table)[: chunk.context_len].to(q.dtype)
+            values = gather_blocks(v_pool, chunk.block_table)[: chunk.context_len].to(q.dtype)
+        key_pos = torch.arange(chunk.context_len, device=q.device)
+        query_pos = torch.arange(chunk.num_computed, chunk.context_len, device=q.device)
+        visible = key_pos[None, :] <= query_pos[:, None]  # [n, L], causal over prefix + chunk
+        out = capped_scores_attention(q[None, s:e], keys[None], values[None], visible[None], scale, softcap)
+        parts.append(out.reshape(e - s, -1))
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+
+
+def capped_scores_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor, scale: float, softcap: float
+) -> torch.Tensor:
+    """q [B, n, heads, D], k/v [B, L, kv_heads, D], visible [B, n, L] -> [B, n, heads, D]: HF's eager
+    Gemma 2 attention (scores * scale, capped, masked, softmax in fp32)."""
+    group = q.shape[2] // k.shape[2]
+    k = k.repeat_interleave(group, dim=2).transpose(1, 2)  # [B, heads, L, D]
+    v = v.repeat_interleave(group, dim=2).transpose(1, 2)
+    scores = torch.matmul(q.transpose(1, 2), k.transpose(2, 3)) * scale  # [B, heads, n, L]
+    scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~visible[:, None], float("-inf"))
+    weights = scores.softmax(-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(weights, v).transpose(1, 2)

@@ -1,11 +1,12 @@
-"""The shared decoder of the Llama, Qwen2 and Qwen3 families in plain PyTorch, reading its KV cache
-through block tables.
+"""The shared decoder of every family (model/families.py) in plain PyTorch, reading its KV cache through
+block tables.
 
-Embedding -> N x (RMSNorm, GQA attention with rotary positions, residual, RMSNorm, SwiGLU MLP,
+Embedding -> N x (RMSNorm, GQA attention with rotary positions, residual, RMSNorm, gated MLP,
 residual) -> RMSNorm -> LM head (tied to the embedding or not). Q/K/V and gate/up projections are
 fused into one matrix each at load time: one GEMM instead of three (two) per layer. A family's own
-pieces (model/families.py) are optional parts of the attention: a Q|K|V bias (Qwen2), an output bias,
-and per-head Q/K RMSNorms before the rotary embedding (Qwen3).
+pieces are optional: a Q|K|V bias (Qwen2), an output bias, per-head Q/K RMSNorms before the rotary
+embedding (Qwen3, Gemma 3), and Gemma's scaled embedding, GeGLU, norms on the attention's and MLP's
+outputs, soft-capped scores and logits, and a rope base of its own for the sliding-window layers.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: LlamaConfig):
+    def __init__(self, cfg: LlamaConfig, index: int = 0):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = (
             cfg.num_attention_heads,
@@ -43,7 +44,10 @@ class Attention(nn.Module):
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.qkv_proj = PackedLinear(cfg.hidden_size, q_size + 2 * kv_size, bias=False)
         self.o_proj = PackedLinear(q_size, cfg.hidden_size, bias=False)
-        self.scale = self.head_dim**-0.5
+        self.scale = cfg.attn_scale or self.head_dim**-0.5
+        self.softcap = cfg.attn_softcap
+        # the local rope's tables follow the global ones in a step's `rope` (LlamaModel.rope_tables)
+        self.local_rope = cfg.local_rope_theta is not None and index in cfg.local_layers
         # biases beside the products, not in them: a quantized product (QuantLinear) replaces the module
         self.qkv_bias = nn.Parameter(torch.empty(q_size + 2 * kv_size)) if cfg.qkv_bias else None
         self.o_bias = nn.Parameter(torch.empty(cfg.hidden_size)) if cfg.o_bias else None
@@ -52,8 +56,9 @@ class Attention(nn.Module):
 
     @property
     def has_family_pieces(self) -> bool:
-        """Whether this attention has a piece beyond Llama's (a bias, Q/K norms)."""
-        return any(p is not None for p in (self.qkv_bias, self.o_bias, self.q_norm))
+        """Whether this attention has a piece beyond Llama's (a bias, Q/K norms, a scale, soft-capping)."""
+        pieces = (self.qkv_bias, self.o_bias, self.q_norm, self.softcap)
+        return any(p is not None for p in pieces) or self.local_rope or self.scale != self.head_dim**-0.5
 
     def forward(
         self,
@@ -72,10 +77,10 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             qk = torch.cat([self.q_norm(qk[:, : self.num_heads]), self.k_norm(qk[:, self.num_heads :])], dim=1)
         # Q and K heads are contiguous, so one rotary call covers both.
-        qk = RotaryEmbedding.rotate(qk, *rope)
+        qk = RotaryEmbedding.rotate(qk, *(rope[2:] if self.local_rope else rope[:2]))
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         v = qkv[:, self.num_heads + self.num_kv_heads :]
-        out = self.o_proj(paged_attention(q, k, v, k_pool, v_pool, meta, self.scale))
+        out = self.o_proj(paged_attention(q, k, v, k_pool, v_pool, meta, self.scale, self.softcap))
         return out if self.o_bias is None else out + self.o_bias
 
 
@@ -83,38 +88,48 @@ class MLP(nn.Module):
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
         self.intermediate = cfg.intermediate_size
+        self.gelu = cfg.hidden_act == "gelu_tanh"  # GeGLU (Gemma), else SwiGLU
         self.gate_up_proj = PackedLinear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = PackedLinear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj((F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)) * up)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: LlamaConfig):
+    def __init__(self, cfg: LlamaConfig, index: int = 0):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, index)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)  # before the MLP
         self.mlp = MLP(cfg)
+        # Gemma's sandwich: norms on the attention's and the MLP's outputs, before their residual adds
+        self.attn_out_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) if cfg.sandwich_norms else None
+        self.mlp_out_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) if cfg.sandwich_norms else None
 
     def forward(self, x, rope, k_pool, v_pool, meta):
-        x = x + self.self_attn(self.input_layernorm(x), rope, k_pool, v_pool, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        attn = self.self_attn(self.input_layernorm(x), rope, k_pool, v_pool, meta)
+        x = x + (attn if self.attn_out_norm is None else self.attn_out_norm(attn))
+        mlp = self.mlp(self.post_attention_layernorm(x))
+        return x + (mlp if self.mlp_out_norm is None else self.mlp_out_norm(mlp))
 
 
 class LlamaModel(nn.Module):
     def __init__(self, cfg: LlamaConfig, max_positions: int | None = None):
         super().__init__()
         self.config = cfg
-        self.rotary = RotaryEmbedding(
-            cfg.head_dim, max_positions or cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling
+        positions = max_positions or cfg.max_position_embeddings
+        self.rotary = RotaryEmbedding(cfg.head_dim, positions, cfg.rope_theta, cfg.rope_scaling, cfg.rotary_dim)
+        self.local_rotary = (  # the sliding-window layers' own base, unscaled (Gemma 3)
+            None
+            if cfg.local_rope_theta is None
+            else RotaryEmbedding(cfg.head_dim, positions, cfg.local_rope_theta, None, cfg.rotary_dim)
         )
         # from an uninitialised table: the loader builds the model on the meta device, where the
         # default random init would import torch's compiler (~70 MiB resident) for nothing
         self.embed_tokens = nn.Embedding.from_pretrained(torch.empty(cfg.vocab_size, cfg.hidden_size), freeze=False)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = PackedLinear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
@@ -142,12 +157,14 @@ class LlamaModel(nn.Module):
         for `output_hidden_states`). `num_layers`: stop after that many layers and norm there (early
         exit: the speculative self-draft; only those layers' KV is written)."""
         x = self.embed_tokens(input_ids)
+        if self.config.embed_scale:  # sqrt(hidden) in the activations' dtype, as HF rounds it
+            x = x * torch.tensor(self.config.hidden_size**0.5, dtype=x.dtype)
         num_layers = len(self.layers) if num_layers is None else num_layers
         if hidden_states_out is None and self.native_step is not None:  # decode steps, where it can
             normed = self.native_step.run(x, positions, self.rotary, kv_cache, meta, num_layers)  # and the final norm
             if normed is not None:
                 return normed
-        rope = self.rotary.tables(positions, x.dtype)
+        rope = self.rope_tables(positions, x.dtype)
         done = 0
         if self.compiled is not None and not meta.prefills and hidden_states_out is None:
             x, done = self.compiled.run(self.layers, x, rope, kv_cache, meta, num_layers)
@@ -160,6 +177,11 @@ class LlamaModel(nn.Module):
             hidden_states_out.append(x)
         return x
 
+    def rope_tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        """cos and signed sin for a step's positions, then the local layers' pair where they have their own."""
+        tables = self.rotary.tables(positions, dtype)
+        return tables if self.local_rotary is None else (*tables, *self.local_rotary.tables(positions, dtype))
+
     def compilation(self) -> str:
         """How decode steps run, in words (the Engine tab shows it)."""
         if self.captured is not None:  # every decode step it holds replays what was captured
@@ -169,4 +191,8 @@ class LlamaModel(nn.Module):
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+        logits = self.lm_head(hidden)
+        cap = self.config.final_softcap
+        if cap is not None:  # in the model's dtype, as HF caps them (Gemma 2)
+            logits = torch.tanh(logits / cap) * cap
+        return logits.float()

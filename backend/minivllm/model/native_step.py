@@ -90,11 +90,9 @@ class NativeDecodeStep:
         torch's kernels or MKL, activations not fp32)."""
         if native.available() is not None or model.norm.weight.dtype != torch.float32:
             return None
-        if any(layer.self_attn.has_family_pieces for layer in model.layers):
-            progress(
-                f"native decode step off: the {model.config.family} family's attention biases / Q-K norms "
-                f"are not in decode_step.cpp; decode steps take the compiled step (or run eagerly)"
-            )
+        blocker = native_blocker(model)
+        if blocker is not None:
+            progress(f"native decode step off: {blocker}; decode steps take the compiled step (or run eagerly)")
             return None
         if any(
             norm.eps != model.norm.eps
@@ -153,6 +151,19 @@ class NativeDecodeStep:
     @staticmethod
     def describe() -> str:
         return "native decode step (every layer in one C++ call, our kernels)"
+
+
+def native_blocker(model: torch.nn.Module) -> str | None:
+    """Why decode_step.cpp cannot run this model's layers (it runs Llama's: SwiGLU, two norms a layer, a
+    whole-head rotation, plain scaled attention), or None."""
+    cfg, layer = model.config, model.layers[0]
+    if any(layer.self_attn.has_family_pieces for layer in model.layers):
+        return f"the {cfg.family} family's attention pieces (biases, Q-K norms, scale, soft-capping, local rope)"
+    if layer.mlp.gelu or layer.attn_out_norm is not None:
+        return f"the {cfg.family} family's GeGLU and norms on the attention's and MLP's outputs"
+    if model.rotary.partial:
+        return f"the {cfg.family} model rotates {cfg.rotary_dim} of {cfg.head_dim} dims a head (partial rotary)"
+    return None
 
 
 def native_weight(product: torch.nn.Module) -> torch.Tensor | None:

@@ -94,11 +94,21 @@ describe("palette slots", () => {
     expect(assignSlots([...spans].reverse(), 3)).toEqual(slots); // input order does not matter
   });
 
-  it("has distinct slot colours in both themes", () => {
+  it("has distinct slot colours in both themes, past the palette too", () => {
     for (const dark of [false, true]) {
-      const colors = new Set(Array.from({ length: PALETTE_SLOTS }, (_, i) => slotColor(i, dark)));
-      expect(colors.size).toBe(PALETTE_SLOTS);
+      const colors = new Set(Array.from({ length: 256 }, (_, i) => slotColor(i, dark)));
+      expect(colors.size).toBe(256);
     }
+  });
+
+  it("gives every request live at once its own slot in the dashboard, however many (the stress page runs 64)", () => {
+    const timelines = new Map(
+      Array.from({ length: 64 }, (_, i) => [`r${i}`, tl(`r${i}`, 0, [["WAITING", 0], ["PREFILL", i / 100]])] as const),
+    );
+    const slots = requestSlots(timelines);
+    expect(new Set(slots.values()).size).toBe(64);
+    const colors = new Set([...timelines.keys()].map((id) => liveRequestColor(timelines, id, false)));
+    expect(colors.size).toBe(64);
   });
 });
 

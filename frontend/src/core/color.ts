@@ -1,5 +1,5 @@
-// Request colours. Every view paints a request the same colour: a palette slot held from admission
-// to finish (distinct for requests live together), or beyond the palette a colour from its id alone.
+// Request colours. Every view paints a request the same colour: a slot held from admission to finish,
+// distinct for requests live together (the hand-picked palette first, then generated colours).
 import type { RequestTimeline } from "./dashboard";
 
 /** FNV-1a, 32 bits. */
@@ -82,9 +82,16 @@ const slotCss = [false, true].map((dark) =>
   SLOTS.map(([hue, light, chroma]) => `oklch(${((dark ? Math.min(0.86, light + 0.1) : light) * 100).toFixed(1)}% ${chroma} ${hue})`),
 );
 
-/** The colour of palette slot `slot` (0 <= slot < PALETTE_SLOTS); a little lighter on dark panels. */
+/** Hue step between generated slots: the golden angle, so no two slots' hues ever coincide. */
+const GOLDEN_ANGLE = 137.508;
+
+/** The colour of slot `slot`: the palette's, then (more requests live than it holds) a hue per slot
+ * by the golden angle at one of three lightnesses; a little lighter on dark panels. */
 export function slotColor(slot: number, dark: boolean): string {
-  return slotCss[dark ? 1 : 0]![slot % PALETTE_SLOTS]!;
+  if (slot < PALETTE_SLOTS) return slotCss[dark ? 1 : 0]![slot]!;
+  const hue = (slot * GOLDEN_ANGLE) % 360;
+  const light = [0.56, 0.68, 0.78][slot % 3]! + (dark ? 0.08 : 0);
+  return `oklch(${(light * 100).toFixed(1)}% 0.14 ${hue.toFixed(2)})`;
 }
 
 /** When a request held a slot: from its admission (first state after WAITING) to its end. */
@@ -119,11 +126,12 @@ export function liveSpan(t: RequestTimeline): LiveSpan {
 export function assignSlots(spans: Iterable<LiveSpan>, numSlots = PALETTE_SLOTS): Map<string, number> {
   const admitted = [...spans].filter((s) => s.admit !== null);
   admitted.sort((a, b) => a.admit! - b.admit! || a.arrival_ts - b.arrival_ts || (a.request_id < b.request_id ? -1 : a.request_id > b.request_id ? 1 : 0));
-  const heldUntil = new Array<number>(numSlots).fill(-Infinity);
+  const heldUntil: number[] = [];
   const out = new Map<string, number>();
   for (const s of admitted) {
     // a slot released at the very moment of this admission is free: the two never overlap
-    const slot = heldUntil.findIndex((until) => until <= s.admit!);
+    let slot = heldUntil.findIndex((until) => until <= s.admit!);
+    if (slot < 0 && heldUntil.length < numSlots) slot = heldUntil.push(-Infinity) - 1;
     if (slot >= 0) heldUntil[slot] = s.release;
     out.set(s.request_id, slot);
   }
@@ -136,7 +144,7 @@ const slotMemo = new WeakMap<ReadonlyMap<string, RequestTimeline>, Map<string, n
 export function requestSlots(timelines: ReadonlyMap<string, RequestTimeline>): ReadonlyMap<string, number> {
   let slots = slotMemo.get(timelines);
   if (slots === undefined) {
-    slots = assignSlots([...timelines.values()].map(liveSpan));
+    slots = assignSlots([...timelines.values()].map(liveSpan), Infinity);
     slotMemo.set(timelines, slots);
   }
   return slots;
@@ -145,8 +153,9 @@ export function requestSlots(timelines: ReadonlyMap<string, RequestTimeline>): R
 /** Neutral grey for requests not admitted yet: they hold no blocks and draw as a grey line. */
 export const UNADMITTED_COLOR = "oklch(62% 0 0)";
 
-/** The colour every view paints request `id` in: its palette slot, the hash colour beyond the
- * palette (or for a request the timelines do not know), grey while it waits for admission. */
+/** The colour every view paints request `id` in: its slot's (slots are unbounded here, so requests
+ * live together never share one), the hash colour for a request the timelines do not know, grey while
+ * it waits for admission. */
 export function liveRequestColor(timelines: ReadonlyMap<string, RequestTimeline>, id: string, dark: boolean): string {
   const slot = requestSlots(timelines).get(id);
   if (slot === undefined) return timelines.has(id) ? UNADMITTED_COLOR : requestColor(id, dark);

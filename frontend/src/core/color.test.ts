@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { assignSlots, liveRequestColor, PALETTE_SLOTS, requestColor, requestHue, requestSlots, slotColor, UNADMITTED_COLOR, type LiveSpan } from "./color";
+import { assignSlots, liveRequestColor, requestColor, requestHue, requestSlots, slotColor, UNADMITTED_COLOR, type LiveSpan } from "./color";
 import type { RequestTimeline, Segment, SegmentState } from "./dashboard";
 
 describe("request colours", () => {

@@ -18,6 +18,8 @@ import pytest
 from litestar.testing import AsyncTestClient, TestClient
 from test_server_support import server_of, sse_events, tiny_app, tiny_engine
 
+from minivllm.events import types as ev
+from minivllm.events.recording import read_recording
 from minivllm.structured.params import MAX_CONSTRAINT_CHARS
 
 MARGIN_S = 0.5  # the largest victim gap may exceed its baseline by this much (the issue's bound)
@@ -250,6 +252,19 @@ async def _victim_gap_beside(app, path: str, attack: dict) -> tuple[float, int, 
     return max(b - a for a, b in zip(times, times[1:]) if b > sent), status, json.loads(body)
 
 
+async def _recorded(app, measured):
+    """Runs `measured()` inside a recording; returns its result and the engine's longest idle time
+    between two steps (a step's start less the previous one's end, from the event stream)."""
+    status, body = await _asgi_post(app, "/api/recordings/start", {})
+    assert status == 201, body
+    result = await measured()
+    status, body = await _asgi_post(app, "/api/recordings/stop", {})
+    recording = read_recording(server_of(app).recordings.path(json.loads(body)["id"]))
+    steps = [e for e in recording.events if isinstance(e, ev.StepFinished)]
+    idle = max(b.ts - b.duration_ms / 1e3 - a.ts for a, b in zip(steps, steps[1:]))
+    return result, idle
+
+
 def _run(app, scenario):
     async def main():
         async with AsyncTestClient(app):  # the lifespan: the engine starts and stops
@@ -309,13 +324,18 @@ def test_fifteen_thousand_choices_answer_one_of_them_without_stalling_a_streamin
         for warm in (attack, plain):  # compiled and cached first: what stalled was each request's matcher
             status, body = await _asgi_post(app, "/v1/chat/completions", warm)
             assert status == 200, body[:300]
-        baseline, _, _ = await _victim_gap_beside(app, "/v1/chat/completions", plain)
-        gap, status, response = await _victim_gap_beside(app, "/v1/chat/completions", attack)
-        return baseline, gap, status, response
+        (baseline, _, _), idle_before = await _recorded(
+            app, lambda: _victim_gap_beside(app, "/v1/chat/completions", plain)
+        )
+        (gap, status, response), idle = await _recorded(
+            app, lambda: _victim_gap_beside(app, "/v1/chat/completions", attack)
+        )
+        return baseline, gap, status, response, idle_before, idle
 
-    baseline, gap, status, response = _run(app, scenario)
+    baseline, gap, status, response, idle_before, idle = _run(app, scenario)
     assert status == 200 and response["choices"][0]["message"]["content"] in choices, response
     assert gap < baseline + MARGIN_S, f"victim's largest gap {gap:.3f} s beside the choices, {baseline:.3f} s without"
+    assert idle < idle_before + MARGIN_S, f"the engine idled {idle:.3f} s between steps, {idle_before:.3f} s without"
 
 
 @pytest.mark.slow

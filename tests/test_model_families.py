@@ -31,6 +31,28 @@ VARIANTS = {
 }
 
 
+def save_tiny(model, directory, tokenizer, norms: tuple[float, float] = (0.5, 1.5)):
+    """Norm weights drawn from `norms` (HF's constant init would hide a misplaced norm), then the model and
+    the tokenizer saved to `directory`; returns the model."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(*norms)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return model
+
+
+def finish_gguf(writer, tensors) -> None:
+    """Adds (GGUF name, array) pairs, then writes the file and closes it."""
+    for name, array in tensors:
+        writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
 def make_tiny(kind: str, directory, tokenizer, seed: int = 0, **overrides):
     """A random `transformers` Qwen2/Qwen3 model with the embedded tokenizer's vocabulary, saved to
     `directory` (config.json, safetensors, tokenizer) and returned."""
@@ -251,6 +273,14 @@ def gguf_name(hf_name: str) -> str:
     return f"blk.{layer}.{GGUF_LAYER_NAMES['.'.join(module)]}.{kind}"
 
 
+def untied_tensors(hf, gguf_name):
+    """(GGUF name, fp32 array) of each weight, less a tied LM head."""
+    tied = hf.config.tie_word_embeddings
+    for name, tensor in hf.state_dict().items():
+        if not (name == "lm_head.weight" and tied):
+            yield gguf_name(name), tensor.detach().float().numpy()
+
+
 def write_gguf(hf, path, tokenizer_source) -> None:
     """The HF model's weights in F32 as llama.cpp's converter lays out a Qwen2/Qwen3 file (Q/K rows not
     permuted: these families rotate the halves as HF does), with the embedded file's tokenizer fields."""
@@ -272,14 +302,7 @@ def write_gguf(hf, path, tokenizer_source) -> None:
     writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     add_tokenizer_fields(writer, tokenizer_source)
-    for name, tensor in hf.state_dict().items():
-        if name == "lm_head.weight" and cfg.tie_word_embeddings:
-            continue
-        writer.add_tensor(gguf_name(name), tensor.detach().float().numpy())
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish_gguf(writer, untied_tensors(hf, gguf_name))
 
 
 def test_gguf_of_the_same_weights_matches_hf(pair, embedded_path, tmp_path, capsys):

@@ -20,9 +20,11 @@ from test_model_families import (
     PROMPTS,
     assert_greedy_matches_hf,
     assert_parity,
+    finish_gguf,
     greedy_through_engine,
     hf_greedy,
     report,
+    save_tiny,
 )
 
 from minivllm.loader import UnsupportedModelError, load_model
@@ -71,13 +73,7 @@ def make_tiny_gemma(kind: str, directory, tokenizer, seed: int = 0, **overrides)
     )
     cls = transformers.Gemma2ForCausalLM if kind == "Gemma2" else transformers.Gemma3ForCausalLM
     model = cls(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.uniform_(-0.5, 0.5)  # HF initialises them to 0 (a scale of 1): a misplaced norm would not show
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return model
+    return save_tiny(model, directory, tokenizer, norms=(-0.5, 0.5))  # Gemma's norms scale by 1 + w
 
 
 @pytest.fixture(scope="module", params=list(VARIANTS))
@@ -212,15 +208,15 @@ def write_gemma_gguf(hf, path, tokenizer_source) -> None:
         writer.add_rope_scaling_type(RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(rope["factor"])
     add_tokenizer_fields(writer, tokenizer_source)
-    for name, tensor in hf.state_dict().items():
-        if name == "lm_head.weight":
-            continue  # tied
-        value = tensor.detach().float() + (1.0 if name.endswith("norm.weight") else 0.0)
-        writer.add_tensor(gguf_name(name), value.numpy())
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    # tied: no LM head; llama.cpp's converter folds Gemma's norm offset (1 + w) into the weights
+    finish_gguf(
+        writer,
+        (
+            (gguf_name(name), (t.detach().float() + (1.0 if name.endswith("norm.weight") else 0.0)).numpy())
+            for name, t in hf.state_dict().items()
+            if name != "lm_head.weight"
+        ),
+    )
 
 
 @pytest.mark.parametrize("variant", GGUF_VARIANTS)

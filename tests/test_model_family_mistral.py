@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_model_families import ATOL, assert_greedy_matches_hf, assert_parity, report
+from test_model_families import ATOL, assert_greedy_matches_hf, assert_parity, finish_gguf, report, save_tiny
 
 from minivllm.loader import UnsupportedModelError, load_model
 
@@ -37,14 +37,7 @@ def make_tiny_mistral(directory, tokenizer, seed: int = 0, **overrides):
         eos_token_id=2,
         **overrides,
     )
-    model = transformers.MistralForCausalLM(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.uniform_(0.5, 1.5)
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return model
+    return save_tiny(transformers.MistralForCausalLM(config).eval(), directory, tokenizer)
 
 
 VARIANTS = {"mistral-no-window": dict(sliding_window=None), "mistral-window-64": dict(sliding_window=WINDOW)}
@@ -147,10 +140,7 @@ def write_llama_gguf(hf, path, tokenizer_source, name: str) -> None:
             heads = cfg.num_attention_heads if module == "self_attn.q_proj" else cfg.num_key_value_heads
             tensor = llama_cpp_permute(tensor, heads)
         writer.add_tensor(f"blk.{layer}.{GGUF_LAYER_NAMES[module]}.{kind}", tensor.detach().float().numpy())
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish_gguf(writer, [])
 
 
 @pytest.mark.parametrize("file_name, family", [("Mistral-Tiny-Instruct", "llama"), ("mistral", "mistral")])

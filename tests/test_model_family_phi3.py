@@ -20,9 +20,12 @@ from test_model_families import (
     PROMPTS,
     assert_greedy_matches_hf,
     assert_parity,
+    finish_gguf,
     greedy_through_engine,
     hf_greedy,
     report,
+    save_tiny,
+    untied_tensors,
 )
 
 from minivllm.loader import UnsupportedModelError, load_model
@@ -73,13 +76,7 @@ def make_tiny_phi3(directory, tokenizer, seed: int = 0, **overrides):
         **overrides,
     )
     model = transformers.Phi3ForCausalLM(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.uniform_(0.5, 1.5)  # HF initialises norms to 1: a misplaced norm would not show
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return model
+    return save_tiny(model, directory, tokenizer)
 
 
 @pytest.fixture(scope="module", params=list(VARIANTS))
@@ -253,14 +250,7 @@ def write_phi3_gguf(hf, path, tokenizer_source) -> None:
         writer.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
     add_tokenizer_fields(writer, tokenizer_source)
     writer.add_eot_token_id(EOT)  # Phi-3's <|end|>, which closes a chat turn
-    for name, tensor in hf.state_dict().items():
-        if name == "lm_head.weight" and cfg.tie_word_embeddings:
-            continue
-        writer.add_tensor(gguf_name(name), tensor.detach().float().numpy())
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish_gguf(writer, untied_tensors(hf, gguf_name))
 
 
 def test_gguf_of_the_same_weights_matches_hf(pair, embedded_path, tmp_path, capsys):

@@ -14,7 +14,7 @@ PORT ?= 8000
 SERVE_ARGS ?=
 
 .PHONY: setup setup-python setup-frontend setup-browser frontend run test test-fast test-backend test-frontend e2e bench lint lint-python docker chat schema clean bench-llamacpp fuzz soak \
-	setup-guidellm compat bench-serve
+	setup-guidellm compat bench-serve bench-ablation
 
 setup: setup-python setup-frontend
 
@@ -87,6 +87,9 @@ compat: setup-python setup-guidellm
 # The OpenAI API's overhead: a real server vs the engine in-process at 1 / 8 / 32 streams.
 bench-serve: setup-python
 	$(VENV)/bin/minivllm bench serve
+
+bench-ablation: setup-python
+	$(VENV)/bin/minivllm bench ablation
 
 bench: setup-python
 	$(VENV)/bin/minivllm bench single

@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from minivllm.bench.rss import own_peak_rss_bytes, run_with_peak_rss
+from minivllm.bench.rss import own_peak_rss_bytes, run_with_peak_rss, split_line
+from minivllm.events.types import MemorySplit
 
 MIB = 2**20
 
@@ -44,3 +45,15 @@ def test_own_peak_grows_with_what_this_process_holds():
     held = bytearray(64 * MIB)
     held[::4096] = b"x" * len(held[::4096])  # touch every page
     assert own_peak_rss_bytes() >= before and own_peak_rss_bytes() >= 64 * MIB
+
+
+def test_the_split_line_names_every_part_and_what_is_unknown():
+    split = MemorySplit(
+        rss=400 * MIB, weights=100 * MIB, kv_cache=8 * MIB, compiled=1 * MIB, torch=80 * MIB, libraries=40 * MIB,
+        other=171 * MIB, kv_reserved=64 * MIB,
+    )  # fmt: skip
+    assert split_line(split) == (
+        "RSS split (MiB): 400 = weights 100, kv_cache 8, compiled 1, torch 80, libraries 40, other 171 "
+        "(KV pool reserved 64)"
+    )
+    assert "weights ?" in split_line(MemorySplit(rss=MIB)) and split_line(None) == "RSS split: not measured"

@@ -244,6 +244,9 @@ def test_bench_quality_reports_every_precision_against_fp32(tmp_path):
         "int4 g64",
         "auto, float16 KV cache (CPU default)",
         "auto, bfloat16 KV cache",
+        "auto, int8 KV cache",
+        "auto, fp8_e4m3 KV cache",
+        "fp32, int8 KV cache (the pool's cost alone)",
     }
     ref = rows["fp32 (none)"]
     assert ref["kl_mean"] == 0 and ref["top1_agreement"] == 1 and ref["greedy_identical"] == ref["greedy_prompts"]
@@ -260,6 +263,8 @@ def test_bench_quality_reports_every_precision_against_fp32(tmp_path):
         "bfloat16",
     )
     assert full["kl_mean"] == 0 < half["kl_mean"] and 0 < brain["kl_mean"], (full, half, brain)
+    for name, dtype in (("auto, int8 KV cache", "int8"), ("fp32, int8 KV cache (the pool's cost alone)", "int8")):
+        assert rows[name]["kv_cache_dtype"] == dtype and rows[name]["kl_mean"] > 0, rows[name]
     assert "machine: CPU capability" in proc.stdout and (tmp_path / "quality.png").stat().st_size > 0
 
 

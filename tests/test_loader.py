@@ -175,12 +175,12 @@ def test_non_llama_architecture(tmp_path, tiny_dir):
         load_model(str(tmp_path / "gpt2"), device="cpu")
     assert "gpt2" in str(info.value).lower() and "llama" in str(info.value).lower()
 
-    mixtral = copy_dir(tiny_dir[0], tmp_path / "mixtral")  # a mixture of experts: not this decoder
-    config = json.loads((mixtral / "config.json").read_text())
-    config.update(model_type="mixtral", architectures=["MixtralForCausalLM"])
-    (mixtral / "config.json").write_text(json.dumps(config))
-    with pytest.raises(UnsupportedModelError, match="mixtral"):
-        load_model(str(mixtral), device="cpu")
+    qwen2_moe = copy_dir(tiny_dir[0], tmp_path / "qwen2_moe")  # shared experts: not this decoder's MoE block
+    config = json.loads((qwen2_moe / "config.json").read_text())
+    config.update(model_type="qwen2_moe", architectures=["Qwen2MoeForCausalLM"])
+    (qwen2_moe / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedModelError, match="qwen2_moe"):
+        load_model(str(qwen2_moe), device="cpu")
 
 
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "empty", "truncated-header"])

@@ -158,6 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
             "pages",
             "sampler",
             "serve",
+            "ablation",
+            "kv",
         ],
     )
     p.add_argument(
@@ -181,6 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="single: do not run the fp32-weights baseline next to a quantized engine",
     )
     p.add_argument("--quick", action="store_true", help="fewer tokens and prompts (smoke test)")
+    p.add_argument("--json", action="store_true", help="ablation: print the results as JSON on stdout")
     p.add_argument(
         "--prompt-tokens",
         type=at_least_one,
@@ -193,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--rounds",
         type=at_least_one,
         default=3,
-        help="llamacpp, serve: runs of each side per level, alternating; the table shows medians "
+        help="llamacpp, serve, ablation: runs of each side per level, alternating; the table shows medians "
         "(llamacpp: and the per-round ratios' range) (--quick: 1)",
     )
     add_model_args(p)

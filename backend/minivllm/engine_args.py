@@ -54,8 +54,24 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         choices=list(KV_CACHE_DTYPES),
         help="the KV pool's element type: auto (the model's dtype; float16 for quantized weights on a CPU) or "
         "another (float16, bfloat16: "
-        "twice the tokens in the same memory, half the bytes decode attention reads)",
+        "twice the tokens in the same memory, half the bytes decode attention reads; int8, fp8_e4m3: "
+        "8 bits a value with a scale per token and head, ~1.9x float16's tokens)",
     )
+    e.add_argument(
+        "--kv-offload-dir",
+        default=None,
+        help="keep evicted prefix-cache blocks in this directory and read them back on a prefix hit, "
+        "across restarts too (default: RAM only)",
+    )
+    e.add_argument("--kv-offload-size", default="4GiB", help="the most --kv-offload-dir keeps, e.g. 20GiB (LRU)")
+    e.add_argument(
+        "--kv-window",
+        type=int,
+        default=None,
+        help="StreamingLLM: keep each sequence's first --kv-sinks tokens and its last ~N tokens in the KV cache "
+        "(memory stays flat however long a conversation runs; requests may exceed --max-model-len). Default: off",
+    )
+    e.add_argument("--kv-sinks", type=int, default=4, help="attention-sink tokens kept with --kv-window (default 4)")
     e.add_argument("--num-blocks", type=int, default=None)
     e.add_argument(
         "--max-kv-cache-memory",
@@ -68,6 +84,19 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     e.add_argument("--max-num-seqs", type=int, default=64)
     e.add_argument("--max-model-len", type=int, default=None)
     e.add_argument("--no-prefix-caching", action="store_true")
+    e.add_argument(
+        "--no-chunked-prefill",
+        action="store_true",
+        help="run each prompt whole in one step (it must fit --max-num-batched-tokens with its max_tokens)",
+    )
+    e.add_argument(
+        "--static-batching",
+        action="store_true",
+        help="no continuous batching: a new batch starts only once the running one has finished",
+    )
+    e.add_argument(
+        "--recompute-kv", action="store_true", help="no KV cache across steps: recompute the whole context each step"
+    )
     e.add_argument("--max-stop-strings", type=int, default=64, help="the most stop strings one request may send")
     e.add_argument("--max-stop-chars", type=int, default=4096, help="their total length at most")
     e.add_argument(
@@ -88,10 +117,17 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         max_num_seqs=args.max_num_seqs,
         max_model_len=args.max_model_len,
         enable_prefix_caching=not args.no_prefix_caching,
+        enable_chunked_prefill=not getattr(args, "no_chunked_prefill", False),
+        static_batching=getattr(args, "static_batching", False),
+        recompute_kv=getattr(args, "recompute_kv", False),
         max_kv_cache_memory=getattr(args, "max_kv_cache_memory", None),
         max_stop_strings=args.max_stop_strings,
         max_stop_chars=args.max_stop_chars,
         kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"),
+        kv_offload_dir=getattr(args, "kv_offload_dir", None),
+        kv_offload_size=getattr(args, "kv_offload_size", "4GiB"),
+        kv_window=getattr(args, "kv_window", None),
+        kv_sinks=getattr(args, "kv_sinks", 4),
     )
 
 

@@ -7,6 +7,10 @@ from __future__ import annotations
 def run_bench(args) -> int:
     from minivllm.engine_args import build_engine
 
+    if args.kind == "ablation":  # builds an engine per configuration, each in a process of its own
+        from minivllm.bench.ablation import bench_ablation
+
+        return bench_ablation(args)
     if args.max_tokens is None:
         args.max_tokens = 64 if args.kind == "serve" else 128
     if args.kind == "quality":  # loads the model once per precision itself
@@ -47,6 +51,10 @@ def run_bench(args) -> int:
         from minivllm.bench.structured import bench_structured
 
         return bench_structured(engine, args)
+    if args.kind == "kv":
+        from minivllm.bench.kv_tiers import bench_kv
+
+        return bench_kv(engine, args)
     if args.kind == "serve":
         from minivllm.bench.serve import bench_serve
 

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from minivllm.arith import ceil_div
-from minivllm.bench.rss import own_peak_rss_bytes, run_with_peak_rss
+from minivllm.bench.rss import own_peak_rss_bytes, run_with_peak_rss, split_line
 from minivllm.engine.memory_budget import process_rss_bytes
 
 BENCH_BINARY = "llama-batched-bench"
@@ -423,6 +423,7 @@ def bench_llamacpp(engine, args) -> int:
     )
     print_comparison(comparisons, title)
     print(memory_line(engine))
+    print(split_line(engine.stats().memory))
     settings = llama_runs[0]["settings"] if llama_runs else {}
     extra = {
         "comparison": [

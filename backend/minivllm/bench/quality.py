@@ -9,7 +9,9 @@ reference is the checkpoint dequantized (`--quantization none`): for the embedde
 exactly what HF's reader gives the parity tests. The text runs CHUNK tokens a step, so all but the
 first chunk of a window read their prefix's K/V from the pool, as serving does: the rows with a
 float16 (the default for quantized weights on a CPU) / bfloat16 KV cache (`--kv-cache-dtype`) measure
-what rounding K/V costs, to be read against the `auto` row with an fp32 pool (every weight row has one).
+what rounding K/V costs, to be read against the `auto` row with an fp32 pool (every weight row has one);
+the int8 / fp8_e4m3 rows (8 bits and a scale per token and head) likewise, and one int8 row on fp32 weights,
+whose KL against the reference is the pool's alone.
 """
 
 from __future__ import annotations
@@ -64,6 +66,9 @@ def precisions(group_sizes=(32, 64)) -> list[tuple[str, QuantConfig, str]]:
     kv_rows = [
         ("auto, float16 KV cache (CPU default)", QuantConfig("auto"), "float16"),
         ("auto, bfloat16 KV cache", QuantConfig("auto"), "bfloat16"),
+        ("auto, int8 KV cache", QuantConfig("auto"), "int8"),
+        ("auto, fp8_e4m3 KV cache", QuantConfig("auto"), "fp8_e4m3"),
+        ("fp32, int8 KV cache (the pool's cost alone)", QuantConfig("none"), "int8"),
     ]
     # the weight rows on an fp32 pool: each measures its weights alone; the KV rows add the pool's rounding
     return [(label, quant, "float32") for label, quant in rows] + kv_rows

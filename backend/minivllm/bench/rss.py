@@ -1,4 +1,5 @@
-"""Peak resident memory (what `ps` and `top` show as RSS) of this process and of one child process.
+"""Peak resident memory (what `ps` and `top` show as RSS) of this process and of one child process,
+and the line that splits this process's RSS by part.
 
 Why a child's is polled: the kernel's records of a child's peak (`wait4`, `RUSAGE_CHILDREN`) start from
 its parent's resident set at the fork, so a small child of this ~500 MiB process reads as ~500 MiB.
@@ -13,6 +14,8 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+
+from minivllm.events.types import MemorySplit
 
 POLL_S = 0.02
 
@@ -56,3 +59,18 @@ def run_with_peak_rss(cmd: list[str], timeout_s: float | None = None) -> tuple[s
     for reader in readers:
         reader.join()
     return subprocess.CompletedProcess(cmd, proc.returncode, captured["out"], captured["err"]), peak
+
+
+def split_line(split: MemorySplit | None) -> str:
+    """The engine's latest RSS split (engine/memory_view.py, at most a few seconds old) as one line."""
+    if split is None:
+        return "RSS split: not measured"
+    parts = ("weights", "kv_cache", "compiled", "torch", "libraries", "other")
+    shown = ", ".join(f"{p} {_mib(getattr(split, p))}" for p in parts)
+    return f"RSS split (MiB): {_mib(split.rss)} = {shown} (KV pool reserved {_mib(split.kv_reserved)})" + (
+        " [named parts exceeded the RSS: other clamped to 0]" if split.clamped else ""
+    )
+
+
+def _mib(n: int | None) -> str:
+    return "?" if n is None else f"{n / 2**20:.0f}"

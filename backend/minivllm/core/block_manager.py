@@ -7,7 +7,7 @@ in slot ``p % block_size`` of block ``table[p // block_size]``.
 Sharing is tracked with reference counts:
 
 * **Prefix caching** -- once a block is completely filled with computed tokens it gets a chained
-  hash ``hash((parent_hash, tokens))`` and is registered in ``hash -> block_id``. A new sequence
+  hash of ``(parent_hash, tokens)`` and is registered in ``hash -> block_id``. A new sequence
   whose prompt starts with the same tokens attaches those blocks instead of recomputing them.
   Every hit is verified against the tokens stored in the block, so a hash collision can never
   serve wrong KV data for that block.
@@ -23,6 +23,8 @@ hold nothing of value) and an ``OrderedDict`` of cached free blocks in LRU order
 
 from __future__ import annotations
 
+import hashlib
+from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,7 +32,7 @@ from typing import Literal
 
 from minivllm.arith import ceil_div
 
-BlockEventKind = Literal["allocated", "freed", "released", "evicted", "shared", "cached", "copied"]
+BlockEventKind = Literal["allocated", "freed", "released", "evicted", "shared", "cached", "copied", "restored"]
 
 
 @dataclass
@@ -61,6 +63,8 @@ class BlockEvent:
     prefix_hit: bool = False
     src_block_ids: list[int] | None = None
     block_hashes: list[int | None] | None = None
+    to_disk: bool = False  # evicted with a disk tier on: its data goes to disk ("restored": comes back)
+    dropped: bool = False  # "freed" by a sliding KV window: the blocks left the window (`drop_window`)
 
 
 class NoFreeBlocksError(RuntimeError):
@@ -68,8 +72,25 @@ class NoFreeBlocksError(RuntimeError):
 
 
 def hash_block_tokens(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
-    """Chained block hash: a block's identity depends on everything before it."""
-    return hash((parent_hash, token_ids))
+    """Chained block hash: a block's identity depends on everything before it. A keyed digest, not
+    Python's `hash`: the same tokens hash alike in every process, so the disk tier's files (named by
+    these hashes) serve a restarted server."""
+    parent = (parent_hash or 0).to_bytes(8, "little")
+    return int.from_bytes(hashlib.blake2b(parent + array("q", token_ids).tobytes(), digest_size=8).digest(), "little")
+
+
+def hash_salt(salt: str) -> int:
+    """The root of a salted request's hash chain (vLLM's `cache_salt`)."""
+    return hash_block_tokens(None, tuple(salt.encode()))
+
+
+@dataclass(frozen=True)
+class EvictedBlock:
+    """A cached block reused for new data: what the disk tier needs to keep it (`track_evictions`)."""
+
+    block_id: int
+    block_hash: int
+    token_ids: tuple[int, ...]
 
 
 class BlockManager:
@@ -89,6 +110,8 @@ class BlockManager:
         block_size: int,
         enable_prefix_caching: bool = True,
         record_events: bool = True,
+        track_evictions: bool = False,
+        sink_blocks: int | None = None,
     ) -> None:
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError("num_blocks and block_size must be positive")
@@ -96,7 +119,9 @@ class BlockManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.record_events = record_events
+        self.track_evictions = track_evictions  # a disk tier copies evicted blocks out before they are rewritten
         self._events: list[BlockEvent] = []
+        self._evicted: list[EvictedBlock] = []
         self.blocks: list[Block] = [Block(i) for i in range(num_blocks)]
         self._free_uncached: list[int] = list(reversed(range(num_blocks)))  # stack: pop() -> lowest id first
         self._free_cached: OrderedDict[int, None] = OrderedDict()  # LRU order, oldest first
@@ -104,6 +129,11 @@ class BlockManager:
         self._tables: dict[int, list[int]] = {}
         self._owners: dict[int, str | None] = {}
         self._clock = 0.0
+        # A sliding KV window (core/kv_window.py): sequences keep `sink_blocks` first blocks, and only those
+        # enter the prefix cache (the window's keys are shifted in place as it slides). `_dropped`: tokens
+        # each sequence has dropped; callers speak absolute token counts, its table holds the rest.
+        self.sink_blocks = sink_blocks
+        self._dropped: dict[int, int] = {}
 
     # ------------------------------------------------------------------ queries
 
@@ -132,7 +162,7 @@ class BlockManager:
 
     def blocks_needed(self, seq_id: int, num_tokens: int) -> int:
         have = len(self._tables.get(seq_id, ()))
-        return max(0, ceil_div(num_tokens, self.block_size) - have)
+        return max(0, ceil_div(num_tokens - self._dropped.get(seq_id, 0), self.block_size) - have)
 
     def find_cached_prefix(self, token_ids: Sequence[int], block_hashes: Sequence[int] | None = None) -> list[int]:
         """Cached blocks covering the longest prefix of ``token_ids``; never the last token.
@@ -153,6 +183,16 @@ class BlockManager:
                 break
             hits.append(bid)
         return hits
+
+    def take_evicted(self) -> list[EvictedBlock]:
+        """Cached blocks reused since the last call (only with `track_evictions`). Their pool data is
+        intact until the next model step writes: the caller copies it out before then."""
+        evicted, self._evicted = self._evicted, []
+        return evicted
+
+    def cached_blocks(self) -> list[EvictedBlock]:
+        """Every block reachable through the prefix cache, in use or free (a disk tier's flush)."""
+        return [EvictedBlock(bid, h, self.blocks[bid].token_ids) for h, bid in self._hash_to_block.items()]
 
     def take_events(self) -> list[BlockEvent]:
         """The changes since the last call, oldest first (vLLM's ``take_events``)."""
@@ -178,6 +218,21 @@ class BlockManager:
             self._emit("shared", prefix, seq_id, prefix_hit=True)
         return len(prefix) * self.block_size
 
+    def install_cached(self, block_hash: int, token_ids: tuple[int, ...]) -> int:
+        """Register a free block as the cached block for `block_hash` (data brought back from the disk
+        tier): it sits at the LRU tail, ready for a prefix hit. The caller fills its pool data."""
+        if block_hash in self._hash_to_block:
+            raise ValueError("that hash is already cached")
+        if len(token_ids) != self.block_size:
+            raise ValueError(f"a cached block holds {self.block_size} tokens, not {len(token_ids)}")
+        bid = self._take_free_block()
+        block = self.blocks[bid]
+        block.block_hash, block.token_ids = block_hash, tuple(token_ids)
+        self._hash_to_block[block_hash] = bid
+        self._decref(bid)  # ref count 0 with its hash: a free cached block
+        self._emit("restored", [bid], None, block_hashes=[block_hash])
+        return bid
+
     def ensure_capacity(self, seq_id: int, num_tokens: int) -> bool:
         """Grow the table to hold ``num_tokens`` tokens. All-or-nothing: False means nothing changed."""
         table = self._tables[seq_id]
@@ -194,7 +249,7 @@ class BlockManager:
         """Free the table's blocks past those holding ``num_tokens`` tokens: speculative decoding's
         rollback of rejected drafts. Those blocks were allocated for drafts: never hashed."""
         table = self._tables[seq_id]
-        keep = ceil_div(num_tokens, self.block_size)
+        keep = ceil_div(num_tokens - self._dropped.get(seq_id, 0), self.block_size)
         if len(table) <= keep:
             return
         tail = table[keep:]
@@ -206,7 +261,7 @@ class BlockManager:
         is shared, or it is hashed -- it holds computed tokens of another sequence, as after a fork
         of a prefix that ends inside it -- and writing in place would corrupt the prefix cache."""
         table = self._tables.get(seq_id, ())
-        idx = position // self.block_size
+        idx = (position - self._dropped.get(seq_id, 0)) // self.block_size
         if idx >= len(table):
             return False
         block = self.blocks[table[idx]]
@@ -224,7 +279,7 @@ class BlockManager:
         if not self.num_free_blocks:
             raise NoFreeBlocksError(f"no free block for copy-on-write of sequence {seq_id}")
         table = self._tables[seq_id]
-        idx = position // self.block_size
+        idx = (position - self._dropped.get(seq_id, 0)) // self.block_size
         src, dst = table[idx], self._take_free_block()
         table[idx] = dst
         self._emit("copied", [dst], seq_id, src_block_ids=[src])
@@ -246,7 +301,8 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         table, bs = self._tables[seq_id], self.block_size
-        start = end = min(num_computed_tokens // bs, len(table))
+        cacheable = len(table) if self.sink_blocks is None else min(self.sink_blocks, len(table))
+        start = end = min(num_computed_tokens // bs, cacheable)
         while start > 0 and self.blocks[table[start - 1]].block_hash is None:
             start -= 1
         parent = self.blocks[table[start - 1]].block_hash if start else None
@@ -270,6 +326,8 @@ class BlockManager:
         the blocks holding the parent's first ``num_tokens`` tokens (the child diverges there)."""
         if child_seq_id in self._tables:
             raise ValueError(f"sequence {child_seq_id} already allocated")
+        if self._dropped.get(parent_seq_id):
+            raise ValueError("a sequence that slid its KV window cannot fork (its blocks are shifted in place)")
         table = list(self._tables[parent_seq_id])
         if num_tokens is not None:
             table = table[: ceil_div(num_tokens, self.block_size)]
@@ -289,19 +347,37 @@ class BlockManager:
         if seq_id not in self._tables:
             return
         table = self._tables.pop(seq_id)  # gone before the events: listeners see the table released
+        self._dropped.pop(seq_id, None)
         self._drop_refs(table, seq_id)
         del self._owners[seq_id]
 
-    def _drop_refs(self, block_ids: list[int], seq_id: int) -> None:
+    def drop_window(self, seq_id: int, num_blocks: int) -> list[int]:
+        """A sliding KV window: free the sequence's `num_blocks` oldest blocks after its sinks and compact its
+        table. Returns the blocks after the sinks that remain: their keys must move back by the dropped
+        tokens (model/kv_window.py) before the next step reads them. Those blocks are this sequence's
+        alone (never hashed past the sinks, no forks with a window), so shifting them in place is safe."""
+        table, first = self._tables[seq_id], self.sink_blocks or 0
+        if num_blocks < 1 or first + num_blocks > len(table):
+            raise ValueError(f"cannot drop {num_blocks} blocks after {first} sinks from a table of {len(table)}")
+        dropped = table[first : first + num_blocks]
+        del table[first : first + num_blocks]
+        self._dropped[seq_id] = self._dropped.get(seq_id, 0) + num_blocks * self.block_size
+        self._drop_refs(dropped, seq_id, dropped=True)
+        return table[first:]
+
+    def dropped_tokens(self, seq_id: int) -> int:
+        return self._dropped.get(seq_id, 0)
+
+    def _drop_refs(self, block_ids: list[int], seq_id: int, **extra) -> None:
         """Release the sequence's references to these blocks, last first."""
         freed, released = [], []
         for bid in reversed(block_ids):
             self._decref(bid)
             (released if self.blocks[bid].ref_count else freed).append(bid)
         if freed:
-            self._emit("freed", freed, seq_id)
+            self._emit("freed", freed, seq_id, **extra)
         if released:
-            self._emit("released", released, seq_id)
+            self._emit("released", released, seq_id, **extra)
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached hash. Free cached blocks become plain free blocks ("evicted").
@@ -328,9 +404,11 @@ class BlockManager:
         else:
             bid, _ = self._free_cached.popitem(last=False)
             evicted_hash = self.blocks[bid].block_hash
+            if self.track_evictions:
+                self._evicted.append(EvictedBlock(bid, evicted_hash, self.blocks[bid].token_ids))
             del self._hash_to_block[evicted_hash]
             self._clear_hash(bid)
-            self._emit("evicted", [bid], None, block_hashes=[evicted_hash])
+            self._emit("evicted", [bid], None, block_hashes=[evicted_hash], to_disk=self.track_evictions)
         self._incref(bid)
         return bid
 
@@ -427,3 +505,4 @@ class BlockManager:
         used = sum(1 for b in self.blocks if b.ref_count > 0)
         assert self.num_free_blocks + used == self.num_blocks, "free + used != num_blocks"
         assert self._owners.keys() == self._tables.keys(), "owners and tables disagree"
+        assert self._dropped.keys() <= self._tables.keys(), "a dropped offset outlived its sequence"

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minivllm.core.block_manager import hash_block_tokens
+from minivllm.core.block_manager import hash_block_tokens, hash_salt
 from minivllm.core.pooling import PromptPooling
 from minivllm.core.prompt_logprobs import PromptLogprobs
 from minivllm.sampling.beam_search import BeamSearchState
@@ -43,6 +43,7 @@ class Sequence:
     sample_index: int = 0  # which of the request's n samples this is
     seq_id: int = field(default_factory=lambda: next(_seq_ids))
     num_computed: int = 0
+    dropped: int = 0  # tokens a sliding KV window dropped from its cache (core/kv_window.py)
     generator: torch.Generator | None = None
     detokenizer: IncrementalDetokenizer | None = None
     stop_matcher: StopStringMatcher | None = None
@@ -141,7 +142,7 @@ class Request:
     @property
     def salt_hash(self) -> int | None:
         """The parent of the first block's chained hash: a salt changes every block's hash after it."""
-        return None if self.cache_salt is None else hash(("cache_salt", self.cache_salt))
+        return None if self.cache_salt is None else hash_salt(self.cache_salt)
 
     @property
     def is_finished(self) -> bool:

@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 from minivllm.arith import ceil_div
 from minivllm.core.block_manager import BlockManager
+from minivllm.core.kv_window import KVWindow
 from minivllm.core.request import Request, RequestStatus, Sequence
 
 
@@ -30,6 +31,17 @@ class SchedulerConfig:
     # step's budget (engine/prompt_logprobs.py `token_cost`), so such a prefill never makes a step
     # slower than a plain one and the other streams' gaps stay as they were
     prompt_logprobs_token_cost: int = 2
+    # Ablation switches (`minivllm bench ablation` prices each optimisation by turning it off):
+    # chunked_prefill off: a sequence's pending tokens run whole in one step or wait (request
+    # validation keeps prompt + max_tokens within the budget, so nothing waits forever);
+    # static_batching: a batch forms only while none of its requests has produced a token, and the
+    # next one only once it has drained (HF generate's batch, not continuous batching);
+    # recompute_kv: no KV cache across steps: once a sequence samples, its progress drops to 0, so
+    # the next step runs its whole context again as one prefill over the same blocks.
+    chunked_prefill: bool = True
+    static_batching: bool = False
+    recompute_kv: bool = False
+    kv_window: KVWindow | None = None  # StreamingLLM's sinks + sliding window (core/kv_window.py); None: off
 
 
 @dataclass(frozen=True)
@@ -79,6 +91,8 @@ class SchedulerOutput:
 
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     copies: list[tuple[int, int]] = field(default_factory=list)
+    # a sliding KV window's drops: move these blocks' keys back by d positions (model/kv_window.py)
+    shifts: list[tuple[list[int], int]] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
     admitted: list[Request] = field(default_factory=list)
     budget_used: int = 0
@@ -168,6 +182,9 @@ class Scheduler:
                 continue
             rejected = s.num_draft - (accepted or {}).get(seq.seq_id, 0) if s.num_draft else 0
             seq.num_computed = s.start + s.num_tokens - rejected
+            if self.config.recompute_kv and s.samples:
+                seq.num_computed = 0  # its blocks stay (the recompute rewrites them); nothing is hashed
+                continue
             if s.num_draft:
                 self.bm.trim(seq.seq_id, seq.num_computed + 1)  # room for the token sampled this step
             if self.bm.enable_prefix_caching:  # else nothing is hashed at all
@@ -182,18 +199,38 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
+        if self.config.kv_window is not None:
+            self._slide_windows(self.config.kv_window, out)
         budget = self.config.max_num_batched_tokens
         for request in sorted(self.running, key=lambda r: r.sort_key):
             if budget <= 0:
                 break
             if request in self.running:  # not preempted by an earlier request this step
                 budget -= self._schedule_running(request, budget, out)
-        if not out.preempted:  # as vLLM: no admissions in a step that had to preempt
+        if out.preempted:  # as vLLM: no admissions in a step that had to preempt
+            if self.waiting:
+                out.queue_head, out.queue_head_reason = self.waiting[0], "running requests were preempted this step"
+        elif self.config.static_batching and self._batch_decoding():
+            if self.waiting:
+                out.queue_head, out.queue_head_reason = self.waiting[0], "static batching: the running batch decodes"
+        else:
             budget = self._admit_waiting(budget, out)
-        elif self.waiting:
-            out.queue_head, out.queue_head_reason = self.waiting[0], "running requests were preempted this step"
         out.budget_used = self.config.max_num_batched_tokens - budget
         return out
+
+    def _slide_windows(self, window: KVWindow, out: SchedulerOutput) -> None:
+        """Drop whole groups of blocks that left each running sequence's window; its later keys move back
+        by the dropped tokens, so rotary positions stay the tokens' indices in the compacted cache."""
+        for request in self.running:
+            for seq in request.seqs:
+                num_blocks = window.blocks_to_drop(seq.num_computed - seq.dropped)
+                if num_blocks:
+                    out.shifts.append((self.bm.drop_window(seq.seq_id, num_blocks), num_blocks * self.bm.block_size))
+                    seq.dropped += num_blocks * self.bm.block_size
+
+    def _batch_decoding(self) -> bool:
+        """Static batching's rule: the running batch has started producing tokens."""
+        return any(s.num_output_tokens for r in self.running for s in r.seqs)
 
     def _schedule_running(self, request: Request, budget: int, out: SchedulerOutput) -> int:
         if request.refork_at is not None and request.seqs[0].num_computed >= request.refork_at:
@@ -333,6 +370,8 @@ class Scheduler:
         remaining = [s.num_tokens - done for s, done in zip(request.seqs, progress.computed)]
         if sum(remaining) <= budget:
             return remaining
+        if not self.config.chunked_prefill:
+            return [0] * len(remaining)
         chunks = []
         for r in remaining:
             take = min(r if len(remaining) == 1 else r - 1, budget)
@@ -373,7 +412,7 @@ class Scheduler:
         self.running.remove(request)
         for seq in request.seqs:
             self.bm.free_seq(seq.seq_id)
-            seq.num_computed = 0
+            seq.num_computed = seq.dropped = 0
             seq.clear_drafts()
         request.refork_at = None
         request.num_preemptions += 1

@@ -14,7 +14,7 @@ import itertools
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Hashable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -137,6 +137,14 @@ class AsyncEngine:
     def detach(self, feed: Callable[[ev.AnyEvent], None]) -> None:
         """Stop feeding `feed` at once, from any thread (the bus is locked); works on a dead engine."""
         self.engine.bus.unsubscribe(feed)
+        self.watch_step_profile(feed, False)
+
+    def watch_step_profile(self, watcher: Hashable, on: bool) -> None:
+        """A dashboard client opened (on) or closed its step-profile panel: steps carry their profile
+        while any client watches (engine/step_profile.py). Any thread."""
+        profiler = self.engine.telemetry.profiler
+        if profiler is not None:
+            profiler.watch(watcher, on)
 
     async def resync(self, reset: Callable[[], None]) -> ev.Snapshot:
         """`reset()` and a fresh snapshot, with no event in between."""
@@ -255,6 +263,7 @@ class AsyncEngine:
                     self._step()
                 else:
                     self._idle()
+            self.engine.close()
         except BaseException as exc:  # noqa: BLE001 - record why the engine died for /health
             log.exception("engine thread died")
             self.dead_reason = f"engine thread died: {exc!r}"

@@ -22,7 +22,8 @@ import torch
 from minivllm.core.block_manager import BlockManager
 from minivllm.core.request import Request
 from minivllm.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
-from minivllm.engine.config import EngineConfig
+from minivllm.engine.config import EngineConfig, kv_dtype_name
+from minivllm.engine.kv_disk_tier import disk_tier_for
 from minivllm.engine.memory_budget import check_pool_fits
 from minivllm.engine.model_runner import ModelRunner
 from minivllm.engine.output_processor import OutputProcessor
@@ -63,7 +64,7 @@ class LLMEngine:
         self.loaded = loaded
         self.speculative, self.draft, self.tokenizer = speculative, draft, loaded.tokenizer
         self.bus = bus or EventBus()
-        self.telemetry = Telemetry(self.bus, config.metrics_interval_s)
+        self.telemetry = Telemetry(self.bus, config.metrics_interval_s, loaded)
         self.tracker = RequestTracker(self.telemetry, loaded.tokenizer, loaded.device)
         eos_ids = frozenset(loaded.config.eos_token_ids)
         eos_id = next(iter(eos_ids), None)  # the one that min_tokens masks and beams end on
@@ -77,7 +78,7 @@ class LLMEngine:
     # ---- configuration ------------------------------------------------------------------------
 
     def _build(self, config: EngineConfig) -> None:
-        config.validate()
+        config.validate(self.speculative)
         cfg, self.config = self.loaded.config, config
         self.max_model_len = config.resolved_max_model_len(cfg)
         num_blocks, kv_dtype, _ = config.kv_pool(cfg, self.loaded.kv_auto_dtype)
@@ -91,12 +92,22 @@ class LLMEngine:
             self.loaded.device,
             scratch_block=self.loaded.model.may_capture,
         )
-        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.block_manager = BlockManager(
+            num_blocks,
+            config.block_size,
+            config.caches_prefixes,
+            sink_blocks=config.window and config.window.sink_blocks,
+        )
+        self.disk_tier = disk_tier_for(self.loaded, config, self.block_manager, self.kv_cache)
         sched_cfg = SchedulerConfig(
             config.max_num_batched_tokens,
             config.max_num_seqs,
             self.max_model_len,
             prompt_logprobs_token_cost=prompt_logprobs_token_cost(cfg),
+            chunked_prefill=config.enable_chunked_prefill,
+            static_batching=config.static_batching,
+            recompute_kv=config.recompute_kv,
+            kv_window=config.window,
         )
         self.scheduler = Scheduler(sched_cfg, self.block_manager, self.telemetry.set_status)
         self.runner = ModelRunner(self.loaded.model, self.kv_cache).warmed_up(
@@ -110,9 +121,11 @@ class LLMEngine:
             else None
         )
         self.telemetry.spec_method = self.speculator.method if self.speculator else None
-        self.telemetry.bind(self.block_manager, self.scheduler, config.metrics_interval_s)
+        self.telemetry.bind(
+            self.block_manager, self.scheduler, config.metrics_interval_s, self.kv_cache, self.disk_tier
+        )
         self.tracker.scheduler = self.scheduler
-        self.output_processor.max_model_len = self.max_model_len
+        self.output_processor.max_model_len = config.length_limit(self.max_model_len)
         self.limits = RequestLimits(
             self.max_model_len,
             cfg.vocab_size,
@@ -122,6 +135,8 @@ class LLMEngine:
             config.max_num_batched_tokens,
             config.max_stop_strings,
             config.max_stop_chars,
+            chunked_prefill=config.enable_chunked_prefill,
+            kv_window=config.window.max_cache_tokens(config.max_num_batched_tokens) if config.window else 0,
         )
         release_free_heap()  # loading's and warm-up's temporaries: ~300 MiB of RSS otherwise
 
@@ -130,7 +145,7 @@ class LLMEngine:
         that cannot fit is refused before anything changes, and a rebuild that still fails puts the
         old configuration back."""
         old, new = self.config, self.config.with_changes(**changes)
-        new.validate()  # a setting that can never apply is a 400 even while requests run
+        new.validate(self.speculative)  # a setting that can never apply is a 400 even while requests run
         num_blocks, _, new_bytes = new.kv_pool(self.loaded.config, self.loaded.kv_auto_dtype)
         new.resolved_max_model_len(self.loaded.config)
         check_pool_fits(
@@ -138,6 +153,7 @@ class LLMEngine:
         )
         if self.has_unfinished_requests():
             raise EngineBusyError("the engine configuration can only change while no request runs")
+        self.close()  # the disk tier keeps what the old pool cached
         self.kv_cache = self.runner = self.speculator = None  # all hold the old pool (and graphs): free it first
         try:
             self._build(new)
@@ -159,7 +175,10 @@ class LLMEngine:
             enable_prefix_caching=self.config.enable_prefix_caching,
             dtype=str(self.loaded.dtype).removeprefix("torch."),
             device=str(self.loaded.device),
-            kv_cache_dtype=str(self.kv_cache.k[0].dtype).removeprefix("torch."),
+            kv_cache_dtype=kv_dtype_name(self.kv_cache.k[0].dtype),
+            kv_offload_bytes=self.config.kv_offload_bytes,
+            kv_window=self.config.kv_window or 0,
+            kv_sinks=self.config.kv_sinks if self.config.kv_window else 0,
             quantization=quant.mode,
             weight_bytes=quant.weight_bytes,
             weight_fp32_bytes=quant.fp32_bytes,
@@ -247,7 +266,7 @@ class LLMEngine:
     def step(self) -> list[RequestOutput | PoolingRequestOutput]:
         outputs = self.tracker.take_failed()
         timer = StepTimer(start=time.perf_counter())
-        sched = self.scheduler.schedule()
+        sched = self.disk_tier.schedule(self.scheduler)
         self.telemetry.step_scheduled(sched, self.config.max_num_batched_tokens)
         if sched.is_empty:
             self.telemetry.flush_block_events()
@@ -268,10 +287,14 @@ class LLMEngine:
         self.telemetry.step_finished(sched, timer, sum(s.num_tokens for s in samples))
         return outputs
 
+    def close(self) -> None:
+        # what the prefix cache holds goes to the disk tier, if there is one: a restart reuses it
+        self.disk_tier.flush()
+
     def execute(self, sched: SchedulerOutput) -> torch.Tensor:
         """Run the plan's tokens through the model: logits rows in `sched.sampled()` order."""
-        logits = self.runner.execute(*runner_inputs(sched, self.block_manager), sched.copies)
-        self.telemetry.step_ran(sched)
+        logits = self.runner.execute(*runner_inputs(sched, self.block_manager), sched.copies, shifts=sched.shifts)
+        self.telemetry.step_ran(sched, getattr(self.loaded.model, "experts_touched", None))
         return logits
 
     # ---- the narrow surface the server reads ----------------------------------------------------

@@ -28,6 +28,7 @@ from minivllm.model.attention import (
 )
 from minivllm.model.compiled import compiled_step_for, graph_count, warm_up_shapes
 from minivllm.model.cuda_graphs import DecodeGraphs
+from minivllm.model.kv_window import apply_shifts, layer_rotaries
 from minivllm.model.llama import LlamaModel
 
 
@@ -97,6 +98,7 @@ class ModelRunner:
         copies: list[tuple[int, int]] | None = None,
         hidden_states_out: list[torch.Tensor] | None = None,
         num_layers: int | None = None,
+        shifts: list[tuple[list[int], int]] | None = None,
     ) -> torch.Tensor:
         """Returns fp32 logits [rows, vocab]: each sequence's `num_logits` rows, in the order
         single-token rows, then chunks. `num_layers`: the early-exit draft (see LlamaModel). A work
@@ -106,6 +108,8 @@ class ModelRunner:
         of their own: those steps and eager code sum in different orders, so otherwise a token's bits
         (and a seeded sample) would depend on whether another request's prompt shared its step."""
         self.kv_cache.copy_blocks(copies or [])
+        if shifts:  # a sliding KV window's drops: later keys move back to their new cache positions
+            apply_shifts(self.kv_cache.k, layer_rotaries(self.model), shifts)
         compiled = self.model.compiled is not None and self.model.compiled.active
         own_pass = compiled or self.model.native_step is not None or self.graphs is not None
         if single and chunks and own_pass and hidden_states_out is None:

@@ -22,6 +22,10 @@ class RequestLimits:
     max_num_batched_tokens: int
     max_stop_strings: int
     max_stop_chars: int
+    chunked_prefill: bool = True  # off: a prompt (or a recompute) must fit one step's token budget
+    # a sliding KV window (core/kv_window.py): the most tokens a sequence's cache holds (0: no window). A
+    # request may then run past max_model_len; max_tokens defaults to max_model_len new tokens.
+    kv_window: int = 0
 
 
 def validate_request(ids: list[int], params: SamplingParams, limits: RequestLimits) -> int:
@@ -47,6 +51,8 @@ def validate_request(ids: list[int], params: SamplingParams, limits: RequestLimi
     bad = [t for t in ids if not 0 <= t < vocab]
     if bad:
         raise RequestRejectedError(f"prompt token id {bad[0]} is out of range for vocabulary size {vocab}", "prompt")
+    if limits.kv_window:
+        return _windowed_max_tokens(ids, params, limits)
     if len(ids) >= limit:
         raise RequestRejectedError(
             f"the prompt is {len(ids)} tokens long, which does not fit this model's maximum context length "
@@ -61,6 +67,29 @@ def validate_request(ids: list[int], params: SamplingParams, limits: RequestLimi
             "max_tokens",
         )
     _check_fits_pool(len(ids), max_tokens, params, limits)
+    if not limits.chunked_prefill and len(ids) + max_tokens > limits.max_num_batched_tokens:
+        raise RequestRejectedError(
+            f"with chunked prefill off a request must fit one step's token budget (max_num_batched_tokens "
+            f"{limits.max_num_batched_tokens}): a recompute after preemption runs its prompt and output at once, "
+            f"but {len(ids)} prompt + {max_tokens} new tokens were requested",
+            "max_tokens",
+        )
+    return max_tokens
+
+
+def _windowed_max_tokens(ids: list[int], params: SamplingParams, limits: RequestLimits) -> int:
+    """Under a KV window any length fits (the cache keeps at most `limits.kv_window` tokens); what the
+    window cannot serve is refused by name."""
+    refused = {
+        "n": params.n > 1 or params.use_beam_search,  # forks would share blocks the window shifts in place
+        "prompt_logprobs": params.prompt_logprobs is not None,  # every prompt position against a full context
+    }
+    for name, bad in refused.items():
+        if bad:
+            raise RequestRejectedError(f"{name} is not supported with a KV window (--kv-window)", name)
+    max_tokens = params.max_tokens if params.max_tokens is not None else limits.max_model_len
+    held = min(len(ids), limits.kv_window)
+    _check_fits_pool(held, min(max_tokens, limits.kv_window - held), params, limits)
     return max_tokens
 
 
@@ -109,6 +138,8 @@ def _check_fits_pool(prompt_len: int, max_tokens: int, params: SamplingParams, c
 def validate_pooling_prompt(ids: list[int], limits: RequestLimits) -> None:
     """A pooling request's prompt (it generates nothing, so it may fill the whole context)."""
     limit, vocab = limits.max_model_len, limits.vocab_size
+    if limits.kv_window:  # pooling reads states by absolute position; a window's are cache positions
+        raise RequestRejectedError("pooling requests are not supported with a KV window (--kv-window)", "model")
     if not ids:
         raise RequestRejectedError("the prompt is empty", "prompt")
     bad = next((t for t in ids if not 0 <= t < vocab), None)

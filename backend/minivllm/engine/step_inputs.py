@@ -3,7 +3,9 @@
 A decode token is one decode row; so is each token of a verify chunk (the sequence's last token
 and its drafts), each attending to the cache up to its own position; other chunks run as
 multi-token chunks. The rows come out in `SchedulerOutput.in_logits_order()`. A pooling request's
-chunks want no logits: their rows' final hidden states go to its pooling state instead.
+chunks want no logits: their rows' final hidden states go to its pooling state instead. A sequence
+under a sliding KV window (core/kv_window.py) runs at its cache positions: its `num_computed` here
+counts the tokens in its compacted cache, not its absolute progress.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ def runner_inputs(sched: SchedulerOutput, blocks: BlockManager) -> tuple[list[Se
         [
             SeqWork(
                 s.seq.token_ids[s.start : s.start + s.num_tokens],
-                s.start,
+                s.start - s.seq.dropped,
                 blocks.block_table(s.seq.seq_id),
                 num_logits=int(s.samples),
                 prompt_logprobs=_prompt_logprobs(s),
@@ -45,14 +47,14 @@ def _decode_rows(s: ScheduledSeq, blocks: BlockManager) -> list[SeqWork]:
         return [
             SeqWork(
                 tokens,
-                s.start,
+                s.start - s.seq.dropped,
                 table,
                 num_logits=int(s.samples),
                 prompt_logprobs=_prompt_logprobs(s),
                 pooled=_pooled(s),
             )
         ]
-    return [SeqWork([t], s.start + i, table, num_logits=int(s.samples)) for i, t in enumerate(tokens)]
+    return [SeqWork([t], s.start - s.seq.dropped + i, table, num_logits=int(s.samples)) for i, t in enumerate(tokens)]
 
 
 def _pooled(s: ScheduledSeq) -> Callable[[int, torch.Tensor], None] | None:

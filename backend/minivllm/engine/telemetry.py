@@ -16,8 +16,12 @@ from minivllm.core.request import Request, RequestStatus, Sequence
 from minivllm.core.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from minivllm.engine import wire
 from minivllm.engine.memory_budget import process_rss_bytes
+from minivllm.engine.memory_view import MemoryView
+from minivllm.engine.step_profile import StepProfiler
 from minivllm.events import types as ev
 from minivllm.events.bus import EventBus
+from minivllm.loader import LoadedModel
+from minivllm.model.attention import KVCache
 from minivllm.spec_decode.verify import Verified
 
 
@@ -52,6 +56,8 @@ class EngineStats:
     spec_num_draft_tokens: int = 0
     spec_num_accepted_tokens: int = 0
     spec_accepted_per_position: tuple[int, ...] = ()
+    memory: ev.MemorySplit | None = None  # where the RSS goes, re-measured every few seconds
+    disk_tier: ev.DiskTierStats | None = None  # the prefix cache's disk tier, if there is one
 
 
 @dataclass
@@ -68,18 +74,35 @@ class StepTimer:
 
 
 class Telemetry:
-    def __init__(self, bus: EventBus, metrics_interval_s: float):
+    def __init__(self, bus: EventBus, metrics_interval_s: float, loaded: LoadedModel | None = None):
+        """`loaded`: the model whose steps get a profile while a dashboard client watches (None: never)."""
         self.bus = bus
+        self.profiler = StepProfiler(loaded) if loaded is not None else None
+        self._loaded = loaded
+        self._memory: MemoryView | None = None
         self.counters = Counters()
         self.metrics_interval_s = metrics_interval_s
         self._last_metrics = (0.0, 0, 0)
         self._bm: BlockManager | None = None
         self._scheduler: Scheduler | None = None
         self.spec_method: str | None = None  # set by the engine when it speculates
+        self._experts_touched: int | None = None  # the step's forward's (a MoE model's), for StepFinished
 
-    def bind(self, block_manager: BlockManager, scheduler: Scheduler, metrics_interval_s: float) -> None:
-        """Follow a freshly built pool and scheduler (start-up and every reconfiguration)."""
+    def bind(
+        self,
+        block_manager: BlockManager,
+        scheduler: Scheduler,
+        metrics_interval_s: float,
+        kv_cache: KVCache | None = None,
+        disk_tier=None,
+    ) -> None:
+        """Follow a freshly built pool and scheduler (start-up and every reconfiguration); `disk_tier`:
+        the engine's (engine/kv_disk_tier.py), whose `stats()` the samples carry."""
         self._bm, self._scheduler, self.metrics_interval_s = block_manager, scheduler, metrics_interval_s
+        self._disk_tier = disk_tier
+        self._memory = MemoryView(self._loaded.model, kv_cache) if self._loaded is not None else None
+        if self.profiler is not None:
+            self.profiler.bind(kv_cache)
 
     # ---- emitting -----------------------------------------------------------------------------
 
@@ -174,6 +197,8 @@ class Telemetry:
     # ---- steps --------------------------------------------------------------------------------
 
     def step_scheduled(self, sched: SchedulerOutput, budget: int) -> None:
+        if self.profiler is not None:
+            self.profiler.begin_step()
         self._count_admissions(sched.admitted)
         now = self.bus.now()  # before the forward pass: a request's prefill is not time spent queued
         for s in sched.scheduled:
@@ -211,24 +236,34 @@ class Telemetry:
             )
         )
 
-    def step_ran(self, sched: SchedulerOutput) -> None:
-        """The forward pass ran: count the prompt tokens it computed."""
+    def step_ran(self, sched: SchedulerOutput, experts_touched: int | None = None) -> None:
+        """The forward pass ran: count the prompt tokens it computed; keep a MoE model's expert count."""
+        self._experts_touched = experts_touched
         for s in sched.scheduled:
             if s.start + s.num_tokens <= s.seq.num_prompt_tokens:
                 self.counters.prompt_tokens += s.num_tokens
 
     def step_finished(self, sched: SchedulerOutput, timer: StepTimer, num_generated: int) -> None:
         end = time.perf_counter()
+        phases = {
+            "schedule": (timer.scheduled - timer.start) * 1e3,
+            "forward": (timer.executed - timer.scheduled) * 1e3,
+            "sample": (timer.sampled - timer.executed) * 1e3,
+            "postprocess": (end - timer.sampled) * 1e3,
+        }
+        profile = self.profiler.profile(sched, phases) if self.profiler is not None else None
         self.emit(
             ev.StepFinished(
                 step=self.counters.steps,
                 duration_ms=(end - timer.start) * 1e3,
                 num_tokens=sum(s.num_tokens for s in sched.scheduled),
                 num_generated=num_generated,
-                schedule_ms=(timer.scheduled - timer.start) * 1e3,
-                forward_ms=(timer.executed - timer.scheduled) * 1e3,
-                sample_ms=(timer.sampled - timer.executed) * 1e3,
-                postprocess_ms=(end - timer.sampled) * 1e3,
+                schedule_ms=phases["schedule"],
+                forward_ms=phases["forward"],
+                sample_ms=phases["sample"],
+                postprocess_ms=phases["postprocess"],
+                experts_touched=self._experts_touched,
+                **(profile.wire_fields() if profile is not None else {}),
             )
         )
         self.metrics_if_due()
@@ -257,6 +292,8 @@ class Telemetry:
             spec_num_draft_tokens=c.spec_draft_tokens,
             spec_num_accepted_tokens=c.spec_accepted_tokens,
             spec_accepted_per_position=tuple(c.spec_accepted_per_position),
+            memory=self._memory.latest(self.bus.now()) if self._memory is not None else None,
+            disk_tier=self._disk_tier.stats() if self._disk_tier is not None else None,
         )
 
     def metrics_if_due(self, force: bool = False) -> None:

@@ -30,16 +30,19 @@ def block_event(e: BlockEvent) -> ev.Event | None:
             ref_counts=e.ref_counts,
             whole_table=e.seq_released,
             table=None if e.seq_released else e.table,
+            dropped=e.dropped,
         )
     if e.kind == "cached":
         return ev.BlocksCached(
             request_id=owner,
             seq_id=seq_id,
             block_ids=e.block_ids,
-            hashes=[ev.hash_hex(h) or "" for h in e.block_hashes or []],
+            hashes=_hashes(e),
         )
+    if e.kind == "restored":  # read back from the disk tier: cached and free, no sequence yet
+        return ev.BlocksCached(request_id="", seq_id=-1, block_ids=e.block_ids, hashes=_hashes(e), from_disk=True)
     if e.kind == "evicted":
-        return ev.BlocksEvicted(block_ids=e.block_ids, hashes=[ev.hash_hex(h) or "" for h in e.block_hashes or []])
+        return ev.BlocksEvicted(block_ids=e.block_ids, hashes=_hashes(e), to_disk=e.to_disk)
     if e.kind == "copied":
         return ev.BlocksCopied(
             request_id=owner,
@@ -50,6 +53,10 @@ def block_event(e: BlockEvent) -> ev.Event | None:
             table=e.table,
         )
     return None
+
+
+def _hashes(e: BlockEvent) -> list[str]:
+    return [ev.hash_hex(h) or "" for h in e.block_hashes or []]
 
 
 _DEFAULT_PARAMS = SamplingParams()  # built and validated once, not per arrival / snapshot

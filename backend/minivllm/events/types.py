@@ -117,6 +117,47 @@ class StepFinished(Event, tag="step_finished"):
     forward_ms: float
     sample_ms: float
     postprocess_ms: float
+    experts_touched: int | None = None  # a MoE model's distinct experts run, summed over its MoE layers
+    # the step profile (engine/step_profile.py), only while a dashboard client watches it: "" none,
+    # "native" (the native decode step's own part clocks), "coarse" (the phases above only)
+    profile_source: str = ""
+    profile_parts_ms: dict[str, float] = {}  # the step's time by part, in order; they sum to about duration_ms
+    weight_bytes_read: int = 0  # weights the step's kernels stream
+    kv_bytes_read: int = 0  # K/V context its attention reads
+    flops: float = 0.0
+    bandwidth_gbs: float = 0.0  # streaming bandwidth, measured once per machine
+    peak_gflops: float = 0.0  # a large product's rate, measured once per machine
+    memory_floor_ms: float = 0.0  # (weight + K/V bytes) / bandwidth
+    compute_floor_ms: float = 0.0  # flops / peak
+
+
+class MemorySplit(msgspec.Struct, kw_only=True):
+    """Where the serving process's resident memory goes, in bytes (engine/memory_view.py). The parts
+    sum to `rss`; a part is None where this platform cannot tell (off Linux: all but rss)."""
+
+    rss: int
+    weights: int | None = None  # the model's weight tensors' resident pages (shared storage once)
+    kv_cache: int | None = None  # the KV pool's resident pages: the blocks ever written
+    compiled: int | None = None  # .so files under the inductor / minivllm caches
+    torch: int | None = None  # torch's own .so files
+    libraries: int | None = None  # every other .so file
+    other: int | None = None  # the rest: Python heap, server, tokenizer, temporaries
+    kv_reserved: int = 0  # the KV pool's allocation (resident or not)
+    clamped: bool = False  # the named parts summed past rss: `other` reads 0
+    cost_ms: float = 0.0  # what this measurement took
+
+
+class DiskTierStats(msgspec.Struct, kw_only=True):
+    """The prefix cache's disk tier (--kv-offload-dir), counted since the engine was (re)configured."""
+
+    blocks_written: int = 0
+    blocks_read: int = 0  # read back into the pool: prefix hits and resumed requests served from disk
+    blocks_recomputed: int = 0  # kept on disk, but recomputing was measured cheaper than reading
+    write_errors: int = 0  # a full disk or another I/O error: those blocks stay RAM-only
+    corrupt_files: int = 0  # failed their checksum or named other tokens: deleted, recomputed
+    files: int = 0
+    bytes_on_disk: int = 0
+    max_bytes: int = 0
 
 
 class MetricsSample(Event, tag="metrics"):
@@ -137,6 +178,8 @@ class MetricsSample(Event, tag="metrics"):
     spec_num_draft_tokens: int = 0
     spec_num_accepted_tokens: int = 0
     spec_accepted_per_position: list[int] = []  # [i]: drafts accepted at draft position i
+    memory: MemorySplit | None = None  # sampled every few seconds, repeated in between
+    disk_tier: DiskTierStats | None = None  # None: no disk tier
 
 
 # ---- KV blocks -------------------------------------------------------------------------------
@@ -170,18 +213,24 @@ class BlocksFreed(Event, tag="blocks_freed"):
     ref_counts: list[int]
     whole_table: bool
     table: list[int] | None = None  # the sequence's table after the change, unless whole_table
+    dropped: bool = False  # the blocks left a sliding KV window (--kv-window): freed mid-sequence
 
 
 class BlocksCached(Event, tag="blocks_cached"):
+    """Full blocks entered the prefix cache: computed by a sequence, or read back from the disk tier
+    (`from_disk`: then free and owned by no sequence, request_id "" and seq_id -1)."""
+
     request_id: str
     seq_id: int
     block_ids: list[int]
     hashes: list[str]
+    from_disk: bool = False
 
 
 class BlocksEvicted(Event, tag="blocks_evicted"):
     block_ids: list[int]
     hashes: list[str]
+    to_disk: bool = False  # a disk tier keeps their data (--kv-offload-dir): a later prefix hit reads it back
 
 
 class BlocksCopied(Event, tag="blocks_copied"):
@@ -242,6 +291,9 @@ class EngineInfo(msgspec.Struct):
     speculative: str | None = None  # the speculative-decoding setup in words; None: off
     compilation: str = "eager"  # how decode steps run: compiled (torch.compile) or eager, and why
     kv_cache_dtype: str = "float32"  # the KV pool's element type (--kv-cache-dtype, resolved)
+    kv_offload_bytes: int = 0  # the prefix cache's disk tier, at most this many bytes (--kv-offload-size); 0: none
+    kv_window: int = 0  # StreamingLLM's sliding KV window in tokens (--kv-window); 0: full attention
+    kv_sinks: int = 0  # attention-sink tokens kept with it (--kv-sinks); 0 without a window
 
 
 class SeqState(msgspec.Struct):

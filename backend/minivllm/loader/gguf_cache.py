@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from minivllm.cache import cache_dir, read_json
-from minivllm.model.config import LlamaConfig
+from minivllm.model.config import LlamaConfig, UnsupportedModelError
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,8 @@ def load_config(path: Path, name: str) -> LlamaConfig:
 def _with_what_the_tensors_say(config: LlamaConfig, path: Path) -> LlamaConfig:
     """transformers' GGUF reader maps neither `attention.key_length` nor an attention-bias flag, so a head
     size other than hidden/heads (Qwen3's) and the biases (Qwen3's `attention_bias`) come from the
-    tensors: the K product's rows per KV head, and whether the first layer's biases are there."""
+    tensors: the K product's rows per KV head, and whether the first layer's biases are there; and a
+    mixture of experts' shapes (`_expert_shapes`)."""
     records = {r.name: r for r in tensor_records(path)}
     k_proj = records.get("blk.0.attn_k.weight")
     if k_proj is None or len(k_proj.shape) != 2:
@@ -107,7 +108,19 @@ def _with_what_the_tensors_say(config: LlamaConfig, path: Path) -> LlamaConfig:
         head_dim=k_proj.shape[1] // config.num_key_value_heads,
         qkv_bias="blk.0.attn_q.bias" in records,
         o_bias="blk.0.attn_output.bias" in records,
+        **_expert_shapes(config, records),
     )
+
+
+def _expert_shapes(config: LlamaConfig, records: dict) -> dict:
+    """A MoE file's sparse layers (those with stacked experts), expert count and expert width, from the
+    tensors: transformers' reader maps no `expert_feed_forward_length`, and a file says nothing of
+    which layers are sparse."""
+    sparse = tuple(i for i in range(config.num_hidden_layers) if f"blk.{i}.ffn_gate_exps.weight" in records)
+    if not sparse:
+        return {}
+    _, width, count = records[f"blk.{sparse[0]}.ffn_gate_exps.weight"].shape  # ggml: innermost first
+    return {"moe_layers": sparse, "num_experts": int(count), "moe_intermediate_size": int(width)}
 
 
 STOP_FIELDS = ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
@@ -131,7 +144,24 @@ def _with_what_the_metadata_says(config: LlamaConfig, path: Path) -> LlamaConfig
     )
     if config.family.startswith("gemma"):
         config = _gemma_settings(config, reader, arch)
+    if config.moe_layers:
+        config = _moe_settings(config, reader, arch)
     return _with_longrope(config, reader, arch)
+
+
+def _moe_settings(config: LlamaConfig, reader, arch: str) -> LlamaConfig:
+    """The experts a token uses (`expert_used_count`), and a `llama` file with experts read as Mixtral (llama.cpp
+    writes Mixtral so): Llama's decoder with every layer sparse and the top-k weights renormalised."""
+    used = _field(reader, f"{arch}.expert_used_count")
+    if used is None:
+        raise UnsupportedModelError(f"the GGUF file has expert tensors but no {arch}.expert_used_count")
+    mixtral = config.family == "llama"
+    return dataclasses.replace(
+        config,
+        family="mixtral" if mixtral else config.family,
+        num_experts_per_tok=int(used),
+        norm_topk_prob=True if mixtral else config.norm_topk_prob,
+    )
 
 
 def _with_stop_tokens(eos: tuple[int, ...], reader) -> tuple[int, ...]:

@@ -53,6 +53,10 @@ _LAYER_NAMES = {
     "ffn_norm": "post_attention_layernorm",
     "attn_q_norm": "self_attn.q_norm",
     "attn_k_norm": "self_attn.k_norm",  # Qwen3's per-head norms
+    "ffn_gate_inp": "mlp.gate",  # a MoE layer's router
+    "ffn_gate_exps": "mlp.experts.gate_proj",  # every expert's, stacked: split per expert (`split_experts`)
+    "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
 }
 # Gemma's four norms a layer, by HF's names (its `post_attention_layernorm` is on the attention's output)
 _SANDWICH_NAMES = {
@@ -126,8 +130,26 @@ def read_gguf_tensors(
         if heads and rotary_interleaved:
             index = rotary_unpermute_index(value.shape[0], heads)
             value = value.rows(index) if not isinstance(value, torch.Tensor) else value[index]
-        out.tensors[name] = value
+        if ".mlp.experts." in name:
+            out.tensors.update(split_experts(name, value, int(record.shape[-1])))
+        else:
+            out.tensors[name] = value
     return out
+
+
+def split_experts(name: str, stacked, count: int) -> dict[str, torch.Tensor | QuantizedWeight]:
+    """A stacked expert tensor (the experts' rows one after another; quantized row by row) as one weight
+    per expert, under each expert's HF name (`...mlp.experts.{e}.gate_proj.weight`)."""
+    rows = stacked.shape[0] // count
+    prefix, product = name.rsplit(".experts.", 1)
+    return {
+        f"{prefix}.experts.{e}.{product}": (
+            stacked[e * rows : (e + 1) * rows]
+            if isinstance(stacked, torch.Tensor)
+            else stacked.rows(torch.arange(e * rows, (e + 1) * rows))
+        )
+        for e in range(count)
+    }
 
 
 def _convert(record) -> torch.Tensor | QuantizedWeight:

@@ -103,13 +103,28 @@ def fp32_bytes(cfg) -> int:
 
 def streamed_bytes(model: nn.Module, rows: int) -> int:
     """Bytes of weights one forward pass over `rows` tokens reads: each linear's weight in the form
-    its kernel for that row count uses (an embedding lookup reads only its rows: not counted)."""
+    its kernel for that row count uses (an embedding lookup reads only its rows: not counted). A MoE
+    block's experts count at the share such a step is expected to run (`expected_expert_share`)."""
+    from minivllm.model.moe import SparseMoE
+
+    share = {}  # id of an expert's product -> the share of its block's experts a step reads
+    for block in model.modules():
+        if isinstance(block, SparseMoE):
+            expected = expected_expert_share(len(block.experts), block.top_k, rows)
+            share.update({id(m): expected for m in block.experts.modules()})
+    return int(sum(share.get(id(m), 1.0) * _product_bytes(m, rows) for m in model.modules()))
+
+
+def expected_expert_share(experts: int, top_k: int, rows: int) -> float:
+    """The expected fraction of experts that `rows` rows choosing `top_k` each touch, were routing uniform."""
+    return 1.0 - (1.0 - top_k / experts) ** rows
+
+
+def _product_bytes(module: nn.Module, rows: int) -> int:
     from minivllm.model.packed_linear import PackedLinear
 
-    total = 0
-    for module in model.modules():
-        if isinstance(module, QuantLinear):
-            total += module.kernel_for(rows).streamed_bytes(rows)
-        elif isinstance(module, PackedLinear):
-            total += weight_bytes(module.weight)
-    return total
+    if isinstance(module, QuantLinear):
+        return module.kernel_for(rows).streamed_bytes(rows)
+    if isinstance(module, PackedLinear):
+        return weight_bytes(module.weight)
+    return 0

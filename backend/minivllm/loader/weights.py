@@ -81,17 +81,40 @@ def with_norm_offset(cfg: LlamaConfig, hf: MutableMapping[str, torch.Tensor]) ->
 
 
 def hf_tensor_names(cfg: LlamaConfig) -> list[str]:
-    """The parameter names the HF model of this config's family (LlamaForCausalLM, Qwen2ForCausalLM, ...) has."""
+    """The parameter names the HF model of this config's family (LlamaForCausalLM, Qwen2ForCausalLM, ...) has
+    (a MoE layer's in Qwen3-MoE's spelling: `mixtral_names` renames Mixtral's)."""
     names = ["model.embed_tokens.weight", "model.norm.weight"]
     products = FUSED_PRODUCTS if FAMILIES[cfg.family].fused_checkpoint else SPLIT_PRODUCTS
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."
-        names += [p + n for n in products]
+        names += [p + n for n in (products if i not in cfg.moe_layers else products[:4] + moe_names(cfg))]
         names += [p + n for n in layer_norm_names(cfg)]
         names += [p + n for n in _family_piece_names(cfg)]
     if not cfg.tie_word_embeddings:
         names.append("lm_head.weight")
     return names
+
+
+def moe_names(cfg: LlamaConfig) -> tuple[str, ...]:
+    """A MoE layer's router and experts, relative to the layer (experts' products in checkpoint order)."""
+    experts = (f"mlp.experts.{e}.{p}_proj.weight" for e in range(cfg.num_experts) for p in ("gate", "up", "down"))
+    return ("mlp.gate.weight", *experts)
+
+
+MIXTRAL_EXPERT_NAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+
+
+def mixtral_names(cfg: LlamaConfig, hf: MutableMapping[str, torch.Tensor]) -> MutableMapping[str, torch.Tensor]:
+    """Mixtral's MoE tensors (`block_sparse_moe.gate`, `.experts.E.w1|w3|w2`) renamed to Qwen3-MoE's
+    (`mlp.gate`, `mlp.experts.E.gate_proj|up_proj|down_proj`), in place."""
+    if cfg.family != "mixtral":
+        return hf
+    for name in [n for n in hf if ".block_sparse_moe." in n]:
+        new = name.replace(".block_sparse_moe.", ".mlp.")
+        for old, ours in MIXTRAL_EXPERT_NAMES.items():
+            new = new.replace(f".{old}.weight", f".{ours}.weight")
+        hf[new] = hf.pop(name)
+    return hf
 
 
 def _family_piece_names(cfg: LlamaConfig) -> list[str]:
@@ -104,6 +127,7 @@ def _family_piece_names(cfg: LlamaConfig) -> list[str]:
 def fused_state_dict(cfg: LlamaConfig, hf: MutableMapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """HF names -> this model's names, concatenating q|k|v and gate|up. Takes the tensors out of `hf` as
     it goes, so each fused part is freed once its fused weight exists, not when the load returns."""
+    hf = mixtral_names(cfg, hf)
     missing = [n for n in hf_tensor_names(cfg) if n not in hf]
     if missing:
         raise CorruptCheckpointError(f"checkpoint is missing {len(missing)} tensor(s), e.g. {missing[:3]}")
@@ -111,22 +135,29 @@ def fused_state_dict(cfg: LlamaConfig, hf: MutableMapping[str, torch.Tensor]) ->
     out = {"embed_tokens.weight": embedding, "norm.weight": hf.pop("model.norm.weight")}
     for i in range(cfg.num_hidden_layers):
         src, dst = f"model.layers.{i}.", f"layers.{i}."
-        attn, mlp = src + "self_attn.", src + "mlp."
-        for fused, parts in (
-            ("self_attn.qkv_proj.weight", SPLIT_PRODUCTS[:3]),
-            ("mlp.gate_up_proj.weight", SPLIT_PRODUCTS[4:6]),
-        ):
-            if src + fused in hf:  # stored fused (Phi-3): taken as it is
-                out[dst + fused] = hf.pop(src + fused)
-            else:
-                out[dst + fused] = fuse([hf.pop(src + part) for part in parts])
+        attn = src + "self_attn."
+        _fuse_into(out, hf, attn, dst + "self_attn.", "qkv_proj", [f"{p}_proj" for p in "qkv"])
         out[dst + "self_attn.o_proj.weight"] = hf.pop(attn + "o_proj.weight")
-        out[dst + "mlp.down_proj.weight"] = hf.pop(mlp + "down_proj.weight")
+        mlps = [(src + "mlp.", dst + "mlp.")]
+        if i in cfg.moe_layers:
+            out[dst + "mlp.gate.weight"] = hf.pop(src + "mlp.gate.weight")
+            mlps = [(f"{src}mlp.experts.{e}.", f"{dst}mlp.experts.{e}.") for e in range(cfg.num_experts)]
+        for mlp_src, mlp_dst in mlps:
+            _fuse_into(out, hf, mlp_src, mlp_dst, "gate_up_proj", ["gate_proj", "up_proj"])
+            out[mlp_dst + "down_proj.weight"] = hf.pop(mlp_src + "down_proj.weight")
         for norm, ours in layer_norm_names(cfg).items():
             out[dst + ours] = hf.pop(src + norm)
         out.update(_family_pieces(cfg, hf, attn, dst + "self_attn."))
     out["lm_head.weight"] = embedding if cfg.tie_word_embeddings else hf.pop("lm_head.weight")
     return out
+
+
+def _fuse_into(out: dict, hf: MutableMapping, src: str, dst: str, fused: str, parts: list[str]) -> None:
+    """`dst + fused` from the parts under `src` concatenated, or taken as it is where stored fused (Phi-3)."""
+    if f"{src}{fused}.weight" in hf:
+        out[f"{dst}{fused}.weight"] = hf.pop(f"{src}{fused}.weight")
+    else:
+        out[f"{dst}{fused}.weight"] = fuse([hf.pop(f"{src}{part}.weight") for part in parts])
 
 
 def _family_pieces(cfg: LlamaConfig, hf: MutableMapping[str, torch.Tensor], src: str, dst: str) -> dict:

@@ -9,7 +9,8 @@ fused attention call for all decoding sequences together (no Python loop over se
 prefill chunk is one SDPA call.
 
 The pool may hold K/V in a narrower dtype than the activations (`--kv-cache-dtype`): values are
-rounded once when written and widened when read.
+rounded once when written and widened when read; int8 / fp8 pools hold a scale per token and head
+(model/kv_quant.py), and every reader dequantizes.
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ import torch.nn.functional as F
 from minivllm.console import progress
 from minivllm.env import env_flag
 from minivllm.kernels.cpu import native
+from minivllm.model.kv_quant import head_dim_of, is_quantized, quantize, rotate, row_width, widen
 
-POOL_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # what the native and Triton kernels read
+# what the native and Triton kernels read (int8: rows with their scales, kv_quant.py; fp8 pools: torch only)
+POOL_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.int8)
 
 
 @dataclass
@@ -93,7 +96,8 @@ def untouched_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.de
 
 
 class KVCache:
-    """Per-layer K and V pools shaped [num_blocks, block_size, num_kv_heads, head_dim], allocated once.
+    """Per-layer K and V pools shaped [num_blocks, block_size, num_kv_heads, head_dim], allocated once
+    (int8 / fp8: head_dim + 2, each head row's scale at its end: kv_quant.py).
     `scratch_block`: one more block past the others, never handed out, where a decode graph's padding
     rows write (model/cuda_graphs.py); its id is `scratch_block` (None without one)."""
 
@@ -108,7 +112,9 @@ class KVCache:
         device: torch.device | str = "cpu",
         scratch_block: bool = False,
     ):
-        shape = (num_blocks + int(scratch_block), block_size, num_kv_heads, head_dim)
+        shape = (num_blocks + int(scratch_block), block_size, num_kv_heads, row_width(head_dim, dtype))
+        if dtype == torch.float8_e4m3fn:
+            progress("fp8_e4m3 KV cache: decode attention gathers and dequantizes the pool in torch (no native kernel)")
         self.k = [untouched_zeros(shape, dtype, device) for _ in range(num_layers)]
         self.v = [untouched_zeros(shape, dtype, device) for _ in range(num_layers)]
         self.num_blocks, self.block_size = num_blocks, block_size
@@ -120,10 +126,10 @@ class KVCache:
 
     @staticmethod
     def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-        return 2 * num_layers * block_size * num_kv_heads * head_dim * dtype.itemsize
+        return 2 * num_layers * block_size * num_kv_heads * row_width(head_dim, dtype) * dtype.itemsize
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
-        """Copy-on-write: duplicate whole blocks src -> dst in every layer."""
+        """Copy-on-write: duplicate whole blocks src -> dst in every layer (a quantized pool's scales with them)."""
         if not pairs:
             return
         src = torch.tensor([s for s, _ in pairs], device=self.k[0].device)
@@ -135,8 +141,10 @@ class KVCache:
 def write_kv(
     k_pool: torch.Tensor, v_pool: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
-    k_pool.view(-1, *k_pool.shape[2:]).index_copy_(0, slot_mapping, k.to(k_pool.dtype))
-    v_pool.view(-1, *v_pool.shape[2:]).index_copy_(0, slot_mapping, v.to(v_pool.dtype))
+    for pool, rows in ((k_pool, k), (v_pool, v)):
+        if is_quantized(pool.dtype):  # as bytes: torch's index_copy_ has no fp8 kernel
+            pool, rows = pool.view(torch.uint8), quantize(rows, pool.dtype).view(torch.uint8)
+        pool.view(-1, *pool.shape[2:]).index_copy_(0, slot_mapping, rows.to(pool.dtype))
 
 
 def gather_blocks(pool: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
@@ -146,6 +154,11 @@ def gather_blocks(pool: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor
     advanced indexing (`pool[block_table]`) for a batch of 8 tables."""
     blocks = pool.index_select(0, block_table.flatten())  # [tables * n_blocks, block_size, kv_heads, D]
     return blocks.unflatten(0, block_table.shape).flatten(-4, -3)
+
+
+def gather_kv(pool: torch.Tensor, block_table: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`gather_blocks` widened to `dtype` activations (a quantized pool's rows dequantized)."""
+    return widen(gather_blocks(pool, block_table), dtype)
 
 
 def decode_attention(
@@ -160,15 +173,31 @@ def decode_attention(
     """q: [B, heads, head_dim], one query per sequence -> [B, heads, head_dim]. `context_lens` [B]
     (the new token included) bound what the native and Triton kernels read; `mask` [B, 1, 1, L] is
     the same bound as an additive mask (-inf past each context) for the portable path (None where a
-    kernel reads the pool: `reads_pool_directly`)."""
+    kernel reads the pool: `reads_pool_directly`). A quantized pool holds rotated rows (kv_quant.py): a
+    kernel reading it takes rotated queries and gives the rotated output."""
+    if not reads_pool_directly(k_pool, q.shape[0], q.dtype):
+        return gathered_decode_attention(q, k_pool, v_pool, block_tables, mask, scale)
+    if is_quantized(k_pool.dtype):
+        out = kernel_decode_attention(rotate(q), k_pool, v_pool, block_tables, context_lens, scale)
+        return rotate(out).to(q.dtype)
+    return kernel_decode_attention(q, k_pool, v_pool, block_tables, context_lens, scale)
+
+
+def kernel_decode_attention(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """The native kernel on a CPU, else the Triton kernel (where `reads_pool_directly`)."""
     if reads_pool_natively(k_pool):
         out = torch.ops.minivllm_native.paged_decode_attention(  # q: a strided view, read as it is
             q.float(), k_pool, v_pool, block_tables, context_lens, scale
         )
         return out.to(q.dtype)
-    if triton_serves(k_pool, q.shape[0], q.dtype):  # q: a strided view, read as it is
-        return torch.ops.minivllm_triton.paged_decode_attention(q, k_pool, v_pool, block_tables, context_lens, scale)
-    return gathered_decode_attention(q, k_pool, v_pool, block_tables, mask, scale)
+    return torch.ops.minivllm_triton.paged_decode_attention(q, k_pool, v_pool, block_tables, context_lens, scale)
 
 
 def reads_pool_directly(k_pool: torch.Tensor, rows: int, dtype: torch.dtype) -> bool:
@@ -203,7 +232,7 @@ def reads_pool_natively(k_pool: torch.Tensor) -> bool:
     the portable path runs)."""
     return (
         k_pool.device.type == "cpu"
-        and k_pool.shape[-1] % 8 == 0
+        and head_dim_of(k_pool) % 8 == 0
         and k_pool.dtype in POOL_KERNEL_DTYPES
         and native_decode_ready()
     )
@@ -228,7 +257,7 @@ def reads_pool_with_triton(k_pool: torch.Tensor) -> bool:
     return (
         k_pool.device.type == "cuda"
         and k_pool.dtype in POOL_KERNEL_DTYPES
-        and k_pool.shape[-1] <= 256
+        and head_dim_of(k_pool) <= 256
         and k_pool.stride(-1) == 1
         and triton_decode_ready()
     )
@@ -271,8 +300,8 @@ def gathered_decode_attention(
     matmul at 8-32 sequences). Query heads are grouped per KV head ([B, kv_heads, group, D]) so GQA
     needs no K/V repeat; the gathered K/V are read through transposed views, not copied."""
     batch, heads, dim = q.shape
-    keys = gather_blocks(k_pool, block_tables).to(q.dtype)  # [B, L, kv, D]
-    values = gather_blocks(v_pool, block_tables).to(q.dtype)
+    keys = gather_kv(k_pool, block_tables, q.dtype)  # [B, L, kv, D]
+    values = gather_kv(v_pool, block_tables, q.dtype)
     kv_heads = keys.shape[2]
     qg = q.unflatten(1, (kv_heads, heads // kv_heads))
     attend = attention_by_sums if torch.compiler.is_compiling() else F.scaled_dot_product_attention
@@ -307,8 +336,8 @@ def prefill_attention(
     if chunk.num_computed == 0:
         keys, values, mask, causal = k, v, None, True
     else:
-        keys = gather_blocks(k_pool, chunk.block_table)[: chunk.context_len].to(q.dtype)
-        values = gather_blocks(v_pool, chunk.block_table)[: chunk.context_len].to(q.dtype)
+        keys = gather_kv(k_pool, chunk.block_table, q.dtype)[: chunk.context_len]
+        values = gather_kv(v_pool, chunk.block_table, q.dtype)[: chunk.context_len]
         mask, causal = chunk.mask, False
     # [1, heads, n, D]: with a batch dimension torch runs its CPU flash kernel; 3-D inputs fell back to
     # the math path, which builds the whole score matrix (3.5-5.5x slower: 2,000 tokens, 203 vs 37 ms a layer)
@@ -372,8 +401,8 @@ def softcapped_attention(
     parts = []
     nd = meta.num_decode_tokens
     if nd:
-        keys = gather_blocks(k_pool, meta.decode_block_tables).to(q.dtype)  # [B, L, kv, D]
-        values = gather_blocks(v_pool, meta.decode_block_tables).to(q.dtype)
+        keys = gather_kv(k_pool, meta.decode_block_tables, q.dtype)  # [B, L, kv, D]
+        values = gather_kv(v_pool, meta.decode_block_tables, q.dtype)
         span = torch.arange(keys.shape[1], device=q.device)
         visible = span[None, :] < meta.decode_context_lens[:, None]  # [B, L]
         out = capped_scores_attention(q[:nd, None], keys, values, visible[:, None, :], scale, softcap)
@@ -383,8 +412,8 @@ def softcapped_attention(
         if chunk.num_computed == 0:
             keys, values = k[s:e], v[s:e]
         else:
-            keys = gather_blocks(k_pool, chunk.block_table)[: chunk.context_len].to(q.dtype)
-            values = gather_blocks(v_pool, chunk.block_table)[: chunk.context_len].to(q.dtype)
+            keys = gather_kv(k_pool, chunk.block_table, q.dtype)[: chunk.context_len]
+            values = gather_kv(v_pool, chunk.block_table, q.dtype)[: chunk.context_len]
         key_pos = torch.arange(chunk.context_len, device=q.device)
         query_pos = torch.arange(chunk.num_computed, chunk.context_len, device=q.device)
         visible = key_pos[None, :] <= query_pos[:, None]  # [n, L], causal over prefix + chunk

@@ -155,11 +155,14 @@ def use_compilation(model: torch.nn.Module, device: torch.device | str, enforce_
     model.may_compile = model.may_capture = False
     if enforce_eager:
         model.eager_reason = "--enforce-eager"
+    elif getattr(model, "eager_only", None) is not None:  # a model no graph or native step serves (MoE)
+        model.eager_reason = model.eager_only
+        progress(f"decode steps run eagerly: {model.eager_reason}")
     elif torch.device(device).type == "cuda":  # decode steps replay CUDA graphs (ModelRunner.warmed_up)
         model.may_capture = True
         # Graphs of compiled layers (inductor + Triton) only on request: side by side on an H200 they
         # decoded TinyLlama bf16 at 0.69-0.97x the graphs of eager kernels, after a 30 s cold compile
-        # (docs/ARCHITECTURE.md, "CUDA graphs for decode steps").
+        # (docs/KERNELS.md, "CUDA graphs for decode steps").
         model.may_compile = env_flag("MINIVLLM_CUDA_COMPILE")
         model.eager_reason = "CUDA graphs not captured"
     elif torch.device(device).type != "cpu":

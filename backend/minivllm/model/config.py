@@ -42,6 +42,13 @@ class LlamaConfig:
     final_softcap: float | None = None  # logits become cap * tanh(logit / cap)
     local_rope_theta: float | None = None  # the rope base of the `local_layers` (unscaled); None: one rope
     local_layers: tuple[int, ...] = field(default_factory=tuple)  # the sliding-window layers
+    # mixture of experts (model/moe.py): the `moe_layers` route each token to `num_experts_per_tok` of
+    # `num_experts` gated MLPs of `moe_intermediate_size`; the other layers keep the dense MLP
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False  # renormalise the top-k routing weights to sum to 1 (Mixtral: always)
+    moe_layers: tuple[int, ...] = field(default_factory=tuple)
 
     @property
     def num_parameters(self) -> int:
@@ -50,9 +57,11 @@ class LlamaConfig:
         o = self.num_attention_heads * self.head_dim * h
         biases = (qkv // h if self.qkv_bias else 0) + (h if self.o_bias else 0)
         norms = (4 if self.sandwich_norms else 2) * h + (2 * self.head_dim if self.qk_norm else 0)
-        per_layer = qkv + o + 3 * h * i + norms + biases
+        per_layer = qkv + o + norms + biases
+        experts = self.num_experts * (3 * h * self.moe_intermediate_size + h)  # and the router's row each
+        mlps = sum(experts if n in self.moe_layers else 3 * h * i for n in range(self.num_hidden_layers))
         head = 0 if self.tie_word_embeddings else v * h
-        return v * h + self.num_hidden_layers * per_layer + h + head
+        return v * h + self.num_hidden_layers * per_layer + mlps + h + head
 
     def to_json_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -66,6 +75,7 @@ class LlamaConfig:
                 **values,
                 "eos_token_ids": tuple(values.get("eos_token_ids") or ()),
                 "local_layers": tuple(values.get("local_layers") or ()),
+                "moe_layers": tuple(values.get("moe_layers") or ()),
             }
         )
 

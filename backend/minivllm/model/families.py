@@ -1,6 +1,7 @@
 """The decoder families mini-vllm serves, and the pieces each adds to the shared decoder (model/llama.py).
 
-Llama, Mistral, Phi-3, Qwen2/2.5, Qwen3, Gemma 2 and Gemma 3 (text) are one decoder (RMSNorm, GQA attention
+Llama, Mistral, Phi-3, Qwen2/2.5, Qwen3, Gemma 2 and Gemma 3 (text), and the mixtures of experts Qwen3-MoE and
+Mixtral, are one decoder (RMSNorm, GQA attention
 with rotary positions, a gated MLP); they differ in pieces, which a family turns on here:
   qkv_bias        a bias on the fused Q|K|V product (Qwen2 always; Llama and Qwen3 where `attention_bias` is set)
   o_bias          a bias on the output product (Llama and Qwen3 where `attention_bias` is set)
@@ -11,6 +12,7 @@ with rotary positions, a gated MLP); they differ in pieces, which a family turns
   attn_scale      the attention's scale, query_pre_attn_scalar ** -0.5 (Gemma), not head_dim ** -0.5
   attn_softcap, final_softcap   cap * tanh(x / cap) on attention scores / logits (Gemma 2)
   local_rope_theta, local_layers   a rope base of their own for the sliding-window layers (Gemma 3)
+  num_experts, ...  a sparse MoE block in place of the MLP on the `moe_layers` (Qwen3-MoE, Mixtral: model/moe.py)
 and in how the checkpoint stores them (Phi-3 keeps Q|K|V and gate|up fused, as this decoder runs them; a
 Gemma norm's weight w means (1 + w), folded in at load: `norm_offset`).
 A family is found by the HF config's `model_type`, which is also the GGUF file's `general.architecture`
@@ -84,6 +86,36 @@ def _gemma3(hf: Any) -> dict[str, Any]:
     }
 
 
+def _sparse_layers(hf: Any) -> tuple[int, ...]:
+    """Qwen3-MoE's sparse layers, by HF's rule: every `decoder_sparse_step`-th layer not in `mlp_only_layers`."""
+    step = getattr(hf, "decoder_sparse_step", 1) or 1
+    dense = set(getattr(hf, "mlp_only_layers", None) or ())
+    return tuple(i for i in range(hf.num_hidden_layers) if i not in dense and (i + 1) % step == 0)
+
+
+def _qwen3_moe(hf: Any) -> dict[str, Any]:
+    return {
+        **_attention_bias(hf),
+        "qk_norm": True,
+        "num_experts": hf.num_experts,
+        "num_experts_per_tok": hf.num_experts_per_tok,
+        "moe_intermediate_size": hf.moe_intermediate_size,
+        "norm_topk_prob": bool(hf.norm_topk_prob),
+        "moe_layers": _sparse_layers(hf) if hf.num_experts > 0 else (),
+    }
+
+
+def _mixtral(hf: Any) -> dict[str, Any]:
+    """Every layer sparse; the top-k weights are a softmax over the chosen logits (renormalised)."""
+    return {
+        "num_experts": hf.num_local_experts,
+        "num_experts_per_tok": hf.num_experts_per_tok,
+        "moe_intermediate_size": hf.intermediate_size,
+        "norm_topk_prob": True,
+        "moe_layers": tuple(range(hf.num_hidden_layers)),
+    }
+
+
 FAMILIES: dict[str, Family] = {
     f.model_type: f
     for f in (
@@ -111,6 +143,14 @@ FAMILIES: dict[str, Family] = {
             rotary_interleaved_in_gguf=False,
             sliding_window=_qwen_window,
         ),
+        Family(
+            "qwen3_moe",
+            "Qwen3MoeForCausalLM",
+            _qwen3_moe,
+            rotary_interleaved_in_gguf=False,
+            sliding_window=_qwen_window,
+        ),
+        Family("mixtral", "MixtralForCausalLM", _mixtral, rotary_interleaved_in_gguf=True, sliding_window=_window),
         Family(
             "gemma2",
             "Gemma2ForCausalLM",

@@ -6,7 +6,8 @@ residual) -> RMSNorm -> LM head (tied to the embedding or not). Q/K/V and gate/u
 fused into one matrix each at load time: one GEMM instead of three (two) per layer. A family's own
 pieces are optional: a Q|K|V bias (Qwen2), an output bias, per-head Q/K RMSNorms before the rotary
 embedding (Qwen3, Gemma 3), and Gemma's scaled embedding, GeGLU, norms on the attention's and MLP's
-outputs, soft-capped scores and logits, and a rope base of its own for the sliding-window layers.
+outputs, soft-capped scores and logits, a rope base of its own for the sliding-window layers, and a
+sparse mixture-of-experts block in place of the MLP on some layers (Qwen3-MoE, Mixtral: model/moe.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from torch import nn
 from minivllm.model.attention import AttentionMetadata, KVCache, paged_attention
 from minivllm.model.compiled import CompiledLayers, run_layer
 from minivllm.model.config import LlamaConfig
+from minivllm.model.moe import SparseMoE
 from minivllm.model.native_step import NativeDecodeStep
 from minivllm.model.packed_linear import PackedLinear
 from minivllm.model.rope import RotaryEmbedding
@@ -97,13 +99,22 @@ class MLP(nn.Module):
         return self.down_proj((F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)) * up)
 
 
+def mlp_for(cfg: LlamaConfig, index: int) -> nn.Module:
+    """The layer's MLP: the MoE block on the config's sparse layers, else the dense one."""
+    if index not in cfg.moe_layers:
+        return MLP(cfg)
+    return SparseMoE(
+        cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts, cfg.num_experts_per_tok, cfg.norm_topk_prob
+    )
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: LlamaConfig, index: int = 0):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg, index)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)  # before the MLP
-        self.mlp = MLP(cfg)
+        self.mlp = mlp_for(cfg, index)
         # Gemma's sandwich: norms on the attention's and the MLP's outputs, before their residual adds
         self.attn_out_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) if cfg.sandwich_norms else None
         self.mlp_out_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) if cfg.sandwich_norms else None
@@ -141,6 +152,19 @@ class LlamaModel(nn.Module):
         self.may_capture = False  # whether decode steps may replay CUDA graphs: not --enforce-eager, CUDA
         self.captured = None  # the runner's DecodeGraphs, once captured (model/cuda_graphs.py)
         self.eager_reason = "--enforce-eager"  # shown when `compiled` is None
+        self.moe_blocks = tuple(layer.mlp for layer in self.layers if isinstance(layer.mlp, SparseMoE))
+
+    @property
+    def experts_touched(self) -> int | None:
+        """Distinct experts the last forward ran, summed over its MoE layers (the expert weights it read);
+        None for a dense model."""
+        return sum(block.touched for block in self.moe_blocks) if self.moe_blocks else None
+
+    @property
+    def eager_only(self) -> str | None:
+        """Why decode steps can only run eagerly, or None: MoE layers group rows by the experts they chose,
+        sizes known only once the router has run (no C++ step, compiled graph or CUDA graph of that)."""
+        return "mixture-of-experts layers (data-dependent expert groups)" if self.moe_blocks else None
 
     @torch.inference_mode()
     def forward(
@@ -160,6 +184,8 @@ class LlamaModel(nn.Module):
         if self.config.embed_scale:  # sqrt(hidden) in the activations' dtype, as HF rounds it
             x = x * torch.tensor(self.config.hidden_size**0.5, dtype=x.dtype)
         num_layers = len(self.layers) if num_layers is None else num_layers
+        for block in self.moe_blocks:  # an early exit leaves the later layers' counts at 0
+            block.touched = 0
         if hidden_states_out is None and self.native_step is not None:  # decode steps, where it can
             normed = self.native_step.run(x, positions, self.rotary, kv_cache, meta, num_layers)  # and the final norm
             if normed is not None:

@@ -157,6 +157,8 @@ def native_blocker(model: torch.nn.Module) -> str | None:
     """Why decode_step.cpp cannot run this model's layers (it runs Llama's: SwiGLU, two norms a layer, a
     whole-head rotation, plain scaled attention), or None."""
     cfg, layer = model.config, model.layers[0]
+    if cfg.moe_layers:
+        return f"the {cfg.family} family's mixture-of-experts layers"
     if any(layer.self_attn.has_family_pieces for layer in model.layers):
         return f"the {cfg.family} family's attention pieces (biases, Q-K norms, scale, soft-capping, local rope)"
     if layer.mlp.gelu or layer.attn_out_norm is not None:

@@ -17,7 +17,7 @@ class ConfigUpdate(msgspec.Struct, kw_only=True):
     max_num_batched_tokens: int | None = None
     max_num_seqs: int | None = None
     enable_prefix_caching: bool | None = None
-    kv_cache_dtype: Literal["auto", "float32", "float16", "bfloat16"] | None = None
+    kv_cache_dtype: Literal["auto", "float32", "float16", "bfloat16", "int8", "fp8_e4m3"] | None = None
 
 
 class RecordingInfo(msgspec.Struct, kw_only=True):

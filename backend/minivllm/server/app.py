@@ -17,6 +17,7 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import SwaggerRenderPlugin
 
 from minivllm.engine.api import LLMEngine
+from minivllm.server.ablation_api import AblationRunner, ablation_router
 from minivllm.server.config import ServerConfig
 from minivllm.server.dashboard_api import dashboard_router
 from minivllm.server.embeddings_api import embeddings_router
@@ -41,6 +42,7 @@ async def _lifespan(app: Litestar) -> AsyncIterator[None]:
     try:
         yield
     finally:
+        await app.state.ablation.stop()
         await server.stop()
 
 
@@ -61,6 +63,7 @@ def create_app(config: ServerConfig | LLMEngine) -> Litestar:
             embeddings_router(),
             tokenize_router(),
             dashboard_router(),
+            ablation_router(),
             events_router(),
             health,
             metrics,
@@ -73,6 +76,7 @@ def create_app(config: ServerConfig | LLMEngine) -> Litestar:
             {
                 "server": ServerState(config),
                 "responses": ResponseStore(config.responses_max_stored, config.responses_ttl_s),
+                "ablation": AblationRunner(config.model_spec, config.enable_ablation),
             }
         ),
         middleware=[request_id_middleware, exposure_guard(config.allowed_hosts, config.cors_origins)],

@@ -39,6 +39,10 @@ class ServerConfig:
     trust_request_chat_template: bool = False
     # /v1/embeddings: the last token's final hidden state or the mean over all tokens (vLLM's poolers)
     embedding_pooling: str = "last"
+    # The dashboard's ablation button loads the served model again per configuration: only a server
+    # started by `minivllm serve` knows what it loaded (model_spec: --model; None for the embedded one)
+    enable_ablation: bool = False
+    model_spec: str | None = None
 
     def __post_init__(self) -> None:
         if self.embedding_pooling not in POOLING_TYPES:

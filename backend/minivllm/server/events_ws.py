@@ -4,6 +4,10 @@
 the missed events come from the bus's ring buffer, or, when they are gone, a `resync` and a
 fresh snapshot. A client that cannot keep up overflows its bounded feed and gets a `resync` and
 a fresh snapshot; the engine and the other clients never wait for it.
+
+A client may send `{"type": "step_profile", "on": true|false}`: while any client has it on, every
+StepFinished carries the step's profile (engine/step_profile.py); closing the socket turns it off.
+Any other message closes the socket with 4400 and the reason.
 """
 
 from __future__ import annotations
@@ -26,6 +30,16 @@ from minivllm.server.state import ServerState
 REPLAY_BATCH = 2000  # events per message when replaying `since`
 CLOSE_TOO_MANY_CLIENTS = 4429  # 4000-4999: application codes, named after the HTTP status they mirror
 CLOSE_UNAUTHORIZED = 4401
+CLOSE_BAD_MESSAGE = 4400
+
+
+class StepProfileWatch(msgspec.Struct, tag="step_profile", tag_field="type", forbid_unknown_fields=True):
+    """The client's step-profile panel opened (on) or closed."""
+
+    on: bool
+
+
+_decode_client_message = msgspec.json.Decoder(StepProfileWatch).decode
 
 
 class _Client:
@@ -70,10 +84,17 @@ class _Client:
                 await self.resnapshot(None)  # the engine was rebuilt: a fresh snapshot follows
 
 
-async def _until_closed(socket: WebSocket) -> None:
+async def _receive(socket: WebSocket, client: _Client) -> None:
+    """The client's messages until it closes; a malformed one closes the socket with the reason."""
     with contextlib.suppress(WebSocketDisconnect):
         while True:
-            await socket.receive_data(mode="text")
+            text = await socket.receive_data(mode="text")
+            try:
+                message = _decode_client_message(text)
+            except msgspec.DecodeError as exc:  # ValidationError included
+                await socket.close(code=CLOSE_BAD_MESSAGE, reason=f"bad client message: {exc}"[:120])
+                return
+            client.ae.watch_step_profile(client.feed, message.on)
 
 
 @websocket("/events")
@@ -111,7 +132,7 @@ async def events_socket(socket: WebSocket) -> None:
         await client.start(since)
         tasks = [
             asyncio.ensure_future(client.pump(server.config.ws_flush_interval_s)),
-            asyncio.ensure_future(_until_closed(socket)),
+            asyncio.ensure_future(_receive(socket, client)),
         ]
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         for task in tasks:

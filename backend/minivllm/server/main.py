@@ -33,6 +33,8 @@ def serve(args: argparse.Namespace, build_engine: Callable[[], LLMEngine]) -> in
         ws_queue_limit=args.ws_queue_limit,
         trust_request_chat_template=args.trust_request_chat_template,
         embedding_pooling=args.embedding_pooling,
+        enable_ablation=True,
+        model_spec=args.model,
     )
     print(
         f"[minivllm] serving on http://{args.host}:{args.port} (dashboard at /, API docs at /docs); "

@@ -13,6 +13,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from minivllm.engine.api import EngineStats, RequestOutput
+from minivllm.events.types import DiskTierStats, MemorySplit
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (
@@ -99,6 +100,10 @@ class _EngineCollector(Collector):
         yield counter("spec_decode_num_draft_tokens", "Drafted tokens verified.", v.spec_num_draft_tokens)
         yield counter("spec_decode_num_accepted_tokens", "Drafted tokens accepted.", v.spec_num_accepted_tokens)
         yield _accepted_per_position(model, v.spec_accepted_per_position)
+        if v.memory is not None:
+            yield from _memory(model, v.memory)
+        if v.disk_tier is not None:
+            yield from _disk_tier(gauge, counter, v.disk_tier)
 
 
 def _accepted_per_position(model: str, counts: tuple[int, ...]) -> CounterMetricFamily:
@@ -110,6 +115,43 @@ def _accepted_per_position(model: str, counts: tuple[int, ...]) -> CounterMetric
     for position, value in enumerate(counts):
         family.add_metric([model, str(position)], value)
     return family
+
+
+MEMORY_PARTS = ("weights", "kv_cache", "compiled", "torch", "libraries", "other")
+
+
+def _disk_tier(gauge, counter, d: DiskTierStats):
+    """The prefix cache's disk tier (--kv-offload-dir)."""
+    yield counter("kv_disk_blocks_written", "KV blocks written to the disk tier.", d.blocks_written)
+    yield counter("kv_disk_blocks_read", "KV blocks read back from the disk tier instead of recomputed.", d.blocks_read)
+    yield counter(
+        "kv_disk_blocks_recomputed", "Blocks on disk recomputed because that measured cheaper.", d.blocks_recomputed
+    )
+    yield counter(
+        "kv_disk_write_errors", "Block writes that failed (a full disk): those stay RAM-only.", d.write_errors
+    )
+    yield counter(
+        "kv_disk_corrupt_files", "Block files that failed their checks: deleted and recomputed.", d.corrupt_files
+    )
+    yield gauge("kv_disk_bytes", "Bytes the disk tier holds.", d.bytes_on_disk)
+    yield gauge("kv_disk_max_bytes", "The disk tier's bound (--kv-offload-size).", d.max_bytes)
+
+
+def _memory(model: str, split: MemorySplit):
+    """The RSS split (engine/memory_view.py): one series per part the platform can measure; they sum
+    to process_resident_memory_bytes as of the split's sample (taken every few seconds)."""
+    family = GaugeMetricFamily(
+        "minivllm:memory_bytes", "Resident memory by part (sums to the RSS).", labels=["model_name", "part"]
+    )
+    for part in MEMORY_PARTS:
+        if (value := getattr(split, part)) is not None:
+            family.add_metric([model, part], value)
+    yield family
+    reserved = GaugeMetricFamily(
+        "minivllm:kv_cache_reserved_bytes", "The KV pool's allocation, resident or not.", labels=["model_name"]
+    )
+    reserved.add_metric([model], split.kv_reserved)
+    yield reserved
 
 
 class ServerMetrics:

@@ -122,6 +122,10 @@ export interface DashboardState {
   readonly latencies: Ring<LatencySample>;
   /** Engine time of each block's last eviction (NaN: never). Never written after creation. */
   readonly evictedAt: Float64Array;
+  /** Engine time each block was last read back from the disk tier (NaN: never). As `evictedAt`. */
+  readonly restoredAt: Float64Array;
+  /** Engine time each block last left a sliding KV window (--kv-window; NaN: never). As `evictedAt`. */
+  readonly droppedAt: Float64Array;
   /** Time of the first snapshot this state grew from: the left edge of the timeline. */
   readonly originTs: number;
   /** Bumped whenever the engine was rebuilt (ConfigChanged) or a snapshot replaced the state. */
@@ -183,7 +187,10 @@ export function fromSnapshot(
     const verified = sameEngine ? previous.spec.get(r.request_id) : undefined;
     if (verified !== undefined) spec.set(r.request_id, verified);
   }
-  const evictedAt = sameEngine ? previous.evictedAt : new Float64Array(engine.config.num_blocks).fill(NaN);
+  const blockTimes = () => new Float64Array(engine.config.num_blocks).fill(NaN);
+  const evictedAt = sameEngine ? previous.evictedAt : blockTimes();
+  const restoredAt = sameEngine ? previous.restoredAt : blockTimes();
+  const droppedAt = sameEngine ? previous.droppedAt : blockTimes();
   return {
     engine,
     timelines,
@@ -195,6 +202,8 @@ export function fromSnapshot(
     metrics: previous?.metrics ?? ring(limits.metricsSamples),
     latencies: previous?.latencies ?? ring(limits.latencySamples),
     evictedAt,
+    restoredAt,
+    droppedAt,
     originTs: previous?.originTs ?? snapshot.ts,
     epoch: (previous?.epoch ?? 0) + 1,
     limits,
@@ -219,6 +228,8 @@ class DashboardDraft {
   private tokens: Map<string, Ring<TokenEntry>>;
   private spec: Map<string, RequestSpec>;
   private evictedAt: Float64Array;
+  private restoredAt: Float64Array;
+  private droppedAt: Float64Array;
   private epoch: number;
   private readonly fresh = new WeakSet<object>();
   private readonly logged: AnyEvent[] = [];
@@ -234,7 +245,17 @@ class DashboardDraft {
     this.tokens = base.tokens as Map<string, Ring<TokenEntry>>;
     this.spec = base.spec as Map<string, RequestSpec>;
     this.evictedAt = base.evictedAt;
+    this.restoredAt = base.restoredAt;
+    this.droppedAt = base.droppedAt;
     this.epoch = base.epoch;
+  }
+
+  /** `times` with `ids` set to `ts`: copied once per draft (the base state is never written). */
+  private stamped(times: Float64Array, ids: readonly number[], ts: number): Float64Array {
+    const own = this.fresh.has(times) ? times : times.slice();
+    this.fresh.add(own);
+    for (const b of ids) if (b >= 0 && b < own.length) own[b] = ts;
+    return own;
   }
 
   private ownTimelines(): Map<string, RequestTimeline> {
@@ -385,11 +406,13 @@ class DashboardDraft {
         this.metrics.push(e);
         break;
       case "blocks_evicted":
-        if (!this.fresh.has(this.evictedAt)) {
-          this.evictedAt = this.evictedAt.slice();
-          this.fresh.add(this.evictedAt);
-        }
-        for (const b of e.block_ids) if (b >= 0 && b < this.evictedAt.length) this.evictedAt[b] = ts;
+        this.evictedAt = this.stamped(this.evictedAt, e.block_ids, ts);
+        break;
+      case "blocks_freed":
+        if (e.dropped === true) this.droppedAt = this.stamped(this.droppedAt, e.block_ids, ts);
+        break;
+      case "blocks_cached":
+        if (e.from_disk === true) this.restoredAt = this.stamped(this.restoredAt, e.block_ids, ts);
         break;
       case "config_changed":
         this.timelines = new Map();
@@ -400,6 +423,10 @@ class DashboardDraft {
         this.fresh.add(this.spec);
         this.evictedAt = new Float64Array(e.config.num_blocks).fill(NaN);
         this.fresh.add(this.evictedAt);
+        this.restoredAt = new Float64Array(e.config.num_blocks).fill(NaN);
+        this.fresh.add(this.restoredAt);
+        this.droppedAt = new Float64Array(e.config.num_blocks).fill(NaN);
+        this.fresh.add(this.droppedAt);
         this.epoch++;
         break;
       default:
@@ -447,6 +474,8 @@ class DashboardDraft {
       metrics: ringPush(b.metrics, this.metrics),
       latencies: ringPush(b.latencies, this.latencies),
       evictedAt: this.evictedAt,
+      restoredAt: this.restoredAt,
+      droppedAt: this.droppedAt,
       originTs: b.originTs,
       epoch: this.epoch,
       limits: b.limits,

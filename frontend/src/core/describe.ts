@@ -33,11 +33,12 @@ export function describeEvent(e: AnyEvent): string {
     case "blocks_shared":
       return `${e.request_id}/${e.seq_id}: ${e.prefix_hit ? "prefix hit" : "fork"} [${ids(e.block_ids)}]`;
     case "blocks_freed":
+      if (e.dropped === true) return `${e.request_id}/${e.seq_id}: dropped [${ids(e.block_ids)}] (left the window)`;
       return `${e.request_id}/${e.seq_id}: freed [${ids(e.block_ids)}]${e.whole_table ? " (whole table)" : e.table ? ` → table of ${e.table.length}` : ""}`;
     case "blocks_cached":
-      return `${e.request_id}/${e.seq_id}: cached [${ids(e.block_ids)}]`;
+      return e.from_disk === true ? `restored from disk [${ids(e.block_ids)}]` : `${e.request_id}/${e.seq_id}: cached [${ids(e.block_ids)}]`;
     case "blocks_evicted":
-      return `evicted [${ids(e.block_ids)}]`;
+      return `evicted [${ids(e.block_ids)}]${e.to_disk === true ? " → disk tier" : ""}`;
     case "blocks_copied":
       return `${e.request_id}/${e.seq_id}: copy-on-write [${ids(e.src_block_ids)}] → [${ids(e.block_ids)}]`;
     case "config_changed":

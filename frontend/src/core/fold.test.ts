@@ -192,6 +192,35 @@ describe("fold handlers", () => {
     expect(Number.isNaN(cached.evictedAt[5]!)).toBe(true); // the earlier state is untouched
   });
 
+  it("the disk tier: evictions to disk and blocks read back are timestamped, each for its own flash", () => {
+    const s = new Stream();
+    s.add({ type: "blocks_evicted", block_ids: [5], hashes: ["00000000000000bb"], to_disk: true });
+    const evicted = reduce(fromSnapshot(snapshot()), s.events);
+    s.add({ type: "blocks_cached", request_id: "", seq_id: -1, block_ids: [5], hashes: ["00000000000000cc"], from_disk: true });
+    s.add({ type: "blocks_cached", request_id: "x", seq_id: 1, block_ids: [2], hashes: ["00000000000000aa"] });
+    const restored = reduce(evicted, s.events.slice(1));
+    expect(restored.engine.blocks[5]!.block_hash).toBe("00000000000000cc");
+    expect(restored.engine.blocks[5]!.ref_count).toBe(0); // cached and free until a prefix hit takes it
+    expect(restored.restoredAt[5]).toBeCloseTo(0.2);
+    expect(Number.isNaN(restored.restoredAt[2]!)).toBe(true); // computed here, not read back
+    expect(evicted.evictedAt[5]).toBeCloseTo(0.1);
+    expect(Number.isNaN(evicted.restoredAt[5]!)).toBe(true); // the earlier state is untouched
+  });
+
+  it("blocks that left a sliding KV window are timestamped for their own flash", () => {
+    const s = new Stream();
+    s.arrive("a", 4);
+    s.add({ type: "blocks_allocated", request_id: "a", seq_id: seqIdOf("a"), block_ids: [0, 1, 2], table: [0, 1, 2] });
+    const before = reduce(fromSnapshot(snapshot()), s.events);
+    s.add({ type: "blocks_freed", request_id: "a", seq_id: seqIdOf("a"), block_ids: [1], ref_counts: [0], whole_table: false, table: [0, 2], dropped: true });
+    s.add({ type: "blocks_freed", request_id: "a", seq_id: seqIdOf("a"), block_ids: [2], ref_counts: [0], whole_table: false, table: [0] });
+    const after = reduce(before, s.events.slice(-2));
+    expect(after.engine.blocks[1]!.ref_count).toBe(0);
+    expect(after.droppedAt[1]).toBeGreaterThan(0);
+    expect(Number.isNaN(after.droppedAt[2]!)).toBe(true); // freed, not dropped
+    expect(Number.isNaN(before.droppedAt[1]!)).toBe(true); // the earlier state is untouched
+  });
+
   it("ConfigChanged resets requests, blocks and per-request history", () => {
     const s = new Stream();
     s.arrive("a", 4);
@@ -204,6 +233,8 @@ describe("fold handlers", () => {
     expect(after.engine.config.num_blocks).toBe(3);
     expect(after.timelines.size).toBe(0);
     expect(after.evictedAt.length).toBe(3);
+    expect(after.restoredAt.length).toBe(3);
+    expect(after.droppedAt.length).toBe(3);
     expect(after.epoch).toBe(before.epoch + 1);
     expect(before.engine.requests.size).toBe(1);
   });

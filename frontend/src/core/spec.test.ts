@@ -271,6 +271,7 @@ describe("verify marks and drafts, as shown", () => {
     expect(describeEvent(v)).toBe("a/0: verify (ngram) step 7: 2/4 drafts accepted [11,12,13,14] → 20");
     expect(describeEvent({ type: "token", request_id: "a", seq_id: 0, token_id: 11, text: " the", logprob: null, drafted: true })).toBe('a/0: " the" (accepted draft)');
     expect(describeEvent({ type: "blocks_freed", request_id: "a", seq_id: 0, block_ids: [5], ref_counts: [0], whole_table: false, table: [1, 2] })).toBe("a/0: freed [5] → table of 2");
+    expect(describeEvent({ type: "blocks_freed", request_id: "a", seq_id: 0, block_ids: [3, 4], ref_counts: [0, 0], whole_table: false, table: [1, 5], dropped: true })).toBe("a/0: dropped [3,4] (left the window)");
     expect(describeChunks([{ request_id: "a", seq_id: 0, start: 9, num_tokens: 4, num_draft: 3 }, { request_id: "b", seq_id: 1, start: 5, num_tokens: 1 }])).toBe("a[9+4, 3 draft] b[5+1]");
   });
 

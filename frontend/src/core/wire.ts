@@ -13,6 +13,7 @@ export type {
   EngineInfo,
   ErrorBody,
   EventBatch,
+  MemorySplit,
   MetricsSample,
   RecordingFooter,
   RecordingHeader,

@@ -42,11 +42,13 @@ export interface WireTypes {
   BlocksShared: BlocksShared;
   ConfigChanged: ConfigChanged;
   ConfigUpdate: ConfigUpdate;
+  DiskTierStats: DiskTierStats;
   EngineInfo: EngineInfo;
   ErrorBody: ErrorBody;
   ErrorDetail: ErrorDetail;
   EventBatch: EventBatch;
   HealthStatus: HealthStatus;
+  MemorySplit: MemorySplit;
   MetricsSample: MetricsSample;
   RecordingFooter: RecordingFooter;
   RecordingHeader: RecordingHeader;
@@ -179,26 +181,40 @@ export interface ScheduledChunk {
  * via the `definition` "StepFinished".
  */
 export interface StepFinished {
+  bandwidth_gbs?: number;
+  compute_floor_ms?: number;
   duration_ms: number;
+  experts_touched?: number | null;
+  flops?: number;
   forward_ms: number;
+  kv_bytes_read?: number;
+  memory_floor_ms?: number;
   num_generated: number;
   num_tokens: number;
+  peak_gflops?: number;
   postprocess_ms: number;
+  profile_parts_ms?: {
+    [k: string]: number | undefined;
+  };
+  profile_source?: string;
   sample_ms: number;
   schedule_ms: number;
   seq?: number;
   step: number;
   ts?: number;
   type: "step_finished";
+  weight_bytes_read?: number;
 }
 /**
  * This interface was referenced by `WireTypes`'s JSON-Schema
  * via the `definition` "MetricsSample".
  */
 export interface MetricsSample {
+  disk_tier?: DiskTierStats | null;
   generation_throughput: number;
   generation_tokens: number;
   kv_usage: number;
+  memory?: MemorySplit | null;
   num_cached_free_blocks: number;
   num_preemptions: number;
   num_running: number;
@@ -215,6 +231,41 @@ export interface MetricsSample {
   spec_num_drafts?: number;
   ts?: number;
   type: "metrics";
+}
+/**
+ * The prefix cache's disk tier (--kv-offload-dir), counted since the engine was (re)configured.
+ *
+ * This interface was referenced by `WireTypes`'s JSON-Schema
+ * via the `definition` "DiskTierStats".
+ */
+export interface DiskTierStats {
+  blocks_read?: number;
+  blocks_recomputed?: number;
+  blocks_written?: number;
+  bytes_on_disk?: number;
+  corrupt_files?: number;
+  files?: number;
+  max_bytes?: number;
+  write_errors?: number;
+}
+/**
+ * Where the serving process's resident memory goes, in bytes (engine/memory_view.py). The parts
+ * sum to `rss`; a part is None where this platform cannot tell (off Linux: all but rss).
+ *
+ * This interface was referenced by `WireTypes`'s JSON-Schema
+ * via the `definition` "MemorySplit".
+ */
+export interface MemorySplit {
+  clamped?: boolean;
+  compiled?: number | null;
+  cost_ms?: number;
+  kv_cache?: number | null;
+  kv_reserved?: number;
+  libraries?: number | null;
+  other?: number | null;
+  rss: number;
+  torch?: number | null;
+  weights?: number | null;
 }
 /**
  * This interface was referenced by `WireTypes`'s JSON-Schema
@@ -255,6 +306,7 @@ export interface BlocksShared {
  */
 export interface BlocksFreed {
   block_ids: number[];
+  dropped?: boolean;
   ref_counts: number[];
   request_id: string;
   seq?: number;
@@ -265,11 +317,15 @@ export interface BlocksFreed {
   whole_table: boolean;
 }
 /**
+ * Full blocks entered the prefix cache: computed by a sequence, or read back from the disk tier
+ * (`from_disk`: then free and owned by no sequence, request_id "" and seq_id -1).
+ *
  * This interface was referenced by `WireTypes`'s JSON-Schema
  * via the `definition` "BlocksCached".
  */
 export interface BlocksCached {
   block_ids: number[];
+  from_disk?: boolean;
   hashes: string[];
   request_id: string;
   seq?: number;
@@ -285,6 +341,7 @@ export interface BlocksEvicted {
   block_ids: number[];
   hashes: string[];
   seq?: number;
+  to_disk?: boolean;
   ts?: number;
   type: "blocks_evicted";
 }
@@ -329,6 +386,9 @@ export interface EngineInfo {
   enable_prefix_caching: boolean;
   kernels?: string[];
   kv_cache_dtype?: string;
+  kv_offload_bytes?: number;
+  kv_sinks?: number;
+  kv_window?: number;
   max_model_len: number;
   max_num_batched_tokens: number;
   max_num_seqs: number;
@@ -377,7 +437,7 @@ export interface BlockState {
 export interface ConfigUpdate {
   block_size?: number | null;
   enable_prefix_caching?: boolean | null;
-  kv_cache_dtype?: ("auto" | "bfloat16" | "float16" | "float32") | null;
+  kv_cache_dtype?: ("auto" | "bfloat16" | "float16" | "float32" | "fp8_e4m3" | "int8") | null;
   max_num_batched_tokens?: number | null;
   max_num_seqs?: number | null;
   num_blocks?: number | null;

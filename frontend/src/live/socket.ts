@@ -20,6 +20,7 @@ export interface SocketLike {
   onclose: ((ev: unknown) => void) | null;
   onerror: ((ev: unknown) => void) | null;
   close(): void;
+  send?(data: string): void;
 }
 
 export type SocketFactory = (url: string) => SocketLike;
@@ -52,6 +53,8 @@ export class LiveConnection {
   private stopped = true;
   private resumable = false;
   private lastTs = 0;
+  private open = false;
+  private stepProfile = false;
   info: ConnectionInfo = { status: "offline", attempts: 0, detail: "" };
   private readonly listeners = new Set<() => void>();
 
@@ -101,8 +104,26 @@ export class LiveConnection {
     if (!this.stopped) this.connect();
   }
 
+  /** The step-profile panel opened (on) or closed: the server sends step profiles while it is on
+   *  (`{"type": "step_profile"}`, server/events_ws.py); said again after each reconnect. */
+  watchStepProfile = (on: boolean): void => {
+    if (on === this.stepProfile) return;
+    this.stepProfile = on;
+    this.sendStepProfile();
+  };
+
+  private sendStepProfile(): void {
+    if (!this.open) return; // said on open
+    try {
+      this.socket?.send?.(JSON.stringify({ type: "step_profile", on: this.stepProfile }));
+    } catch {
+      /* closing: the next connection says it again */
+    }
+  }
+
   private connect(): void {
     this.timer = null;
+    this.open = false;
     const since = this.resumable && this.store.hasSnapshot ? this.store.lastSeq : null;
     this.set({ status: this.info.attempts > 0 ? "reconnecting" : "connecting" });
     let socket: SocketLike;
@@ -115,6 +136,8 @@ export class LiveConnection {
     this.socket = socket;
     socket.onopen = () => {
       if (this.socket !== socket) return;
+      this.open = true;
+      if (this.stepProfile) this.sendStepProfile();
       this.set({ status: "live", attempts: 0 });
     };
     socket.onmessage = (ev) => {
@@ -127,6 +150,7 @@ export class LiveConnection {
     socket.onclose = (ev) => {
       if (this.socket !== socket) return;
       this.socket = null;
+      this.open = false;
       this.scheduleReconnect(closeDetail(ev));
     };
   }

@@ -121,7 +121,8 @@ function Main() {
     mode,
     selected,
     select: setSelected,
-  }), [mode, selected, liveStore, replayStore]);
+    watchStepProfile: connection.watchStepProfile,
+  }), [mode, selected, liveStore, replayStore, connection]);
 
   return (
     <DashboardContext.Provider value={ctx}>

@@ -4,6 +4,8 @@ import { HeatmapPanel } from "./panels/HeatmapPanel";
 import { MetricsPanel } from "./panels/MetricsPanel";
 import { RequestDetail } from "./panels/RequestDetail";
 import { TimelinePanel } from "./panels/TimelinePanel";
+import { StepProfilePanel } from "./panels/StepProfilePanel";
+import { AblationPanel } from "./panels/AblationPanel";
 
 export function DashboardPanels() {
   return (
@@ -14,6 +16,8 @@ export function DashboardPanels() {
         <RequestDetail />
       </div>
       <MetricsPanel />
+      <StepProfilePanel />
+      <AblationPanel />
       <div className="grid-2">
         <SchedulerPanel />
         <EventLogPanel />

@@ -10,6 +10,8 @@ export interface DashboardContextValue {
   mode: ViewMode;
   selected: string | null;
   select: (requestId: string | null) => void;
+  /** Ask the live server for step profiles while the step-profile panel is open (absent: no server). */
+  watchStepProfile?: (on: boolean) => void;
 }
 
 export const DashboardContext = createContext<DashboardContextValue | null>(null);

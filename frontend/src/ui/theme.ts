@@ -21,6 +21,8 @@ export interface Palette {
   free: string;
   cached: string;
   flash: string;
+  restore: string;
+  drop: string;
   series: string[];
 }
 
@@ -63,6 +65,8 @@ export function getPalette(): Palette {
     free: cssVar(style, "--block-free", dark ? "#1f252d" : "#eef1f4"),
     cached: cssVar(style, "--block-cached", dark ? "#3b4250" : "#c9d1d9"),
     flash: cssVar(style, "--block-flash", "#ffd33d"),
+    restore: cssVar(style, "--block-restore", "#39c5cf"),
+    drop: cssVar(style, "--block-drop", "#d2a8ff"),
     series: [1, 2, 3, 4].map((i) => cssVar(style, `--series-${i}`, ["#7c5cff", "#2da44e", "#d4a72c", "#e5534b"][i - 1]!)),
   };
   return palette;

@@ -167,8 +167,16 @@ void with_pool_type(const at::Tensor& pool, F&& f) {
     case at::kFloat: f(float{}); break;
     case at::kHalf: f(at::Half{}); break;
     case at::kBFloat16: f(at::BFloat16{}); break;
-    default: TORCH_CHECK(false, "KV pool dtype ", pool.scalar_type(), " is not float32, float16 or bfloat16");
+    case at::kChar: f(int8_t{}); break;
+    default: TORCH_CHECK(false, "KV pool dtype ", pool.scalar_type(), " is not float32, float16, bfloat16 or int8");
   }
+}
+
+// An int8 pool's head rows hold head_dim values, then their fp16 scale (model/kv_quant.py): its last
+// dimension is this many elements longer than the head size.
+constexpr int64_t kScaleBytes = 2;
+inline int64_t pool_head_dim(const at::Tensor& pool) {
+  return pool.size(3) - (pool.scalar_type() == at::kChar ? kScaleBytes : 0);
 }
 
 inline void check_activations(const at::Tensor& x, int64_t multiple) {

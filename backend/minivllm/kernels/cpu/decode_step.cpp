@@ -19,6 +19,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "common.h"
@@ -116,6 +117,56 @@ void store(T* dst, const float* src, int64_t n) {
   }
 }
 
+// x [dim] times the orthonormal Walsh-Hadamard matrix in blocks of the largest power of two dividing dim, in
+// place (model/kv_quant.py `rotate`: the same butterflies in the same order, the same bits).
+void hadamard(float* x, int64_t dim) {
+  const int64_t n = dim & -dim;
+  const float norm = static_cast<float>(1.0 / std::sqrt(static_cast<double>(n)));
+  for (float* block = x; block < x + dim; block += n) {
+    for (int64_t h = 1; h < n; h *= 2)
+      for (int64_t i = 0; i < n; i += 2 * h)
+        for (int64_t j = i; j < i + h; ++j) {
+          const float a = block[j], b = block[j + h];
+          block[j] = a + b;
+          block[j + h] = a - b;
+        }
+    for (int64_t i = 0; i < n; ++i) block[i] *= norm;
+  }
+}
+
+// Each of `rows` rows' `heads` heads (dim floats each, rows `row_stride` floats apart) rotated in place: an int8
+// pool holds rotated K/V, so attention over it takes rotated queries and gives the rotated output.
+void hadamard_heads(float* x, int64_t rows, int64_t row_stride, int64_t heads, int64_t dim) {
+  over_rows(rows, heads * dim, [&](int64_t r) {
+    for (int64_t h = 0; h < heads; ++h) hadamard(x + r * row_stride + h * dim, dim);
+  });
+}
+
+// One head's `dim` floats, rotated, as an int8 row and its fp16 scale after them (model/kv_quant.py `quantize`,
+// the same bits: the absmax / 127 rounded to fp16, each value divided by that, rounded half to even, clamped).
+constexpr int64_t kMaxQuantizedDim = 512;
+void store_quantized(int8_t* dst, const float* head, int64_t dim) {
+  float src[kMaxQuantizedDim];  // check_step: dim fits
+  std::copy(head, head + dim, src);
+  hadamard(src, dim);
+  float top = 0.0f;
+  for (int64_t i = 0; i < dim; ++i) top = std::max(top, std::fabs(src[i]));
+  const at::Half scale(std::clamp(top / 127.0f, 0x1p-24f, 65504.0f));
+  const float s = static_cast<float>(scale);
+  for (int64_t i = 0; i < dim; ++i) dst[i] = static_cast<int8_t>(std::clamp(std::nearbyint(src[i] / s), -127.0f, 127.0f));
+  std::memcpy(dst + dim, &scale, sizeof(scale));
+}
+
+// A row's KV heads (`dim` floats each) into the pool at `dst`: int8 head by head with their scales, else at once.
+template <typename T>
+void store_heads(T* dst, const float* src, int64_t kv_heads, int64_t dim) {
+  if constexpr (std::is_same_v<T, int8_t>) {
+    for (int64_t h = 0; h < kv_heads; ++h) store_quantized(dst + h * (dim + kScaleBytes), src + h * dim, dim);
+  } else {
+    store(dst, src, kv_heads * dim);
+  }
+}
+
 struct Shape {
   int64_t rows, heads, kv_heads, dim;
   int64_t width() const { return (heads + 2 * kv_heads) * dim; }  // a QKV row
@@ -131,12 +182,12 @@ void rotate_and_store(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& 
   T* v = v_pool.data_ptr<T>();
   const float* c = cos.data_ptr<float>();
   const float* sn = signed_sin.data_ptr<float>();
-  const int64_t kv_row = s.kv_heads * s.dim;
+  const int64_t kv_row = s.kv_heads * k_pool.size(3);  // a token's heads in the pool (int8: with their scales)
   over_rows(s.rows, s.width(), [&](int64_t r) {
     float* row = base + r * s.width();
     rotate(row, s.heads + s.kv_heads, s.dim, c + positions[r] * s.dim, sn + positions[r] * s.dim);
-    store(k + slots[r] * kv_row, row + s.heads * s.dim, kv_row);
-    store(v + slots[r] * kv_row, row + (s.heads + s.kv_heads) * s.dim, kv_row);
+    store_heads(k + slots[r] * kv_row, row + s.heads * s.dim, s.kv_heads, s.dim);
+    store_heads(v + slots[r] * kv_row, row + (s.heads + s.kv_heads) * s.dim, s.kv_heads, s.dim);
   });
 }
 
@@ -226,12 +277,14 @@ void check_step(const at::Tensor& x, const at::Tensor& positions, const at::Tens
               " product kinds; got ", k_pools.size(), " / ", v_pools.size(), " / ", weights.size(), " / ",
               kinds.size());
   const at::Tensor& pool = k_pools[0];
-  TORCH_CHECK(pool.dim() == 4 && heads % pool.size(2) == 0 && pool.size(3) % 2 == 0,
+  TORCH_CHECK(pool.dim() == 4 && heads % pool.size(2) == 0 && pool_head_dim(pool) % 2 == 0,
               "pools must be [blocks, block_size, kv_heads, dim] with ", heads,
               " query heads a multiple of the KV heads and an even head dim, got ", pool.sizes());
+  TORCH_CHECK(pool.scalar_type() != at::kChar || pool_head_dim(pool) <= kMaxQuantizedDim,
+              "an int8 KV pool's head dim must be at most ", kMaxQuantizedDim, ", got ", pool_head_dim(pool));
   for (int64_t kind : kinds) TORCH_CHECK(kind >= kQ4Int8 && kind <= kKQuantFp32, "unknown product kind ", kind);
   for (const at::Tensor* t : {&cos, &signed_sin})
-    TORCH_CHECK(t->dim() == 2 && t->scalar_type() == at::kFloat && t->is_contiguous() && t->size(1) == pool.size(3) &&
+    TORCH_CHECK(t->dim() == 2 && t->scalar_type() == at::kFloat && t->is_contiguous() && t->size(1) == pool_head_dim(pool) &&
                     t->sizes() == cos.sizes(),
                 "rotary tables must be contiguous fp32 [positions, head_dim] of one shape, got ", t->sizes());
   check_indices(positions, rows, cos.size(0), "position", "rotary tables'", "positions");
@@ -242,7 +295,7 @@ void check_step(const at::Tensor& x, const at::Tensor& positions, const at::Tens
                 k_pools[l].is_contiguous() && v_pools[l].is_contiguous(),
                 "layer ", l, ": every K and V pool must be contiguous and of one shape and dtype");
     for (int64_t i : {0, 3}) check_norm(weights[kWeightsPerLayer * l + i], x.size(1), "a layer's");
-    check_product_rows(weights, kinds, l, x.size(1), (heads + 2 * pool.size(2)) * pool.size(3));
+    check_product_rows(weights, kinds, l, x.size(1), (heads + 2 * pool.size(2)) * pool_head_dim(pool));
   }
   if (final_norm) check_norm(*final_norm, x.size(1), "the final");
 }
@@ -302,13 +355,14 @@ at::Tensor run_layers(const at::Tensor& x, const at::Tensor& positions, const at
                       const at::Tensor& context_lens, at::IntArrayRef kinds, int64_t heads, double eps,
                       double scale, const std::optional<at::Tensor>& final_norm) {
   check_step(x, positions, cos, signed_sin, weights, k_pools, v_pools, slot_mapping, kinds, heads, final_norm);
-  const Shape s{x.size(0), heads, k_pools[0].size(2), k_pools[0].size(3)};
+  const Shape s{x.size(0), heads, k_pools[0].size(2), pool_head_dim(k_pools[0])};
   const int64_t* slots = slot_mapping.data_ptr<int64_t>();
   const int64_t* position = positions.data_ptr<int64_t>();
   Buffers b(x, s, product_rows(weights[4], kinds[2]) / 2);  // gate/up: 2I rows (check_step)
   // every layer's pools have one shape (check_step): the tables and lengths are checked against them once
   check_decode_attention(b.queries, k_pools[0], v_pools[0], block_tables, context_lens);
   at::Tensor hidden = x.clone();  // the residual stream, updated in place
+  const bool quantized = k_pools[0].scalar_type() == at::kChar;  // rotated rows (hadamard_heads)
   for (size_t l = 0; l < k_pools.size(); ++l) {
     const at::Tensor* w = &weights[kWeightsPerLayer * l];
     const int64_t* kind = &kinds[kProductsPerLayer * l];
@@ -316,7 +370,9 @@ at::Tensor run_layers(const at::Tensor& x, const at::Tensor& positions, const at
     timed(kProducts, [&] { product(b.normed, w[1], kind[0], b.qkv); });
     timed(kRotaryStore, [&] { rotate_and_store(b.qkv, cos, signed_sin, k_pools[l], v_pools[l], position, slots, s); });
     timed(kAttention, [&] {
+      if (quantized) hadamard_heads(b.qkv.data_ptr<float>(), s.rows, s.width(), s.heads, s.dim);
       paged_decode_attention_into(b.queries, k_pools[l], v_pools[l], block_tables, context_lens, scale, b.attention);
+      if (quantized) hadamard_heads(b.attention.data_ptr<float>(), s.rows, s.heads * s.dim, s.heads, s.dim);
     });
     timed(kProducts, [&] { product(b.attention_rows, w[2], kind[1], b.projected); });
     timed(kNormsResiduals, [&] {

@@ -2,7 +2,7 @@
 torch operators.
 
 torch's CPU 4-bit kernel multiplies in floating point, which on an AVX2-only CPU runs at a third of
-the memory bandwidth (docs/ARCHITECTURE.md, "Weights in 4 and 8 bits"). These kernels quantize the
+the memory bandwidth (docs/KERNELS.md, "Weights in 4 and 8 bits"). These kernels quantize the
 activations to int8 per block of 32, as llama.cpp does, and multiply in integers. The extension is
 built on first use into the cache folder (~20 s; `torch.utils.cpp_extension` rebuilds only when the
 source or the compiler flags change); where it cannot be built or the CPU lacks AVX2, its kernels are

@@ -4,7 +4,8 @@
 // Why: the portable path gathers every sequence's K and V into contiguous copies before two products
 // (model/attention.py), so each step writes and reads the whole context a second time; at 32 sequences
 // of ~200 tokens that was ~0.6 ms a layer, about a fifth of the step. Here each K/V row is read once,
-// from the pool, in the pool's own precision (fp32, fp16 or bf16; converted in registers).
+// from the pool, in the pool's own precision (fp32, fp16 or bf16; converted in registers), or int8 rows
+// with a scale each (model/kv_quant.py): the scale multiplies a K row's score and a V row's weight.
 //
 // One task is one sequence (or, with few sequences, one part of one: contexts are attended in parts of
 // 64 tokens, merged by their maxima, so a lone sequence keeps every thread streaming; with fewer parts
@@ -44,9 +45,23 @@ inline __m256 load8<at::BFloat16>(const at::BFloat16* p) {  // bf16 is the top h
   const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
 }
+template <>
+inline __m256 load8<int8_t>(const int8_t* p) {  // the quantized values; row_scale applies the scale
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
+template <typename T>
+constexpr bool kScaled = std::is_same_v<T, int8_t>;
+
+// An int8 head row's fp16 scale, stored after its `dim` values.
+template <typename T>
+inline float row_scale(const T* row, int64_t dim) {
+  return static_cast<float>(*reinterpret_cast<const at::Half*>(row + dim));
+}
 
 struct Geometry {
   int64_t block_size, kv_heads, dim, group, max_blocks;
+  int64_t row;  // elements of one head's row in the pool: dim, or dim + the scale's bytes (int8)
 };
 
 // The largest of scores[0, len) (-inf for none), eight lanes at a time: a scalar running maximum was a chain
@@ -81,7 +96,7 @@ inline float exp_shifted(float* scores, int64_t len, float& top) {
 // Block b of a sequence's table into L2 (blocks are scattered: the hardware prefetcher cannot guess them).
 template <typename T>
 inline void prefetch_block(const T* pool, const int64_t* table, int64_t b, const Geometry& g) {
-  const int64_t token_stride = g.kv_heads * g.dim, block_bytes = g.block_size * token_stride * sizeof(T);
+  const int64_t token_stride = g.kv_heads * g.row, block_bytes = g.block_size * token_stride * sizeof(T);
   const char* start = reinterpret_cast<const char*>(pool + table[b] * g.block_size * token_stride);
   for (int64_t line = 0; line < block_bytes; line += 64) _mm_prefetch(start + line, _MM_HINT_T1);
 }
@@ -98,7 +113,7 @@ constexpr int64_t kPrefetchBlocks = 4;
 template <typename T, typename F>
 inline void over_blocks(const T* pool, const int64_t* table, int64_t t0, int64_t t1, int64_t limit, const Geometry& g,
                         F&& f) {
-  const int64_t token_stride = g.kv_heads * g.dim;
+  const int64_t token_stride = g.kv_heads * g.row;
   for (int64_t first = t0, b = t0 / g.block_size; first < t1; first += g.block_size, ++b) {
     // the first block requests all those ahead of it, each later one the newest
     for (int64_t ahead = first == t0 ? 1 : kPrefetchBlocks;
@@ -143,14 +158,21 @@ void score_tile(const float* q, const T* rows, int64_t n, int64_t stride, int64_
         for (int h = 0; h < H; ++h) acc[h][t] = _mm256_fmadd_ps(qv[h], k, acc[h][t]);
       }
     }
-    for (int h = 0; h < H; ++h) _mm_storeu_ps(out + h * len + j, sums4(acc[h]));
+    if constexpr (kScaled<T>) {
+      const __m128 scales = _mm_setr_ps(row_scale(rows + j * stride, dim), row_scale(rows + (j + 1) * stride, dim),
+                                        row_scale(rows + (j + 2) * stride, dim), row_scale(rows + (j + 3) * stride, dim));
+      for (int h = 0; h < H; ++h) _mm_storeu_ps(out + h * len + j, _mm_mul_ps(sums4(acc[h]), scales));
+    } else {
+      for (int h = 0; h < H; ++h) _mm_storeu_ps(out + h * len + j, sums4(acc[h]));
+    }
   }
   for (; j < n; ++j)
     for (int h = 0; h < H; ++h) {
       __m256 acc = _mm256_setzero_ps();
       for (int64_t d = 0; d < dim; d += 8)
         acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * dim + d), load8(rows + j * stride + d), acc);
-      out[h * len + j] = hsum(acc);
+      if constexpr (kScaled<T>) out[h * len + j] = hsum(acc) * row_scale(rows + j * stride, dim);
+      else out[h * len + j] = hsum(acc);
     }
 }
 
@@ -164,16 +186,22 @@ void score_rows(const float* q, const T* rows, int64_t n, int64_t stride, const 
 
 // o_h[0, 8N) += sum over a block's n tokens of p_h[j] * V[j][d0, d0 + 8N), for H query heads sharing each
 // V row's load: H x N accumulators in registers across the block (loaded from and stored back to `o`,
-// which stays in L1). Each output sums its tokens in order, as one head alone would.
+// which stays in L1). Each output sums its tokens in order, as one head alone would. An int8 row's scale
+// (after its `dim` values) multiplies its weights.
 template <int H, int N, typename T>
 inline void weigh_block(const float* p, int64_t p_stride, const T* rows, int64_t n, int64_t stride, int64_t d0,
-                        float* o, int64_t o_stride) {
+                        int64_t dim, float* o, int64_t o_stride) {
   __m256 acc[H][N];
   for (int h = 0; h < H; ++h)
     for (int i = 0; i < N; ++i) acc[h][i] = _mm256_loadu_ps(o + h * o_stride + d0 + 8 * i);
   for (int64_t j = 0; j < n; ++j) {
     __m256 weight[H];
-    for (int h = 0; h < H; ++h) weight[h] = _mm256_set1_ps(p[h * p_stride + j]);
+    if constexpr (kScaled<T>) {
+      const float scale = row_scale(rows + j * stride, dim);
+      for (int h = 0; h < H; ++h) weight[h] = _mm256_set1_ps(p[h * p_stride + j] * scale);
+    } else {
+      for (int h = 0; h < H; ++h) weight[h] = _mm256_set1_ps(p[h * p_stride + j]);
+    }
     for (int i = 0; i < N; ++i) {
       const __m256 v = load8(rows + j * stride + d0 + 8 * i);
       for (int h = 0; h < H; ++h) acc[h][i] = _mm256_fmadd_ps(weight[h], v, acc[h][i]);
@@ -189,10 +217,10 @@ void weigh_heads(const float* p, int64_t p_stride, const T* rows, int64_t n, int
                  int64_t o_stride) {
   for (int64_t d0 = 0; d0 < dim; d0 += 32) {
     switch (std::min<int64_t>(4, (dim - d0) / 8)) {
-      case 4: weigh_block<H, 4>(p, p_stride, rows, n, stride, d0, o, o_stride); break;
-      case 3: weigh_block<H, 3>(p, p_stride, rows, n, stride, d0, o, o_stride); break;
-      case 2: weigh_block<H, 2>(p, p_stride, rows, n, stride, d0, o, o_stride); break;
-      default: weigh_block<H, 1>(p, p_stride, rows, n, stride, d0, o, o_stride); break;
+      case 4: weigh_block<H, 4>(p, p_stride, rows, n, stride, d0, dim, o, o_stride); break;
+      case 3: weigh_block<H, 3>(p, p_stride, rows, n, stride, d0, dim, o, o_stride); break;
+      case 2: weigh_block<H, 2>(p, p_stride, rows, n, stride, d0, dim, o, o_stride); break;
+      default: weigh_block<H, 1>(p, p_stride, rows, n, stride, d0, dim, o, o_stride); break;
     }
   }
 }
@@ -218,11 +246,11 @@ template <typename T>
 void attend(const float* q, const T* k_pool, const T* v_pool, const int64_t* table, int64_t t0, int64_t t1,
             int64_t limit, int64_t part_len, int64_t h0, int64_t h1, const Geometry& g, float* scores, float* top,
             float* sum, float* out) {
-  const int64_t stride = g.kv_heads * g.dim, heads = (h1 - h0) * g.group, n = t1 - t0;  // scores: [query head][token]
+  const int64_t stride = g.kv_heads * g.row, heads = (h1 - h0) * g.group, n = t1 - t0;  // scores: [query head][token]
   prefetch_block(v_pool, table, t0 / g.block_size, g);  // the V pass's first block, read after every K block
   over_blocks(k_pool, table, t0, t1, limit, g, [&](int64_t first, const T* rows, int64_t count) {
     for (int64_t kv = h0; kv < h1; ++kv)
-      score_rows(q + (kv - h0) * g.group * g.dim, rows + kv * g.dim, count, stride, g,
+      score_rows(q + (kv - h0) * g.group * g.dim, rows + kv * g.row, count, stride, g,
                  scores + (kv - h0) * g.group * n + (first - t0), n);
   });
   const int64_t parts = (n + part_len - 1) / part_len;
@@ -235,7 +263,7 @@ void attend(const float* q, const T* k_pool, const T* v_pool, const int64_t* tab
     float* part_out = out + (first - t0) / part_len * heads * g.dim;  // a block lies in one part
     for (int64_t kv = h0; kv < h1; ++kv) {  // query heads [(kv - h0) * group, +group) read KV head kv
       const int64_t i = (kv - h0) * g.group;
-      weigh_group(scores + i * n + (first - t0), n, rows + kv * g.dim, count, stride, g, part_out + i * g.dim);
+      weigh_group(scores + i * n + (first - t0), n, rows + kv * g.row, count, stride, g, part_out + i * g.dim);
     }
   });
 }
@@ -252,7 +280,8 @@ void minivllm_native::check_decode_attention(const at::Tensor& q, const at::Tens
               "K and V pools must be contiguous [blocks, block_size, kv_heads, dim] of one dtype, got ",
               k_pool.sizes(), " and ", v_pool.sizes());
   const int64_t seqs = q.size(0), dim = q.size(2), kv_heads = k_pool.size(2);
-  TORCH_CHECK(k_pool.size(3) == dim && dim % 8 == 0, "head dim ", dim, " must match the pool's and be a multiple of 8");
+  TORCH_CHECK(pool_head_dim(k_pool) == dim && dim % 8 == 0, "head dim ", dim,
+              " must match the pool's and be a multiple of 8");
   TORCH_CHECK(q.size(1) % kv_heads == 0, q.size(1), " query heads are not a multiple of ", kv_heads, " KV heads");
   TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == seqs && block_tables.scalar_type() == at::kLong &&
               block_tables.is_contiguous(), "block tables must be contiguous int64 [seqs, blocks], got ",
@@ -415,7 +444,8 @@ void by_part(const Attention<T>& a, int64_t seqs, float* out) {
 template <typename T>
 void run(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool, const at::Tensor& block_tables,
          const at::Tensor& context_lens, float scale, at::Tensor& out) {
-  const Geometry g{k_pool.size(1), k_pool.size(2), q.size(2), q.size(1) / k_pool.size(2), block_tables.size(1)};
+  const Geometry g{k_pool.size(1), k_pool.size(2), q.size(2), q.size(1) / k_pool.size(2), block_tables.size(1),
+                   k_pool.size(3)};
   const Attention<T> a{g, (kPartTokens + g.block_size - 1) / g.block_size * g.block_size, g.kv_heads * g.group,
                        q.data_ptr<float>(), q.stride(0), q.stride(1), q.stride(2), scale,
                        k_pool.data_ptr<T>(), v_pool.data_ptr<T>(), block_tables.data_ptr<int64_t>(),

@@ -22,6 +22,13 @@ wants every dimension >= 16: the query group is padded to 16 rows (masked like t
 tiles hold >= 16 tokens, head dims pad to a power of two >= 16. Which batches reach the kernel at all is
 `attention.triton_serves`.
 
+An int8 pool (`--kv-cache-dtype int8`, model/kv_quant.py) holds each head row's head_dim values and then
+its fp16 scale: the CUDA-core path multiplies each K and V row by its scale as it widens them (the dot path
+is never taken: its operands share the query's dtype). The rows are stored rotated; the caller rotates the
+queries and the output (attention.decode_attention). Not yet run under Triton's interpreter or on a GPU (no
+triton where it was written): `self_check` covers an int8 pool, so a kernel that fails there leaves the
+portable path serving.
+
 Only imported on the CUDA path (and by the tests, which also run it under Triton's interpreter on a CPU):
 CPU-only installs have no triton.
 """
@@ -98,11 +105,12 @@ def _partition_kernel(
     TILE: tl.constexpr,
     SPLIT: tl.constexpr,
     DOT: tl.constexpr,
+    SCALED: tl.constexpr,
 ):
     """One (sequence, KV head, partition): its query group's attention over the partition's tokens.
     SPLIT: writes the unnormalized sums, max and denominator per head for the merge; else the output.
     DOT: the products on the tensor cores (q, K, V and the weights in the pool's dtype, sums in fp32);
-    else on the CUDA cores in fp32."""
+    else on the CUDA cores in fp32. SCALED: int8 rows, each followed by its fp16 scale (at element DIM)."""
     seq, kv_head, part = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     heads = kv_head * GROUP + tl.arange(0, GROUP_P)  # the query heads of this KV head (padded to 2^n)
     head_ok = tl.arange(0, GROUP_P) < GROUP
@@ -130,11 +138,11 @@ def _partition_kernel(
         block = tl.load(tables + seq * t_s0 + pos // BLOCK_SIZE, mask=live, other=0)
         slot = pos % BLOCK_SIZE
         tile_ok = live[:, None] & dim_ok[None, :]
-        k = tl.load(
-            k_pool + block[:, None] * k_s0 + slot[:, None] * k_s1 + kv_head * k_s2 + dims[None, :],
-            mask=tile_ok,
-            other=0.0,
-        )
+        k_rows = k_pool + block * k_s0 + slot * k_s1 + kv_head * k_s2  # [TILE] each token's head row
+        k = tl.load(k_rows[:, None] + dims[None, :], mask=tile_ok, other=0.0)
+        if SCALED:
+            k_scale = tl.load((k_rows + DIM).to(tl.pointer_type(tl.float16)), mask=live, other=0.0)
+            k = k.to(tl.float32) * k_scale.to(tl.float32)[:, None]
         if DOT:
             scores = tl.dot(qv, tl.trans(k)) * scale  # fp32 [GROUP_P, TILE]; the scale after, not rounded in q
         else:
@@ -145,11 +153,11 @@ def _partition_kernel(
         p = tl.exp(scores - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         # masked V rows load as 0 (not the pool's bytes: NaN there would survive 0 * NaN)
-        v = tl.load(
-            v_pool + block[:, None] * v_s0 + slot[:, None] * v_s1 + kv_head * v_s2 + dims[None, :],
-            mask=tile_ok,
-            other=0.0,
-        )
+        v_rows = v_pool + block * v_s0 + slot * v_s1 + kv_head * v_s2
+        v = tl.load(v_rows[:, None] + dims[None, :], mask=tile_ok, other=0.0)
+        if SCALED:
+            v_scale = tl.load((v_rows + DIM).to(tl.pointer_type(tl.float16)), mask=live, other=0.0)
+            v = v.to(tl.float32) * v_scale.to(tl.float32)[:, None]
         if DOT:
             acc = tl.dot(p.to(v.dtype), v, acc=acc * alpha[:, None])  # dead tokens: weight 0 times V's 0
         else:
@@ -248,14 +256,16 @@ def paged_decode_attention(
     tensor_cores: bool | None = None,
 ) -> torch.Tensor:
     """q [B, heads, D] (any strides with a unit last one), pools [blocks, block_size, kv_heads, D]
-    (last dim contiguous), block_tables [B, W], context_lens [B] (>= 1, the new token included)
+    (last dim contiguous; int8: D + 2, each row's fp16 scale last), block_tables [B, W], context_lens [B]
+    (>= 1, the new token included)
     -> [B, heads, D] in q's dtype. `partition_tokens`: 0 picks the split from the shapes (tests force one).
     `tensor_cores`: None picks the path from the dtypes (`uses_tensor_cores`); True / False force the dot
     or the CUDA-core path for the same inputs (benchmarks, tests)."""
     q, block_tables = _unit_last_stride(q), _unit_last_stride(block_tables)  # views as they come: no copy
     batch, heads, dim = q.shape
     _, block_size, kv_heads, _ = k_pool.shape
-    dot = uses_tensor_cores(q.dtype, k_pool.dtype) if tensor_cores is None else tensor_cores
+    scaled = k_pool.dtype == torch.int8
+    dot = uses_tensor_cores(q.dtype, k_pool.dtype) if tensor_cores is None else tensor_cores and not scaled
     shape = launch_shape(heads // kv_heads, dim, dot)
     width = block_tables.shape[1] * block_size
     part = partition_tokens or partition_size(batch, kv_heads, width, shape.tile, q.device)
@@ -294,6 +304,7 @@ def paged_decode_attention(
         TILE=shape.tile,
         SPLIT=parts > 1,
         DOT=dot,
+        SCALED=scaled,
         num_warps=shape.num_warps,
     )
     if parts > 1:
@@ -337,6 +348,15 @@ def self_check(device: torch.device | str = "cuda") -> None:
     table = torch.tensor([[2, 0, 1]])
     for dtype, atol in _self_check_dtypes(torch.device(device)):
         _check_one(q.to(device, dtype), k_pool.to(device, dtype), v_pool.to(device, dtype), table.to(device), atol)
+    (k8, k_wide), (v8, v_wide) = _int8_pool(k_pool), _int8_pool(v_pool)  # fp32 queries over an int8 pool
+    _check_one(q.to(device), k8.to(device), v8.to(device), table.to(device), 1e-4, (k_wide, v_wide))
+
+
+def _int8_pool(pool: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """An fp32 pool as int8 rows with their fp16 scales (model/kv_quant.py's layout), and those rows widened."""
+    scale = (pool.abs().amax(-1, keepdim=True) / 127).to(torch.float16)
+    values = (pool / scale.float()).round().clamp(-127, 127).to(torch.int8)
+    return torch.cat([values, scale.view(torch.int8)], -1), values.float() * scale.float()
 
 
 def _self_check_dtypes(device: torch.device) -> list[tuple[torch.dtype, float]]:
@@ -348,8 +368,10 @@ def _self_check_dtypes(device: torch.device) -> list[tuple[torch.dtype, float]]:
     return dtypes + [(torch.bfloat16, 3e-2)] if device.type == "cuda" else dtypes
 
 
-def _check_one(q, k_pool, v_pool, table, atol: float) -> None:
-    keys, values = (pool[table[0]].flatten(0, 1)[:40, 0].double() for pool in (k_pool, v_pool))
+def _check_one(q, k_pool, v_pool, table, atol: float, wide_pools=None) -> None:
+    """`wide_pools`: the pools' values as fp32 where they are quantized."""
+    wide = wide_pools or (k_pool, v_pool)
+    keys, values = (pool.to(q.device)[table[0]].flatten(0, 1)[:40, 0].double() for pool in wide)
     expected = torch.softmax(q[0].double() @ keys.T * 0.125, -1) @ values
     lens = torch.tensor([40], device=q.device)
     for partition in (0, 16):

@@ -116,19 +116,25 @@ export function HeatmapPanel() {
         ctx.lineWidth = 1;
         for (const b of selectedSet) if (b < m.numBlocks) ctx.strokeRect(x(b) + 0.5, y(b) + 0.5, cell - 1, cell - 1);
       }
-      let flashing = false;
       const now = store.now();
-      ctx.fillStyle = p.flash;
-      for (let b = 0; b < m.numBlocks; b++) {
-        const evicted = st.evictedAt[b]!;
-        if (Number.isNaN(evicted)) continue;
-        const age = now - evicted;
-        if (age < 0 || age >= FLASH_S) continue;
-        flashing = true;
-        ctx.globalAlpha = 0.85 * (1 - age / FLASH_S);
-        ctx.fillRect(x(b), y(b), cell, cell);
-      }
-      ctx.globalAlpha = 1;
+      /** Fades `times`' recent blocks in `colour`; true while any is still fading. */
+      const flash = (times: Float64Array, colour: string): boolean => {
+        let any = false;
+        ctx.fillStyle = colour;
+        for (let b = 0; b < m.numBlocks; b++) {
+          const age = now - times[b]!;
+          if (Number.isNaN(age) || age < 0 || age >= FLASH_S) continue;
+          any = true;
+          ctx.globalAlpha = 0.85 * (1 - age / FLASH_S);
+          ctx.fillRect(x(b), y(b), cell, cell);
+        }
+        ctx.globalAlpha = 1;
+        return any;
+      };
+      const evicting = flash(st.evictedAt, p.flash);
+      const restoring = flash(st.restoredAt, p.restore);
+      const dropping = flash(st.droppedAt, p.drop);
+      const flashing = evicting || restoring || dropping;
       const c = cursorRef.current;
       if (c !== null && c.block < m.numBlocks) {
         ctx.strokeStyle = p.accent;
@@ -149,6 +155,7 @@ export function HeatmapPanel() {
     el.dataset.shared = String(m.counts.shared);
     el.dataset.cached = String(m.counts.cached);
     el.dataset.free = String(m.counts.free);
+    el.dataset.restored = String(st.restoredAt.reduce((n, t) => n + (Number.isNaN(t) ? 0 : 1), 0));
   });
 
   const blockAt = (e: MouseEvent<HTMLCanvasElement>): number | null => {
@@ -193,7 +200,9 @@ export function HeatmapPanel() {
         <li><span className="legend-cell cell-shared" aria-hidden="true" />Shared (ref &gt; 1)</li>
         <li><span className="legend-cell cell-cached" aria-hidden="true" />Cached, free</li>
         <li><span className="legend-cell cell-free" aria-hidden="true" />Free</li>
-        <li><span className="legend-cell cell-flash" aria-hidden="true" />Evicted</li>
+        <li><span className="legend-cell cell-flash" aria-hidden="true" />Evicted{cfg.kv_offload_bytes ? " (to the disk tier)" : ""}</li>
+        {cfg.kv_offload_bytes ? <li data-testid="legend-restored"><span className="legend-cell cell-restore" aria-hidden="true" />Restored from disk</li> : null}
+        {cfg.kv_window ? <li data-testid="legend-dropped"><span className="legend-cell cell-drop" aria-hidden="true" />Left the KV window</li> : null}
       </ul>
       <div className="heatmap-wrap" ref={wrapRef}>
         {n === 0 ? (
@@ -272,6 +281,7 @@ function BlockTooltip(props: { model: BlockModel; block: number; cursor: Cursor 
   const owners = blockOwners(store.state.engine, b);
   const kind = props.model.kind[b];
   const evicted = store.state.evictedAt[b];
+  const restored = store.state.restoredAt[b];
   const kindText = kind === KIND_FREE ? "free" : kind === KIND_CACHED ? "cached, free (reusable by a prefix hit)" : kind === KIND_SHARED ? "in use, shared" : "in use";
   const style = props.cursor.x !== null && props.cursor.y !== null ? tooltipPosition(props.cursor.x, props.cursor.y) : undefined;
   return (
@@ -292,6 +302,7 @@ function BlockTooltip(props: { model: BlockModel; block: number; cursor: Cursor 
         </div>
       )}
       {evicted !== undefined && !Number.isNaN(evicted) && <div className="muted">last evicted {fmtSeconds(store.now() - evicted)} ago</div>}
+      {restored !== undefined && !Number.isNaN(restored) && <div className="muted">read back from disk {fmtSeconds(store.now() - restored)} ago</div>}
     </div>
   );
 }

@@ -65,3 +65,22 @@ describe("MetricsPanel: speculative decoding", () => {
     expect(screen.getByTestId("chart-spec-acceptance")).toBeTruthy();
   });
 });
+
+describe("MetricsPanel: memory split", () => {
+  beforeEach(() => {
+    HTMLCanvasElement.prototype.getContext = (() => null) as never;
+  });
+  afterEach(cleanup);
+
+  it("shows the latest sample's parts with their sizes, and nothing for a sample without a split", () => {
+    const MiB = 2 ** 20;
+    const memory = { rss: 200 * MiB, weights: 100 * MiB, kv_cache: 10 * MiB, compiled: 0, torch: 50 * MiB, libraries: 20 * MiB, other: 20 * MiB, kv_reserved: 64 * MiB };
+    renderMetrics([{ memory: { ...memory, weights: 1 } }, { memory }], null);
+    expect(screen.getByTestId("memory-part-weights").textContent).toBe("Weights100.0 MiB50%");
+    expect(screen.getByTestId("memory-part-other").textContent).toBe("Other20.0 MiB10%");
+    expect(screen.getByTestId("metrics-memory").textContent).toContain("KV pool reserved: 64.0 MiB");
+    cleanup();
+    renderMetrics([{ rss_bytes: 200 * MiB }], null);
+    expect(screen.queryByTestId("metrics-memory")).toBeNull();
+  });
+});

@@ -1,6 +1,6 @@
 // Metrics: live time series (throughput, running / waiting, KV usage, prefix-cache hit rate,
 // preemptions, the server's RSS, speculative decoding's acceptance) and TTFT / TPOT distributions,
-// all drawn on plain canvas.
+// all drawn on plain canvas; the RSS's split by part from the latest sample (MemorySection).
 import { useMemo, useState } from "react";
 import type { DashboardState } from "../../core/dashboard";
 import { fmtInt, fmtPct, fmtRate, fmtSeconds, fmtTick, niceTicks } from "../../core/format";
@@ -11,6 +11,7 @@ import type { MetricsSample } from "../../core/wire";
 import { Card, EmptyState } from "../components/Card";
 import { Select } from "../components/fields";
 import { useDashboard } from "../context";
+import { MemorySection } from "./MemorySection";
 import { useCanvas, useThrottledDashboardState } from "../hooks";
 import { getPalette, type Palette } from "../theme";
 
@@ -351,6 +352,7 @@ export function MetricsPanel() {
         <div><dt>TPOT p50</dt><dd data-testid="metric-tpot-p50">{fmtSeconds(tpot.p50)}</dd></div>
       </dl>
       <SpecMetrics spec={spec} setup={setup} />
+      <MemorySection split={last?.memory} />
       {empty ? (
         <EmptyState title="No metrics yet" testId="metrics-empty">The engine samples its metrics while it works; charts fill in as requests run.</EmptyState>
       ) : (

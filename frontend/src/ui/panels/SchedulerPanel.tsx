@@ -152,6 +152,11 @@ export function SchedulerPanel() {
                     </td>
                     <td className="num small" title={t ? `schedule ${fmtMs(t.schedule_ms)}, forward ${fmtMs(t.forward_ms)}, sample ${fmtMs(t.sample_ms)}, postprocess ${fmtMs(t.postprocess_ms)}` : undefined}>
                       {t ? fmtMs(t.duration_ms) : "…"}
+                      {t?.experts_touched != null && (
+                        <span className="muted" data-testid="scheduler-experts" title="distinct experts the forward ran, summed over the MoE layers">
+                          {" "}· {t.experts_touched} experts
+                        </span>
+                      )}
                     </td>
                   </tr>
                 );

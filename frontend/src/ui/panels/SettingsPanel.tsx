@@ -18,6 +18,8 @@ const KV_DTYPES: readonly { value: KvCacheDtype; label: string }[] = [
   { value: "float32", label: "float32" },
   { value: "float16", label: "float16 (half the memory a token)" },
   { value: "bfloat16", label: "bfloat16 (half the memory a token)" },
+  { value: "int8", label: "int8 (8 bits + a scale per token and head: ~0.52x float16's memory a token)" },
+  { value: "fp8_e4m3", label: "fp8_e4m3 (as int8, coarser; read in torch only)" },
 ];
 
 export function formOf(c: EngineInfo): Form {

@@ -4,7 +4,7 @@ Like test_speculative_ui.py, this module starts its own server (the shared one h
 overrides the `server` and `engine` fixtures. A long prompt runs once; rebuilding the engine (PUT
 /api/config, which writes the prefix cache to the disk tier first) empties the RAM pool; the same prompt
 again is served from disk: the heatmap flashes the restored blocks, its legend names the tier, the
-event log says "restored from disk", and /metrics counts the blocks read back.
+event log says "restored from disk", and the Metrics panel and /metrics count the blocks read back.
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ def test_blocks_evicted_to_disk_come_back_and_the_dashboard_shows_it(page: Page,
     restored = int(summary.get_attribute("data-restored") or 0)
     assert restored >= 6, restored  # every full block but the last token's
     expect(page.get_by_test_id("event-log-row").filter(has_text="restored from disk").first).to_be_visible()
+    expect(page.get_by_test_id("metrics-disk-tier").get_by_test_id("disk-read")).to_have_text(re.compile(r"^[1-9]"))
     counters = httpx.get(f"{server}/metrics", timeout=10).text
     read = [line for line in counters.splitlines() if line.startswith("minivllm:kv_disk_blocks_read_total")]
     assert read and float(read[0].rsplit(" ", 1)[1]) >= restored, read

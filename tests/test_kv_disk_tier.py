@@ -219,6 +219,11 @@ def test_preempted_requests_swap_back_in_from_disk_with_identical_tokens(tiny_mo
     assert recomputed.scheduler.num_preemptions > 0 and swapped.scheduler.num_preemptions > 0
     assert outputs == reference
     assert swapped.disk_tier.cost.restored > 0  # resumed requests read their blocks back
+    # the timeline's segments say so: swapped out at preemption, read back at admission
+    states = [e for e in swapped.bus.history if isinstance(e, ev.RequestStateChanged)]
+    assert any(e.state == "PREEMPTED" and "disk tier" in e.reason for e in states)
+    assert any(e.state == "PREFILL" and "read back from disk" in e.reason for e in states)
+    assert not any("disk" in e.reason for e in recomputed.bus.history if isinstance(e, ev.RequestStateChanged))
 
 
 def test_recomputation_wins_where_it_is_measured_cheaper(tiny_model, tmp_path):

@@ -117,6 +117,7 @@ class Request:
     finish_time: float | None = None
     finish_reason: str | None = None
     num_cached_prompt_tokens: int = 0
+    restored_tokens: int = 0  # of its cached prefix, tokens the disk tier read back since it last waited
     num_preemptions: int = 0
     num_generated_events: int = 0  # tokens reported so far, over all sequences
     preview: str = ""  # first characters of the prompt, for display

@@ -352,10 +352,12 @@ class Scheduler:
             self.set_status(request, RequestStatus.WAITING, "resuming after preemption: blocks available")
         else:
             request.num_cached_prompt_tokens = cached
+        from_disk = f" ({request.restored_tokens} read back from disk)" if request.restored_tokens else ""
+        request.restored_tokens = 0
         self.set_status(
             request,
             RequestStatus.PREFILL,
-            f"admitted: {request.num_remaining_tokens} tokens to compute, {cached} from prefix cache",
+            f"admitted: {request.num_remaining_tokens} tokens to compute, {cached} from prefix cache{from_disk}",
         )
 
     # ---- helpers ------------------------------------------------------------------------------
@@ -418,5 +420,7 @@ class Scheduler:
         request.num_preemptions += 1
         self.num_preemptions += 1
         out.preempted.append(request)
-        self.set_status(request, RequestStatus.PREEMPTED, f"preempted: {reason}")
+        # with a disk tier its full blocks stay cached and go to disk when evicted: swapped out, not lost
+        swap = "; its full blocks go to the disk tier when evicted" if self.bm.track_evictions else ""
+        self.set_status(request, RequestStatus.PREEMPTED, f"preempted: {reason}{swap}")
         self.add(request)

@@ -105,7 +105,9 @@ class DiskTier:
         for request, _ in zip(waiting, range(REQUESTS_CHECKED), strict=False):
             if request.is_finished or (request.prompt_logprobs is not None and request.prompt_logprobs.pending):
                 continue
-            restored += self._restore(request.seqs[0])
+            blocks = self._restore(request.seqs[0])
+            request.restored_tokens += blocks * self.bm.block_size
+            restored += blocks
         return restored
 
     def flush(self) -> None:

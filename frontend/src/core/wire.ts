@@ -10,6 +10,7 @@ export type {
   BlocksShared,
   ConfigChanged,
   ConfigUpdate,
+  DiskTierStats,
   EngineInfo,
   ErrorBody,
   EventBatch,

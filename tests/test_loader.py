@@ -151,6 +151,21 @@ def test_random_shapes_are_seeded():
         random_shapes.random_config("huge")
 
 
+@pytest.mark.parametrize("shape", ["qwen3-1.7b", "gemma-2-2b", "gemma-3-1b"])
+def test_family_random_shapes_name_every_tensor_with_its_shape(shape):
+    """A family's random shape draws every tensor its HF model has (Gemma's four norms a layer, Q/K norms),
+    each with a shape (no weights drawn: these are billions of parameters)."""
+    from minivllm.loader.weights import hf_tensor_names
+
+    cfg = random_shapes.random_config(shape)
+    shapes = random_shapes._hf_shapes(cfg)
+    names = hf_tensor_names(cfg)
+    drawn = sum(torch.Size(shapes(name)).numel() for name in names)
+    assert drawn == cfg.num_parameters
+    if shape.startswith("gemma"):
+        assert "model.layers.3.post_feedforward_layernorm.weight" in names and cfg.hidden_act == "gelu_tanh"
+
+
 def test_random_model_loads_the_same_weights_for_the_same_seed(tiny_model):
     again = load_model("random:tiny", dtype="float32", device="cpu", seed=0)
     assert again.name == "random:tiny"

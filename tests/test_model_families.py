@@ -9,11 +9,14 @@ Biases and norms are randomised (HF initialises them to 0 and 1), so a missing o
 
 from __future__ import annotations
 
+import contextlib
+import random
+
 import pytest
 import torch
 from test_model_parity import hf_forward, our_forward
 
-from engine_utils import EventLog, assert_all_blocks_free, make_engine, run
+from engine_utils import EventLog, assert_all_blocks_free, make_engine, random_decode_works, run
 from minivllm.events import types as ev
 from minivllm.loader import UnsupportedModelError, load_model
 from minivllm.sampling.params import SamplingParams
@@ -220,16 +223,58 @@ def hf_with_rounded_weights(hf):
     return rounded
 
 
-def test_native_step_falls_back_with_one_line(pair, capsys):
-    """The C++ decode step has no biases or Q/K norms: such a model takes the compiled step or runs
-    eagerly, and says so once."""
+@contextlib.contextmanager
+def native_step_on(loaded):
+    """The model's native decode step for the duration, every product on our fp32 kernel (whichever won the
+    timing at load); yields the row counts of the step's calls."""
     from minivllm.model.native_step import NativeDecodeStep
+    from minivllm.model.packed_linear import PackedLinear
 
-    _, _, loaded, _ = pair
-    assert NativeDecodeStep.for_model(loaded.model) is None
-    lines = [line for line in capsys.readouterr().err.splitlines() if "native decode step off" in line]
-    assert len(lines) <= 1  # none where the native kernels are not built at all
-    assert all(loaded.config.family in line for line in lines)
+    products = [m for m in loaded.model.modules() if isinstance(m, PackedLinear)]
+    before = [m.native for m in products]
+    calls: list[int] = []
+    real = torch.ops.minivllm_native.decode_layers
+    try:
+        for m in products:
+            m.native = True
+        loaded.model.native_step = NativeDecodeStep.for_model(loaded.model)
+        assert loaded.model.native_step is not None, f"{loaded.config.family}: no native step"
+        torch.ops.minivllm_native.decode_layers = lambda *a: calls.append(a[0].shape[0]) or real(*a)
+        yield calls
+    finally:
+        torch.ops.minivllm_native.decode_layers = real
+        loaded.model.native_step = None
+        for m, native in zip(products, before):
+            m.native = native
+
+
+def assert_native_step_matches(loaded, hf, name: str, prompts=PROMPTS) -> None:
+    """The native decode step serves the family: it runs every decode step, its greedy tokens over 32 steps
+    equal the eager layers' and HF `generate`'s, and a batch of decode rows' logits are within ATOL of the
+    eager layers' (which match HF's: test_hidden_states_and_logits_match_hf)."""
+    from minivllm.kernels.cpu import native
+
+    if native.available() is not None:
+        pytest.skip(f"the native kernels are not built here: {native.available()}")
+    eager, _ = greedy_through_engine(loaded, prompts)
+    engine = make_engine(loaded, max_num_seqs=4, num_blocks=32)
+    width = min(5, loaded.model.rotary.cos.shape[0] // 16)  # blocks of 16 within the loaded context
+    works = random_decode_works(random.Random(3), 4, 32, max_width=width, vocab=loaded.config.vocab_size)
+    eager_logits = engine.runner.execute(works, [])
+    with native_step_on(loaded) as calls:
+        tokens, _ = greedy_through_engine(loaded, prompts)
+        assert calls and set(calls) <= set(range(1, len(prompts) + 1)), f"{name}: decode steps {calls}"
+        assert len(calls) >= GREEDY_TOKENS - 1, f"{name}: only {len(calls)} native decode steps"
+        native_logits = engine.runner.execute(works, [])
+    assert tokens == eager, f"{name}: native greedy tokens differ from the eager layers'"
+    assert tokens == {f"r{i}": hf_greedy(hf, p) for i, p in enumerate(prompts)}, f"{name}: differs from HF"
+    torch.testing.assert_close(native_logits, eager_logits, atol=ATOL, rtol=0)
+
+
+def test_native_step_serves_the_family(pair):
+    """Qwen2's QKV bias, Qwen3's Q/K norms and an O bias, inside the C++ decode step."""
+    name, hf, loaded, _ = pair
+    assert_native_step_matches(loaded, hf, name)
 
 
 def test_compiled_step_serves_the_family(tmp_path, embedded_tokenizer):

@@ -19,6 +19,7 @@ from test_model_families import (
     ATOL,
     PROMPTS,
     assert_greedy_matches_hf,
+    assert_native_step_matches,
     assert_parity,
     finish_gguf,
     greedy_through_engine,
@@ -142,21 +143,11 @@ def test_sliding_window_caps_the_context_or_refuses(tmp_path, embedded_tokenizer
         load_model(str(tmp_path), device="cpu", max_model_len=100)
 
 
-def test_decode_paths(pair, capsys):
-    """The native step serves a whole-head rotation (LongRoPE's attention factor lives in its tables) and
-    says once why it is off for partial rotary."""
-    from minivllm.kernels.cpu import native
-    from minivllm.model.native_step import NativeDecodeStep
-
-    name, _, loaded, _ = pair
-    step = NativeDecodeStep.for_model(loaded.model)
-    lines = [line for line in capsys.readouterr().err.splitlines() if "native decode step off" in line]
-    if native.available() is not None:
-        assert step is None  # no native kernels built here
-    elif "partial" in name:
-        assert step is None and len(lines) == 1 and "partial rotary" in lines[0]
-    else:
-        assert step is not None and not lines
+def test_native_step_serves_phi3(pair):
+    """The native decode step over Phi-3's layers: whole-head and partial rotary (LongRoPE's attention factor
+    lives in its tables), a sliding window within the capped context."""
+    name, hf, loaded, _ = pair
+    assert_native_step_matches(loaded, hf, name)
 
 
 def test_native_step_serves_longrope(tmp_path, embedded_tokenizer):

@@ -77,3 +77,17 @@ def test_quantizing_without_llama_cpp_says_how_to_build_it(tmp_path, monkeypatch
     (tmp_path / "random-tiny-F16.gguf").write_bytes(b"")  # the F16 file exists: only the tool is missing
     with pytest.raises(FileNotFoundError, match="build_llamacpp.sh"):
         random_gguf.quantized("tiny", "Q4_K_M", tmp_path)
+
+
+def test_a_qwen2_shape_writes_a_qwen2_file_with_its_biases(tmp_path):
+    """A Qwen2-shaped file says `qwen2` and carries random Q/K/V biases (llama.cpp requires them), which the
+    loader reads into the fused QKV bias."""
+    shape = random_gguf.SHAPES["tiny-qwen2"]
+    path = random_gguf.write_random_gguf("tiny-qwen2", tmp_path / "random-tiny-qwen2-F16.gguf")
+    loaded = load_model(str(path))
+    cfg = loaded.config
+    assert (cfg.family, cfg.qkv_bias, cfg.tie_word_embeddings) == ("qwen2", True, True)
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_key_value_heads) == (shape.hidden, shape.layers, 2)
+    bias = loaded.model.layers[1].self_attn.qkv_bias.detach()
+    assert bias.shape == (shape.hidden + 2 * cfg.num_key_value_heads * cfg.head_dim,)
+    assert abs(bias.std().item() - random_gguf.WEIGHT_STD) < 0.006 and bias.abs().max() < 0.2

@@ -380,5 +380,6 @@ def test_the_kernel_serves_fp32_and_half_precision_over_its_own_pool(monkeypatch
                 dtype,
                 16,
             )
+            runner.window = None
             works = [SeqWork([1], 3, [0]) for _ in range(rows)]
             assert (runner._metadata(works, [], [3] * rows).decode_mask is None) == triton

@@ -17,6 +17,7 @@ def make_tiny_llama(
     vocab: int = 256,
     layers: int = 3,
     init_std: float | None = None,
+    intermediate: int = 160,
 ):
     """Build a random `transformers.LlamaForCausalLM`, save it (config.json + safetensors) and return it."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -25,7 +26,7 @@ def make_tiny_llama(
     cfg = LlamaConfig(
         vocab_size=vocab,
         hidden_size=64,
-        intermediate_size=160,
+        intermediate_size=intermediate,
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=kv_heads,

@@ -56,9 +56,24 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from minivllm.engine.tp_workers import torchrun_worker
     from minivllm.server.main import serve
 
+    if args.tensor_parallel_size > 1 and torchrun_worker():  # a rank above 0 serves steps, not HTTP
+        build_engine(args)  # returns only by SystemExit, once rank 0 closes
+    if args.data_parallel_size > 1:
+        return serve(args, replicas_builder(args))
     return serve(args, lambda: build_engine(args))
+
+
+def replicas_builder(args: argparse.Namespace):
+    """What launches the engine replicas on Ray (in the server's loading thread). Ray is joined here,
+    on the main thread before the server starts: without Ray, the error says how to install it."""
+    from minivllm.engine.api import ReplicaSet, connect_ray
+
+    connect_ray(args.ray_address, args.data_parallel_size)
+    size, address, routing = args.data_parallel_size, args.ray_address, args.routing
+    return lambda: ReplicaSet.launch(size, lambda: build_engine(args), address, routing)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -139,6 +154,24 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["last", "mean"],
         help="/v1/embeddings: the last token's final hidden state (vLLM's default for decoder models) "
         "or the mean over all tokens",
+    )
+    p.add_argument(
+        "--data-parallel-size",
+        type=at_least_one,
+        default=1,
+        help="engine replicas, each a Ray actor with its own model and KV pool; requests go to the replica "
+        "holding their prompt's prefix (needs `pip install 'minivllm[ray]'`)",
+    )
+    p.add_argument(
+        "--ray-address",
+        default=None,
+        help="join this Ray cluster (`auto`: the one `ray start` runs here) instead of starting a local one",
+    )
+    p.add_argument(
+        "--routing",
+        default="prefix",
+        choices=["prefix", "round_robin"],
+        help="how requests are spread over replicas: by cached prefix (least loaded without one), or in turn",
     )
     add_model_args(p)
     p.set_defaults(func=cmd_serve)

@@ -47,6 +47,13 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         help="run every step eagerly: no torch.compile of decode steps (which needs a C++ compiler "
         "and compiles for seconds at start-up, cached under $MINIVLLM_CACHE_DIR or ~/.cache/minivllm)",
     )
+    e.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        help="split the model over N ranks (processes; gloo on CPU, NCCL on CUDA); started here, or joined "
+        "under torchrun across machines. --threads is then per rank (default 1)",
+    )
     e.add_argument("--kv-cache-memory", default="512MiB", help="KV pool size, e.g. 2GiB (ignored with --num-blocks)")
     e.add_argument(
         "--kv-cache-dtype",
@@ -128,6 +135,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         kv_offload_size=getattr(args, "kv_offload_size", "4GiB"),
         kv_window=getattr(args, "kv_window", None),
         kv_sinks=getattr(args, "kv_sinks", 4),
+        tensor_parallel_size=getattr(args, "tensor_parallel_size", 1),
     )
 
 

@@ -22,6 +22,10 @@ def run_bench(args) -> int:
 
         find_llamacpp_bench()  # fail before loading the model when llama.cpp is not built
         return bench_llamacpp(build_engine(args), args)
+    if args.kind == "throughput" and getattr(args, "tensor_parallel_size", 1) > 1:  # N ranks against 1 process
+        from minivllm.bench.tensor_parallel import bench_tp
+
+        return bench_tp(args)
     engine = build_engine(args)
     if args.kind == "single":
         from minivllm.bench.single import bench_single

@@ -1,4 +1,4 @@
-"""Llama GGUF files of named public shapes with random weights, for speed comparisons on the models users
+"""Llama and Qwen2 GGUF files of named public shapes with random weights, for speed comparisons on the models users
 bring (no model can be downloaded here). F16 weights, the embedded model's tokenizer (and so its 49,152-token
 vocabulary, not the original's) and chat template; `quantized` turns one into any type llama.cpp's
 `llama-quantize` writes. Random weights: the speed and memory are a real model's, the text is not.
@@ -28,13 +28,16 @@ class LlamaShape:
     tied_embeddings: bool
     context: int = 2048
     rms_eps: float = 1e-5
+    arch: str = "llama"  # the GGUF architecture: llama, or qwen2 (a Q|K|V bias)
 
 
 SHAPES = {  # the published configs' shapes (rope scaling left out: it does not change the speed)
     "tinyllama-1.1b": LlamaShape(2048, 5632, 22, 32, 4, 10000.0, tied_embeddings=False),
     "llama-3.2-1b": LlamaShape(2048, 8192, 16, 32, 8, 500000.0, tied_embeddings=True),
     "llama-3.2-3b": LlamaShape(3072, 8192, 28, 24, 8, 500000.0, tied_embeddings=True),
+    "qwen2.5-1.5b": LlamaShape(1536, 8960, 28, 12, 2, 1000000.0, tied_embeddings=True, rms_eps=1e-6, arch="qwen2"),
     "tiny": LlamaShape(64, 128, 2, 4, 2, 10000.0, tied_embeddings=False),  # seconds to write: for tests
+    "tiny-qwen2": LlamaShape(64, 128, 2, 4, 2, 10000.0, tied_embeddings=True, arch="qwen2"),
 }
 WEIGHT_STD = 0.02  # HF's initializer range: activations stay in a trained model's range through the layers
 
@@ -50,6 +53,7 @@ def _tensor_shapes(shape: LlamaShape, vocab: int) -> list[tuple[str, tuple[int, 
             (f"blk.{i}.attn_q.weight", (shape.hidden, shape.hidden)),
             (f"blk.{i}.attn_k.weight", (kv, shape.hidden)),
             (f"blk.{i}.attn_v.weight", (kv, shape.hidden)),
+            *_biases(shape, i, kv),
             (f"blk.{i}.attn_output.weight", (shape.hidden, shape.hidden)),
             (f"blk.{i}.ffn_norm.weight", (shape.hidden,)),
             (f"blk.{i}.ffn_gate.weight", (shape.intermediate, shape.hidden)),
@@ -60,6 +64,13 @@ def _tensor_shapes(shape: LlamaShape, vocab: int) -> list[tuple[str, tuple[int, 
     if not shape.tied_embeddings:
         tensors.append(("output.weight", (vocab, shape.hidden)))
     return tensors
+
+
+def _biases(shape: LlamaShape, layer: int, kv: int) -> list[tuple[str, tuple[int, ...]]]:
+    """Qwen2's Q, K and V biases (llama.cpp requires them for the architecture); none for Llama."""
+    if shape.arch != "qwen2":
+        return []
+    return [(f"blk.{layer}.attn_{p}.bias", (n,)) for p, n in (("q", shape.hidden), ("k", kv), ("v", kv))]
 
 
 def _add_metadata(writer, shape: LlamaShape, name: str, tokenizer_gguf: Path) -> int:
@@ -96,7 +107,7 @@ def add_tokenizer_fields(writer, source: Path) -> int:
 
 
 def write_random_gguf(name: str, path: Path, seed: int = 0, tokenizer_gguf: Path | None = None) -> Path:
-    """A Llama GGUF of shape SHAPES[name] with random F16 weights (unit norms), written one tensor at a
+    """A GGUF of shape SHAPES[name] with random F16 weights (unit norms, F32 biases), written one tensor at a
     time: memory stays at one tensor, not the file."""
     from gguf import GGUFWriter
 
@@ -106,7 +117,7 @@ def write_random_gguf(name: str, path: Path, seed: int = 0, tokenizer_gguf: Path
     tokenizer_gguf = tokenizer_gguf or embedded_model_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".partial")
-    writer = GGUFWriter(str(partial), "llama")
+    writer = GGUFWriter(str(partial), shape.arch)
     tensors = _tensor_shapes(shape, _add_metadata(writer, shape, name, tokenizer_gguf))
     for tensor_name, dims in tensors:
         dtype = np.float32 if len(dims) == 1 else np.float16  # norms in F32, as llama.cpp's converter writes
@@ -117,8 +128,10 @@ def write_random_gguf(name: str, path: Path, seed: int = 0, tokenizer_gguf: Path
     rng = np.random.default_rng(seed)
     total = sum(int(np.prod(d)) for _, d in tensors)
     done = 0
-    for i, (_, dims) in enumerate(tensors):
-        if len(dims) == 1:
+    for i, (tensor_name, dims) in enumerate(tensors):
+        if tensor_name.endswith(".bias"):
+            data = rng.standard_normal(dims, dtype=np.float32) * WEIGHT_STD
+        elif len(dims) == 1:
             data = np.ones(dims, dtype=np.float32)
         else:
             data = (rng.standard_normal(dims, dtype=np.float32) * WEIGHT_STD).astype(np.float16)

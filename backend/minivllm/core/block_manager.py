@@ -16,6 +16,10 @@ Sharing is tracked with reference counts:
   pool runs out of uncached free blocks and it gets reused.
 * **Copy-on-write** -- ``fork`` shares every block of a parent with a child; the first write into
   a shared block gives the writer a private copy (``prepare_write``).
+* **Attention windows** -- under a model's sliding-window attention (Mistral) a block whose tokens all
+  left the window of the sequence's next query is released (``free_window``): its slot in the table
+  becomes ``FREED``, so positions keep their meaning. Released like any other block: a hashed one stays
+  a cached prefix block (its KV depends only on the tokens its hash chains), an unhashed one is plain free.
 
 The free list is two O(1) structures: a stack of uncached free blocks (always reused first, they
 hold nothing of value) and an ``OrderedDict`` of cached free blocks in LRU order (oldest first).
@@ -31,6 +35,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from minivllm.arith import ceil_div
+
+FREED = -1  # a table slot whose block left the sequence's attention window (`free_window`)
 
 BlockEventKind = Literal["allocated", "freed", "released", "evicted", "shared", "cached", "copied", "restored"]
 
@@ -64,7 +70,8 @@ class BlockEvent:
     src_block_ids: list[int] | None = None
     block_hashes: list[int | None] | None = None
     to_disk: bool = False  # evicted with a disk tier on: its data goes to disk ("restored": comes back)
-    dropped: bool = False  # "freed" by a sliding KV window: the blocks left the window (`drop_window`)
+    # "freed" by a window: the blocks left a sliding KV window (`drop_window`) or the attention's (`free_window`)
+    dropped: bool = False
 
 
 class NoFreeBlocksError(RuntimeError):
@@ -134,6 +141,7 @@ class BlockManager:
         # each sequence has dropped; callers speak absolute token counts, its table holds the rest.
         self.sink_blocks = sink_blocks
         self._dropped: dict[int, int] = {}
+        self._window_freed: dict[int, int] = {}  # leading FREED slots of each table (`free_window`)
 
     # ------------------------------------------------------------------ queries
 
@@ -150,7 +158,12 @@ class BlockManager:
         return (self.num_blocks - self.num_free_blocks) / self.num_blocks
 
     def block_table(self, seq_id: int) -> list[int]:
+        """The sequence's table by position: FREED where a block left its attention window."""
         return list(self._tables.get(seq_id, ()))
+
+    def held_blocks(self, seq_id: int) -> list[int]:
+        """The blocks the sequence holds, in table order (what a display shows)."""
+        return [b for b in self._tables.get(seq_id, ()) if b != FREED]
 
     def is_cached(self, block_id: int) -> bool:
         """The block is reachable through the prefix cache (in use or free)."""
@@ -302,10 +315,13 @@ class BlockManager:
             return
         table, bs = self._tables[seq_id], self.block_size
         cacheable = len(table) if self.sink_blocks is None else min(self.sink_blocks, len(table))
+        floor = self._window_freed.get(seq_id, 0)  # FREED slots: their blocks were hashed before they left
         start = end = min(num_computed_tokens // bs, cacheable)
-        while start > 0 and self.blocks[table[start - 1]].block_hash is None:
+        while start > floor and self.blocks[table[start - 1]].block_hash is None:
             start -= 1
-        parent = self.blocks[table[start - 1]].block_hash if start else None
+        if start == floor > 0 and block_hashes is None:
+            return  # the chain's parent left with its block: nothing to hash it from
+        parent = self.blocks[table[start - 1]].block_hash if start > floor else None
         registered: list[int] = []
         for i in range(start, end):
             block = self.blocks[table[i]]
@@ -331,12 +347,16 @@ class BlockManager:
         table = list(self._tables[parent_seq_id])
         if num_tokens is not None:
             table = table[: ceil_div(num_tokens, self.block_size)]
-        for bid in table:
+        held = [bid for bid in table if bid != FREED]
+        for bid in held:
             self._incref(bid)
         self._tables[child_seq_id] = table
         self._owners[child_seq_id] = owner if owner is not None else self._owners[parent_seq_id]
-        if table:
-            self._emit("shared", table, child_seq_id)
+        freed = self._window_freed.get(parent_seq_id, 0)
+        if freed:
+            self._window_freed[child_seq_id] = min(freed, len(table))
+        if held:
+            self._emit("shared", held, child_seq_id)
 
     def free_seq(self, seq_id: int) -> None:
         """Drop the sequence's references. Blocks reaching 0 become free; cached ones stay hittable.
@@ -348,8 +368,23 @@ class BlockManager:
             return
         table = self._tables.pop(seq_id)  # gone before the events: listeners see the table released
         self._dropped.pop(seq_id, None)
-        self._drop_refs(table, seq_id)
+        self._window_freed.pop(seq_id, None)
+        self._drop_refs([bid for bid in table if bid != FREED], seq_id)
         del self._owners[seq_id]
+
+    def free_window(self, seq_id: int, first_visible: int) -> int:
+        """A model's sliding-window attention: release the blocks whose tokens all lie before
+        `first_visible`, the first position the sequence's next query still attends to. Their slots
+        become FREED (positions keep their meaning); returns how many blocks were released."""
+        table, start = self._tables[seq_id], self._window_freed.get(seq_id, 0)
+        end = min(max(first_visible, 0) // self.block_size, len(table))
+        if end <= start:
+            return 0
+        left = table[start:end]
+        table[start:end] = [FREED] * (end - start)
+        self._window_freed[seq_id] = end
+        self._drop_refs(left, seq_id, dropped=True)
+        return end - start
 
     def drop_window(self, seq_id: int, num_blocks: int) -> list[int]:
         """A sliding KV window: free the sequence's `num_blocks` oldest blocks after its sinks and compact its
@@ -443,6 +478,8 @@ class BlockManager:
         ref_counts = [self.blocks[b].ref_count for b in block_ids]
         owner = self._owners.get(seq_id) if seq_id is not None else None
         table = self._tables.get(seq_id) if seq_id is not None else None
+        if table is not None and self._window_freed.get(seq_id):
+            table = [b for b in table if b != FREED]  # the blocks it holds: a display has no use for FREED slots
         self._events.append(
             BlockEvent(
                 kind,
@@ -471,13 +508,16 @@ class BlockManager:
             }
             for b in self.blocks
         ]
-        tables = {sid: list(t) for sid, t in self._tables.items()}
+        tables = {sid: self.held_blocks(sid) for sid in self._tables}
         return {"blocks": blocks, "tables": tables, "free_cached_lru": list(self._free_cached)}
 
     def check_invariants(self) -> None:
         """Raise AssertionError describing the first broken invariant (O(total state))."""
         counts = [0] * self.num_blocks
-        for sid, table in self._tables.items():
+        for sid, full in self._tables.items():
+            freed = self._window_freed.get(sid, 0)
+            assert all(b == FREED for b in full[:freed]), f"seq {sid}: a block before its window start in {full}"
+            table = full[freed:]
             assert len(set(table)) == len(table), f"seq {sid}: block listed twice in {table}"
             for bid in table:
                 assert 0 <= bid < self.num_blocks, f"seq {sid}: invalid block id {bid}"
@@ -506,3 +546,4 @@ class BlockManager:
         assert self.num_free_blocks + used == self.num_blocks, "free + used != num_blocks"
         assert self._owners.keys() == self._tables.keys(), "owners and tables disagree"
         assert self._dropped.keys() <= self._tables.keys(), "a dropped offset outlived its sequence"
+        assert self._window_freed.keys() <= self._tables.keys(), "a window start outlived its sequence"

@@ -42,6 +42,9 @@ class SchedulerConfig:
     static_batching: bool = False
     recompute_kv: bool = False
     kv_window: KVWindow | None = None  # StreamingLLM's sinks + sliding window (core/kv_window.py); None: off
+    # the model's sliding-window attention (Mistral): blocks wholly before every running sequence's next
+    # window are freed after each step (BlockManager.free_window); None: full attention
+    attention_window: int | None = None
 
 
 @dataclass(frozen=True)
@@ -194,6 +197,8 @@ class Scheduler:
                     min(seq.num_computed, seq.num_tokens),
                     seq.block_hashes(self.bm.block_size),
                 )
+            if self.config.attention_window is not None:  # hashed first: a freed block stays a cached prefix
+                self.bm.free_window(seq.seq_id, seq.num_computed - self.config.attention_window + 1)
 
     # ---- one step -----------------------------------------------------------------------------
 
@@ -301,7 +306,7 @@ class Scheduler:
             self._resume_blocks(request, progress)
             if progress.refork_at is not None
             else self._blocks_needed(request, chunks, progress)
-        ) + self._free_cached(cached)
+        ) + self._free_cached(cached[self._window_start(min(progress.computed)) :])
         if not any(chunks) or needed > self.bm.num_free_blocks:
             return (
                 f"out of KV blocks: needs {needed}, {self.bm.num_free_blocks} free"
@@ -309,6 +314,8 @@ class Scheduler:
                 else "token budget used up"
             )
         leader.num_computed = self.bm.allocate_seq(leader.seq_id, request.request_id, leader.token_ids, cached)
+        if self.config.attention_window is not None:  # cached blocks before every sequence's window go back
+            self.bm.free_window(leader.seq_id, self._window_start(min(progress.computed)) * self.bm.block_size)
         if len(request.seqs) > 1 and progress.refork_at is None:
             self._fork_followers(request, progress.computed[1])
         request.refork_at = progress.refork_at
@@ -392,6 +399,11 @@ class Scheduler:
             return max(0, ceil_div(computed + chunk, self.bm.block_size) - have)
         needed = self.bm.blocks_needed(seq.seq_id, computed + chunk)
         return needed + int(chunk > 0 and self.bm.needs_copy_on_write(seq.seq_id, computed))
+
+    def _window_start(self, computed: int) -> int:
+        """The first block a sequence with `computed` tokens still attends to (0 without a window)."""
+        window = self.config.attention_window
+        return 0 if window is None else max(0, computed - window + 1) // self.bm.block_size
 
     def _free_cached(self, block_ids: list[int]) -> int:
         """Cached blocks that are free count against the free pool when reattached."""

@@ -10,6 +10,7 @@ from minivllm.engine.async_engine import AsyncEngine
 from minivllm.engine.config import EngineConfig, parse_memory
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.engine.outputs import CompletionOutput, OutputAccumulator, PoolingRequestOutput, RequestOutput
+from minivllm.engine.replica_set import ReplicaSet, ReplicaStatus, connect_ray
 from minivllm.engine.telemetry import EngineStats
 from minivllm.errors import EngineBusyError, EngineDeadError, RequestFailedError, RequestRejectedError
 from minivllm.quant.policy import QuantConfig
@@ -34,4 +35,7 @@ __all__ = [
     "check_schema_depth",
     "parse_memory",
     "QuantConfig",
+    "ReplicaSet",
+    "ReplicaStatus",
+    "connect_ray",
 ]

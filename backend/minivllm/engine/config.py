@@ -72,6 +72,7 @@ class EngineConfig:
     # in the KV cache, so a conversation of any length runs in flat memory; None: full attention
     kv_window: int | None = None
     kv_sinks: int = 4
+    tensor_parallel_size: int = 1  # ranks the model is split over (engine/tp_workers.py)
 
     @property
     def window(self) -> KVWindow | None:
@@ -144,6 +145,12 @@ class EngineConfig:
                 f"max_position_embeddings {model.max_position_embeddings}"
             )
         self.check_window_positions(model)
+        if self.kv_window is not None and model.attention_window is not None:
+            raise ConfigError(
+                f"kv_window cannot be combined with the model's own sliding-window attention "
+                f"({model.attention_window} tokens), which mini-vllm serves exactly",
+                "kv_window",
+            )
         return self.max_model_len or limit
 
     def kv_dtype(self, auto_dtype: torch.dtype) -> torch.dtype:
@@ -184,7 +191,7 @@ class EngineConfig:
     def validate(self, speculative=None) -> None:
         """Raises ConfigError naming the first setting that can never work (`speculative`: the engine's
         speculative decoding setup, which a KV window refuses)."""
-        for name in ("block_size", "num_blocks", "max_num_batched_tokens", "max_num_seqs"):
+        for name in ("block_size", "num_blocks", "max_num_batched_tokens", "max_num_seqs", "tensor_parallel_size"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"{name} must be >= 1, got {value}", name)

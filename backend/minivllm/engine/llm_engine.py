@@ -61,8 +61,7 @@ class LLMEngine:
     ):
         """`speculative`: speculative decoding's setup (None: off); `draft`: its draft model."""
         config = config or EngineConfig()
-        self.loaded = loaded
-        self.speculative, self.draft, self.tokenizer = speculative, draft, loaded.tokenizer
+        self.loaded, self.speculative, self.draft, self.tokenizer = loaded, speculative, draft, loaded.tokenizer
         self.bus = bus or EventBus()
         self.telemetry = Telemetry(self.bus, config.metrics_interval_s, loaded)
         self.tracker = RequestTracker(self.telemetry, loaded.tokenizer, loaded.device)
@@ -108,9 +107,10 @@ class LLMEngine:
             static_batching=config.static_batching,
             recompute_kv=config.recompute_kv,
             kv_window=config.window,
+            attention_window=cfg.attention_window,
         )
         self.scheduler = Scheduler(sched_cfg, self.block_manager, self.telemetry.set_status)
-        self.runner = ModelRunner(self.loaded.model, self.kv_cache).warmed_up(
+        self.runner = ModelRunner.for_model(self.loaded.model, self.kv_cache).warmed_up(
             config.max_num_seqs, self.max_model_len, graph_rows=config.max_single_token_rows(self.speculative)
         )
         self.speculator = (
@@ -137,6 +137,7 @@ class LLMEngine:
             config.max_stop_chars,
             chunked_prefill=config.enable_chunked_prefill,
             kv_window=config.window.max_cache_tokens(config.max_num_batched_tokens) if config.window else 0,
+            attention_window=cfg.attention_window or 0,
         )
         release_free_heap()  # loading's and warm-up's temporaries: ~300 MiB of RSS otherwise
 
@@ -153,7 +154,7 @@ class LLMEngine:
         )
         if self.has_unfinished_requests():
             raise EngineBusyError("the engine configuration can only change while no request runs")
-        self.close()  # the disk tier keeps what the old pool cached
+        self.disk_tier.flush()  # the disk tier keeps what the old pool cached
         self.kv_cache = self.runner = self.speculator = None  # all hold the old pool (and graphs): free it first
         try:
             self._build(new)
@@ -179,6 +180,7 @@ class LLMEngine:
             kv_offload_bytes=self.config.kv_offload_bytes,
             kv_window=self.config.kv_window or 0,
             kv_sinks=self.config.kv_sinks if self.config.kv_window else 0,
+            attention_window=self.loaded.config.attention_window or 0,
             quantization=quant.mode,
             weight_bytes=quant.weight_bytes,
             weight_fp32_bytes=quant.fp32_bytes,
@@ -290,6 +292,7 @@ class LLMEngine:
     def close(self) -> None:
         # what the prefix cache holds goes to the disk tier, if there is one: a restart reuses it
         self.disk_tier.flush()
+        self.runner.close()  # tensor-parallel workers exit
 
     def execute(self, sched: SchedulerOutput) -> torch.Tensor:
         """Run the plan's tokens through the model: logits rows in `sched.sampled()` order."""

@@ -4,7 +4,8 @@ requests the final hidden states of their rows).
 The runner knows nothing about requests or scheduling: it sees sequences as (new tokens, how many
 tokens are already cached, block table) and lays single-token rows first (they take the paged
 decode-attention path), then multi-token chunks (prefill attention over the cached prefix). The
-split is by token count, not by a request's phase: a prefill may end with a one-token chunk.
+split is by token count, not by a request's phase: a prefill may end with a one-token chunk. A
+table's FREED slots (blocks that left a sliding window) go to the model as block 0: never attended.
 """
 
 from __future__ import annotations
@@ -40,6 +41,13 @@ class ModelRunner:
         self.device = next(model.parameters()).device
         self.dtype = model.norm.weight.dtype  # the activations' dtype (quantized layers keep floats around them)
         self.graphs: DecodeGraphs | None = None  # CUDA: decode steps replayed from graphs (warmed_up)
+        self.window = getattr(model.config, "attention_window", None)  # sliding-window attention (Mistral)
+
+    @staticmethod
+    def for_model(model: LlamaModel, kv_cache: KVCache) -> ModelRunner:
+        """The runner the model asks for: a tensor-parallel rank 0's sends each call to its workers first
+        (`model.runner_class`, set by engine/tp_workers.py)."""
+        return getattr(model, "runner_class", ModelRunner)(model, kv_cache)
 
     def warmed_up(self, max_rows: int, max_model_len: int, graph_rows: int | None = None) -> ModelRunner:
         """Compile every decode graph a step of up to `max_rows` sequences can need, now (with
@@ -61,6 +69,9 @@ class ModelRunner:
             return self._captured(graph_rows or max_rows, max_model_len)
         progress(f"decode steps: {self.model.compilation()}")
         return self
+
+    def close(self) -> None:
+        """Nothing to release here; a tensor-parallel runner stops its workers (engine/tp_workers.py)."""
 
     def _compile_decode(self, compiled, max_rows: int, max_model_len: int) -> None:
         for pool in (*self.kv_cache.k, *self.kv_cache.v):  # a rebuilt pool of another size: no new graph
@@ -198,7 +209,8 @@ class ModelRunner:
             prefills=self._prefill_chunks(chunks, offset=len(single)),
             block_size=self.block_size,
             dtype=self.dtype,
-            decode_mask_read=not reads_pool_directly(self.kv_cache.k[0], len(single), self.dtype),
+            decode_mask_read=not reads_pool_directly(self.kv_cache.k[0], len(single), self.dtype, self.window),
+            window=self.window,
         )
 
     def _slot(self, table: list[int], position: int) -> int:
@@ -211,13 +223,17 @@ class ModelRunner:
         # 1 would need a compiled graph of its own per row range
         width = max(2, *(len(w.blocks_in_use(self.block_size)) for w in works))
         rows = [w.block_table[:width] + [0] * (width - min(width, len(w.block_table))) for w in works]
-        return torch.tensor(rows, dtype=torch.long, device=self.device)
+        return self._no_freed(torch.tensor(rows, dtype=torch.long, device=self.device))
 
     def _prefill_chunks(self, prefills: list[SeqWork], offset: int) -> list[PrefillChunk]:
         chunks, start = [], offset
         for w in prefills:
             end = start + len(w.token_ids)
-            table = torch.tensor(w.blocks_in_use(self.block_size), dtype=torch.long, device=self.device)
+            table = self._no_freed(torch.tensor(w.blocks_in_use(self.block_size), dtype=torch.long, device=self.device))
             chunks.append(PrefillChunk(start, end, w.num_computed, table))
             start = end
         return chunks
+
+    def _no_freed(self, table: torch.Tensor) -> torch.Tensor:
+        """FREED slots (-1) as block 0: attention never reads keys before its window (model/attention.py)."""
+        return table.clamp_(min=0) if self.window is not None else table

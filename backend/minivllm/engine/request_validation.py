@@ -26,6 +26,8 @@ class RequestLimits:
     # a sliding KV window (core/kv_window.py): the most tokens a sequence's cache holds (0: no window). A
     # request may then run past max_model_len; max_tokens defaults to max_model_len new tokens.
     kv_window: int = 0
+    # the model's sliding-window attention (Mistral): a sequence holds only its window's blocks (0: none)
+    attention_window: int = 0
 
 
 def validate_request(ids: list[int], params: SamplingParams, limits: RequestLimits) -> int:
@@ -124,9 +126,12 @@ def _check_fits_pool(prompt_len: int, max_tokens: int, params: SamplingParams, c
             "n",
         )
     # the prompt is shared; each sequence needs its own copy of the last partial block onwards
-    needed = ceil_div(prompt_len + max_tokens, cfg.block_size) + (width - 1) * (
-        ceil_div(max_tokens, cfg.block_size) + 1
-    )
+    span = prompt_len + max_tokens
+    # one sequence under a model's window holds at once a window, a step's chunk and a partial block (a
+    # resuming fork recomputes its whole shared prefix: not bounded so)
+    if cfg.attention_window and cfg.chunked_prefill and width == 1:
+        span = min(span, cfg.attention_window - 1 + cfg.max_num_batched_tokens + cfg.block_size)
+    needed = ceil_div(span, cfg.block_size) + (width - 1) * (ceil_div(max_tokens, cfg.block_size) + 1)
     if needed > cfg.num_blocks:
         raise RequestRejectedError(
             f"the request needs up to {needed} KV blocks ({prompt_len} prompt tokens + {max_tokens} new tokens "

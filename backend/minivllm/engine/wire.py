@@ -121,7 +121,7 @@ def seq_state(seq: Sequence, bm: BlockManager) -> ev.SeqState:
         num_tokens=seq.num_tokens,
         num_prompt_tokens=seq.num_prompt_tokens,
         num_computed=seq.num_computed,
-        block_table=bm.block_table(seq.seq_id),
+        block_table=bm.held_blocks(seq.seq_id),
         finished=seq.finished,
     )
 

@@ -213,7 +213,7 @@ class BlocksFreed(Event, tag="blocks_freed"):
     ref_counts: list[int]
     whole_table: bool
     table: list[int] | None = None  # the sequence's table after the change, unless whole_table
-    dropped: bool = False  # the blocks left a sliding KV window (--kv-window): freed mid-sequence
+    dropped: bool = False  # the blocks left a sliding KV window (--kv-window) or the model's attention window
 
 
 class BlocksCached(Event, tag="blocks_cached"):
@@ -294,6 +294,7 @@ class EngineInfo(msgspec.Struct):
     kv_offload_bytes: int = 0  # the prefix cache's disk tier, at most this many bytes (--kv-offload-size); 0: none
     kv_window: int = 0  # StreamingLLM's sliding KV window in tokens (--kv-window); 0: full attention
     kv_sinks: int = 0  # attention-sink tokens kept with it (--kv-sinks); 0 without a window
+    attention_window: int = 0  # the model's sliding-window attention in tokens (Mistral): blocks leave it; 0: none
 
 
 class SeqState(msgspec.Struct):
@@ -353,6 +354,42 @@ class Resync(msgspec.Struct, tag_field="type", tag="resync"):
 
 
 WsMessage = Union[Snapshot, EventBatch, Resync]  # noqa: UP007 - as AnyEvent
+
+
+# ---- engine replicas (--data-parallel-size) ----------------------------------------------------
+
+
+class ReplicaState(msgspec.Struct, kw_only=True):
+    """One engine replica as GET /v1/replicas shows it."""
+
+    id: int
+    node: str = ""  # host:pid of the replica's actor
+    alive: bool = True
+    running: int = 0
+    waiting: int = 0
+    routed: int = 0  # requests the router sent here
+    prefix_hit_rate: float = 0.0  # of the prompt blocks routed here, the share the router matched
+    dead_reason: str | None = None
+
+
+class RoutingDecision(msgspec.Struct, kw_only=True):
+    """Where the router sent one request, and why: `prefix` (the replica held the most leading
+    blocks), `least_loaded` (none held any) or `round_robin`."""
+
+    request_id: str
+    replica: int
+    matched_blocks: int = 0
+    prompt_blocks: int = 0
+    reason: Literal["prefix", "least_loaded", "round_robin"] = "least_loaded"
+
+
+class ReplicasState(msgspec.Struct, kw_only=True):
+    """GET /v1/replicas: the replicas and the router's latest decisions (oldest first); no replicas
+    when one engine serves."""
+
+    policy: str = ""
+    replicas: list[ReplicaState] = []
+    decisions: list[RoutingDecision] = []
 
 
 # ---- recordings ------------------------------------------------------------------------------

@@ -250,4 +250,5 @@ def _finish(cfg, tensors, tokenizer, name, source, options: _Options) -> LoadedM
         max_positions=options.max_len or cfg.max_position_embeddings,
         quant=options.quant,
     )
-    return LoadedModel(model, cfg, tokenizer, name, source, options.dtype, options.device, report)
+    # model.config: a tensor-parallel rank's own heads and columns (the KV pool is sized by it)
+    return LoadedModel(model, model.config, tokenizer, name, source, options.dtype, options.device, report)

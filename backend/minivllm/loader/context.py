@@ -1,10 +1,11 @@
 """A sliding-window model's context, capped at its window so that its attention is served exactly.
 
-A query of a sliding-window layer attends to the last `sliding_window` tokens, itself included. In a
-sequence of at most that many tokens that is every token before it: full attention, which the paged
-pool serves. So such a model is loaded with `max_position_embeddings` capped at the window (the
-engine's default max_model_len follows it), and a longer max_model_len asked for is refused: past the
-window the outputs would differ from the model's.
+A query of a sliding-window layer attends to the last `sliding_window` tokens, itself included. A model
+whose every layer has the window (`LlamaConfig.attention_window`: Mistral) is served exactly at any
+length (model/attention.py) and keeps its context. Elsewhere (Gemma's alternating layers, Phi-3, Qwen)
+within the window it is full attention, which the paged pool serves: such a model is loaded with
+`max_position_embeddings` capped at the window (the engine's default max_model_len follows it), and a
+longer max_model_len asked for is refused: past the window the outputs would differ from the model's.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ def fit_sliding_window(cfg: LlamaConfig, max_model_len: int | None) -> LlamaConf
     """`cfg` with its context capped at its sliding window (one line says so), or an UnsupportedModelError
     when `max_model_len` asks for more than the window."""
     window = cfg.sliding_window
-    if window is None or window >= cfg.max_position_embeddings:
-        return cfg  # the window never binds
+    if window is None or window >= cfg.max_position_embeddings or cfg.attention_window is not None:
+        return cfg  # the window never binds, or is served exactly
     if max_model_len is not None and max_model_len > window:
         raise UnsupportedModelError(
             f"model '{cfg.name}' uses sliding-window attention over {window} tokens; mini-vllm serves it "

@@ -9,6 +9,18 @@ from minivllm.model.config import LlamaConfig
 
 # what every Qwen2.5 / Qwen3 shape shares: the tokenizer's vocabulary and ids, the norm's epsilon, the rope base
 _QWEN = dict(vocab_size=151936, rms_norm_eps=1e-6, rope_theta=1000000.0, eos_token_ids=(151645,), bos_token_id=151643)
+# what every Gemma 2 / 3 shape shares: 256-wide heads scaled by 256 ** -0.5, GeGLU, scaled embeddings, sandwich norms
+_GEMMA = dict(
+    head_dim=256,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+    eos_token_ids=(1, 107),
+    bos_token_id=2,
+    hidden_act="gelu_tanh",
+    embed_scale=True,
+    sandwich_norms=True,
+    attn_scale=256**-0.5,
+)
 
 SHAPES: dict[str, dict] = {
     # vocab of the embedded tokenizer, so a tiny model can serve real text in tests
@@ -38,6 +50,20 @@ SHAPES: dict[str, dict] = {
         eos_token_ids=(2,),
         bos_token_id=1,
         rope_theta=100000.0,
+    ),
+    # GPT-2-small-sized, heads and columns that split by 2, 3 and 4 (`bench throughput --tensor-parallel-size`)
+    "llama-125m": dict(
+        vocab_size=49152,
+        hidden_size=768,
+        intermediate_size=2304,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        num_key_value_heads=4,
+        head_dim=64,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+        eos_token_ids=(2,),
+        bos_token_id=1,
     ),
     "tinyllama-1.1b": dict(
         vocab_size=32000,
@@ -89,6 +115,50 @@ SHAPES: dict[str, dict] = {
         tie_word_embeddings=True,
         family="qwen3",
         qk_norm=True,
+    ),
+    "qwen3-1.7b": dict(
+        **_QWEN,
+        hidden_size=2048,
+        intermediate_size=6144,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=40960,
+        tie_word_embeddings=True,
+        family="qwen3",
+        qk_norm=True,
+    ),
+    # Gemma's pieces (model/families.py); the loader caps the context at the sliding window
+    "gemma-2-2b": dict(
+        **_GEMMA,
+        vocab_size=256000,
+        hidden_size=2304,
+        intermediate_size=9216,
+        num_hidden_layers=26,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        max_position_embeddings=8192,
+        sliding_window=4096,
+        family="gemma2",
+        attn_softcap=50.0,
+        final_softcap=30.0,
+    ),
+    "gemma-3-1b": dict(
+        **_GEMMA,
+        vocab_size=262144,
+        hidden_size=1152,
+        intermediate_size=6912,
+        num_hidden_layers=26,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        max_position_embeddings=32768,
+        sliding_window=512,
+        rope_theta=1000000.0,
+        family="gemma3_text",
+        qk_norm=True,
+        local_rope_theta=10000.0,
+        local_layers=tuple(i for i in range(26) if i % 6 != 5),  # five local layers to one global
     ),
     # Qwen3-30B-A3B's layers (128 experts of 768, 8 a token) at 2 of its 48: its MoE decode work at a size a
     # 24 GiB box loads (drawn in fp32: ~14 GB resident at peak; 1.3 GiB once in int4, `--quantization int4`)
@@ -147,6 +217,8 @@ def _hf_shapes(cfg: LlamaConfig):
         "down_proj": (h, i),
         "input_layernorm": (h,),
         "post_attention_layernorm": (h,),
+        "pre_feedforward_layernorm": (h,),
+        "post_feedforward_layernorm": (h,),
         "q_norm": (d,),
         "k_norm": (d,),
     }

@@ -16,6 +16,7 @@ from minivllm.loader.install_quantized import (
     stored_bytes,
     weight_tensors,
 )
+from minivllm.model import tensor_parallel
 from minivllm.model.config import LlamaConfig
 from minivllm.model.families import FAMILIES
 from minivllm.model.llama import LlamaModel
@@ -184,13 +185,15 @@ def build_model(
     """The model, with each weight in the precision `quant` decides, and a report of that. The model's
     tensors are taken out of `hf_tensors` (it is left holding only what the model does not use)."""
     device = torch.device(device)
-    with torch.device("meta"):
-        model = LlamaModel(cfg, max_positions)
+    tp = tensor_parallel.current()  # a tensor-parallel rank builds its slice (model/tensor_parallel.py)
+    model = _skeleton(cfg, max_positions, tp)
     state = fused_state_dict(cfg, hf_tensors)
     if cfg.tie_word_embeddings:
         del state["lm_head.weight"]  # the embedding serves as the head
     requantized_note = compounded_rounding_note(state, quant)
     state = apply_policy(state, quant, dtype)
+    if tp is not None:
+        state = tensor_parallel.shard_state(state, cfg, tp, dtype)
     _check_shapes(model, state)
     floats = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
     quantized = {k: v for k, v in state.items() if not isinstance(v, torch.Tensor)}
@@ -213,7 +216,22 @@ def build_model(
     )
     if device.type == "cpu" and os.environ.get(NO_HUGE_PAGES_ENV) != "1":
         report.huge_page_bytes = move_to_huge_pages(weight_tensors(model))
+    if tp is not None:
+        tensor_parallel.install_collectives(model, tp)
     return model, report
+
+
+def _skeleton(cfg: LlamaConfig, max_positions: int | None, tp) -> LlamaModel:
+    """The model on the meta device; a tensor-parallel rank's with its heads, columns and vocabulary rows
+    (its config keeps the whole vocabulary: the logits are gathered)."""
+    if tp is None:
+        with torch.device("meta"):
+            return LlamaModel(cfg, max_positions)
+    rank_cfg = tensor_parallel.shard_config(cfg, tp.world)
+    with torch.device("meta"):
+        model = LlamaModel(tensor_parallel.local_vocab_config(rank_cfg, tp), max_positions)
+    model.config = rank_cfg
+    return model
 
 
 def _check_shapes(model: LlamaModel, state: Mapping[str, torch.Tensor | QuantizedWeight]) -> None:

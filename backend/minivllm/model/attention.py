@@ -11,6 +11,12 @@ prefill chunk is one SDPA call.
 The pool may hold K/V in a narrower dtype than the activations (`--kv-cache-dtype`): values are
 rounded once when written and widened when read; int8 / fp8 pools hold a scale per token and head
 (model/kv_quant.py), and every reader dequantizes.
+
+Sliding-window attention (`AttentionMetadata.window`, Mistral): the query at position p attends to keys
+in (p - window, p]. The masks say so, a prefill chunk gathers from the block its first query's window
+starts in, and the native kernel starts each sequence there; a block table's slots before that are
+FREED (core/block_manager.py) and read as block 0, always masked. Triton does not take a window: such
+a pool's decode attention gathers (`reads_pool_directly`).
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ class PrefillChunk:
     num_computed: int  # tokens of this sequence already in the cache before this chunk
     block_table: torch.Tensor  # [num_blocks_of_seq] long
     mask: torch.Tensor | None = None  # [new, context] causal mask over prefix + chunk (None: plain causal)
+    key_start: int = 0  # the first key position it reads (a block's first, before the chunk's first window)
 
     @property
     def context_len(self) -> int:
@@ -57,31 +64,44 @@ class AttentionMetadata:
     block_size: int = 16  # of the pool, for the decode mask's width
     dtype: torch.dtype = torch.float32  # the model's activations: the decode mask's dtype
     decode_mask_read: bool = True  # False where a kernel reads the pool (it bounds by length): reads_pool_directly
+    window: int | None = None  # sliding-window attention over this many keys (the query's own included)
 
     def __post_init__(self) -> None:
         """Masks are built once per step here, not lazily in the first layer: the forward pass then
         only reads tensors (nothing for a compiled graph to branch on)."""
         if self.decode_block_tables is not None and self.decode_mask is None and self.decode_mask_read:
             width = self.decode_block_tables.shape[1] * self.block_size
-            self.decode_mask = decode_context_mask(self.decode_context_lens, width, self.dtype)
+            self.decode_mask = decode_context_mask(self.decode_context_lens, width, self.dtype, self.window)
         for chunk in self.prefills:
+            if self.window is not None:
+                chunk.key_start = max(0, chunk.num_computed - self.window + 1) // self.block_size * self.block_size
+                if chunk.context_len > self.window and chunk.mask is None:
+                    chunk.mask = _prefix_causal_mask(chunk, self.window)
             if chunk.num_computed and chunk.mask is None:
                 chunk.mask = _prefix_causal_mask(chunk)
 
 
-def decode_context_mask(context_lens: torch.Tensor, max_len: int, dtype: torch.dtype) -> torch.Tensor:
-    """Additive mask [B, 1, 1, max_len]: 0 inside each context, -inf past it. A float mask, not a
-    boolean one: SDPA would convert a boolean mask again in every layer."""
-    span = torch.arange(max_len, device=context_lens.device)
-    outside = (span[None, :] >= context_lens[:, None])[:, None, None, :]
+def decode_context_mask(
+    context_lens: torch.Tensor, max_len: int, dtype: torch.dtype, window: int | None = None
+) -> torch.Tensor:
+    """Additive mask [B, 1, 1, max_len]: 0 inside each context (its last `window` positions under a
+    sliding window), -inf elsewhere. A float mask, not a boolean one: SDPA would convert a boolean mask
+    again in every layer."""
+    span = torch.arange(max_len, device=context_lens.device)[None, :]
+    outside = span >= context_lens[:, None]
+    if window is not None:
+        outside |= span < context_lens[:, None] - window
+    outside = outside[:, None, None, :]
     return torch.zeros(outside.shape, dtype=dtype, device=context_lens.device).masked_fill_(outside, float("-inf"))
 
 
-def _prefix_causal_mask(chunk: PrefillChunk) -> torch.Tensor:
+def _prefix_causal_mask(chunk: PrefillChunk, window: int | None = None) -> torch.Tensor:
+    """[new, context - key_start] bool: the keys each query of the chunk sees, from `key_start` on."""
     device = chunk.block_table.device
-    key_pos = torch.arange(chunk.context_len, device=device)
-    query_pos = torch.arange(chunk.num_computed, chunk.context_len, device=device)
-    return key_pos[None, :] <= query_pos[:, None]
+    key_pos = torch.arange(chunk.key_start, chunk.context_len, device=device)[None, :]
+    query_pos = torch.arange(chunk.num_computed, chunk.context_len, device=device)[:, None]
+    visible = key_pos <= query_pos
+    return visible if window is None else visible & (key_pos > query_pos - window)
 
 
 def untouched_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
@@ -169,18 +189,19 @@ def decode_attention(
     context_lens: torch.Tensor,
     mask: torch.Tensor,
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
     """q: [B, heads, head_dim], one query per sequence -> [B, heads, head_dim]. `context_lens` [B]
-    (the new token included) bound what the native and Triton kernels read; `mask` [B, 1, 1, L] is
-    the same bound as an additive mask (-inf past each context) for the portable path (None where a
-    kernel reads the pool: `reads_pool_directly`). A quantized pool holds rotated rows (kv_quant.py): a
-    kernel reading it takes rotated queries and gives the rotated output."""
-    if not reads_pool_directly(k_pool, q.shape[0], q.dtype):
+    (the new token included) bound what the native and Triton kernels read, `window` where they start;
+    `mask` [B, 1, 1, L] is the same bound as an additive mask (-inf outside each context) for the
+    portable path (None where a kernel reads the pool: `reads_pool_directly`). A quantized pool holds
+    rotated rows (kv_quant.py): a kernel reading it takes rotated queries and gives the rotated output."""
+    if not reads_pool_directly(k_pool, q.shape[0], q.dtype, window):
         return gathered_decode_attention(q, k_pool, v_pool, block_tables, mask, scale)
     if is_quantized(k_pool.dtype):
-        out = kernel_decode_attention(rotate(q), k_pool, v_pool, block_tables, context_lens, scale)
+        out = kernel_decode_attention(rotate(q), k_pool, v_pool, block_tables, context_lens, scale, window)
         return rotate(out).to(q.dtype)
-    return kernel_decode_attention(q, k_pool, v_pool, block_tables, context_lens, scale)
+    return kernel_decode_attention(q, k_pool, v_pool, block_tables, context_lens, scale, window)
 
 
 def kernel_decode_attention(
@@ -190,9 +211,15 @@ def kernel_decode_attention(
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """The native kernel on a CPU, else the Triton kernel (where `reads_pool_directly`)."""
+    """The native kernel on a CPU, else the Triton kernel (where `reads_pool_directly`; no window)."""
     if reads_pool_natively(k_pool):
+        if window is not None:  # each sequence read from its window's first block
+            out = torch.ops.minivllm_native.paged_decode_attention_window(
+                q.float(), k_pool, v_pool, block_tables, context_lens, scale, window
+            )
+            return out.to(q.dtype)
         out = torch.ops.minivllm_native.paged_decode_attention(  # q: a strided view, read as it is
             q.float(), k_pool, v_pool, block_tables, context_lens, scale
         )
@@ -200,11 +227,11 @@ def kernel_decode_attention(
     return torch.ops.minivllm_triton.paged_decode_attention(q, k_pool, v_pool, block_tables, context_lens, scale)
 
 
-def reads_pool_directly(k_pool: torch.Tensor, rows: int, dtype: torch.dtype) -> bool:
+def reads_pool_directly(k_pool: torch.Tensor, rows: int, dtype: torch.dtype, window: int | None = None) -> bool:
     """Whether a kernel reads this pool through the block tables, bounded by the context lengths, for
     `rows` decoding sequences of `dtype` activations: then their step needs no decode mask
-    (`AttentionMetadata.decode_mask_read`)."""
-    return reads_pool_natively(k_pool) or triton_serves(k_pool, rows, dtype)
+    (`AttentionMetadata.decode_mask_read`). The Triton kernel takes no sliding window."""
+    return reads_pool_natively(k_pool) or (window is None and triton_serves(k_pool, rows, dtype))
 
 
 def triton_serves(k_pool: torch.Tensor, rows: int, dtype: torch.dtype) -> bool:
@@ -334,10 +361,9 @@ def prefill_attention(
     prefix (read through the block table) plus the chunk itself."""
     n = q.shape[0]
     if chunk.num_computed == 0:
-        keys, values, mask, causal = k, v, None, True
+        keys, values, mask, causal = k, v, chunk.mask, chunk.mask is None
     else:
-        keys = gather_kv(k_pool, chunk.block_table, q.dtype)[: chunk.context_len]
-        values = gather_kv(v_pool, chunk.block_table, q.dtype)[: chunk.context_len]
+        keys, values = chunk_context(k_pool, v_pool, chunk, q.dtype)
         mask, causal = chunk.mask, False
     # [1, heads, n, D]: with a batch dimension torch runs its CPU flash kernel; 3-D inputs fell back to
     # the math path, which builds the whole score matrix (3.5-5.5x slower: 2,000 tokens, 203 vs 37 ms a layer)
@@ -351,6 +377,15 @@ def prefill_attention(
         enable_gqa=True,
     )[0]
     return out.transpose(0, 1).reshape(n, -1)
+
+
+def chunk_context(
+    k_pool: torch.Tensor, v_pool: torch.Tensor, chunk: PrefillChunk, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A chunk's keys and values from the pool: positions [key_start, context_len)."""
+    table = chunk.block_table[chunk.key_start // k_pool.shape[1] :]
+    span = chunk.context_len - chunk.key_start
+    return gather_kv(k_pool, table, dtype)[:span], gather_kv(v_pool, table, dtype)[:span]
 
 
 def paged_attention(
@@ -370,14 +405,21 @@ def paged_attention(
         return softcapped_attention(q, k, v, k_pool, v_pool, meta, scale, softcap)
     if not meta.prefills:  # every row is one sequence's single token: no slicing by a row count
         out = decode_attention(
-            q, k_pool, v_pool, meta.decode_block_tables, meta.decode_context_lens, meta.decode_mask, scale
+            q, k_pool, v_pool, meta.decode_block_tables, meta.decode_context_lens, meta.decode_mask, scale, meta.window
         )
         return out.reshape(q.shape[0], -1)
     parts = []
     nd = meta.num_decode_tokens
     if nd:
         out = decode_attention(
-            q[:nd], k_pool, v_pool, meta.decode_block_tables, meta.decode_context_lens, meta.decode_mask, scale
+            q[:nd],
+            k_pool,
+            v_pool,
+            meta.decode_block_tables,
+            meta.decode_context_lens,
+            meta.decode_mask,
+            scale,
+            meta.window,
         )
         parts.append(out.reshape(nd, -1))
     for chunk in meta.prefills:
@@ -405,6 +447,8 @@ def softcapped_attention(
         values = gather_kv(v_pool, meta.decode_block_tables, q.dtype)
         span = torch.arange(keys.shape[1], device=q.device)
         visible = span[None, :] < meta.decode_context_lens[:, None]  # [B, L]
+        if meta.window is not None:
+            visible &= span[None, :] >= meta.decode_context_lens[:, None] - meta.window
         out = capped_scores_attention(q[:nd, None], keys, values, visible[:, None, :], scale, softcap)
         parts.append(out.reshape(nd, -1))
     for chunk in meta.prefills:
@@ -412,11 +456,8 @@ def softcapped_attention(
         if chunk.num_computed == 0:
             keys, values = k[s:e], v[s:e]
         else:
-            keys = gather_kv(k_pool, chunk.block_table, q.dtype)[: chunk.context_len]
-            values = gather_kv(v_pool, chunk.block_table, q.dtype)[: chunk.context_len]
-        key_pos = torch.arange(chunk.context_len, device=q.device)
-        query_pos = torch.arange(chunk.num_computed, chunk.context_len, device=q.device)
-        visible = key_pos[None, :] <= query_pos[:, None]  # [n, L], causal over prefix + chunk
+            keys, values = chunk_context(k_pool, v_pool, chunk, q.dtype)
+        visible = _prefix_causal_mask(chunk, meta.window)  # [n, L], causal over prefix + chunk
         out = capped_scores_attention(q[None, s:e], keys[None], values[None], visible[None], scale, softcap)
         parts.append(out.reshape(e - s, -1))
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)

@@ -158,6 +158,9 @@ def use_compilation(model: torch.nn.Module, device: torch.device | str, enforce_
     elif getattr(model, "eager_only", None) is not None:  # a model no graph or native step serves (MoE)
         model.eager_reason = model.eager_only
         progress(f"decode steps run eagerly: {model.eager_reason}")
+    elif torch.device(device).type == "cuda" and getattr(model.config, "attention_window", None) is not None:
+        model.eager_reason = "sliding-window attention (the decode graphs are captured without a window)"
+        progress(f"decode steps run eagerly: {model.eager_reason}")
     elif torch.device(device).type == "cuda":  # decode steps replay CUDA graphs (ModelRunner.warmed_up)
         model.may_capture = True
         # Graphs of compiled layers (inductor + Triton) only on request: side by side on an H200 they

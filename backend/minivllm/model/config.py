@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from minivllm.model.families import SUPPORTED_MODEL_TYPES, UnsupportedModelError, family_of
+from minivllm.model.families import FAMILIES, SUPPORTED_MODEL_TYPES, UnsupportedModelError, family_of
 
 __all__ = ["LlamaConfig", "SUPPORTED_MODEL_TYPES", "UnsupportedModelError"]
 
@@ -49,6 +49,13 @@ class LlamaConfig:
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = False  # renormalise the top-k routing weights to sum to 1 (Mixtral: always)
     moe_layers: tuple[int, ...] = field(default_factory=tuple)
+
+    @property
+    def attention_window(self) -> int | None:
+        """The sliding window of a model whose every layer has it (Mistral): served exactly at any length,
+        blocks that left it freed. None without one, or where only some layers have it (Gemma)."""
+        family = FAMILIES.get(self.family)
+        return self.sliding_window if family is not None and family.window_every_layer else None
 
     @property
     def num_parameters(self) -> int:

@@ -18,9 +18,11 @@ Gemma norm's weight w means (1 + w), folded in at load: `norm_offset`).
 A family is found by the HF config's `model_type`, which is also the GGUF file's `general.architecture`
 (Mistral's GGUF files say `llama`, and load as Llama: the same decoder; a Gemma 3 file reads as `gemma3_text`).
 
-Sliding windows: a query attends to the last `sliding_window` tokens (itself included). Over at most that
-many tokens this is full attention, so a model with a window is served exactly by capping its context
-at the window (loader/context.py); the paged pool here never drops blocks that left a window.
+Sliding windows: a query attends to the last `sliding_window` tokens (itself included). Where every layer
+has the window (`window_every_layer`: Llama, Mistral, Mixtral) it is served exactly at any length: masks and
+kernels start at the window (model/attention.py) and blocks that left it are freed (core/block_manager.py).
+Elsewhere (Gemma's alternating local layers, Phi-3, Qwen) the context is capped at the window, where it
+is full attention (loader/context.py).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class Family:
     fused_checkpoint: bool = False  # the checkpoint stores qkv_proj and gate_up_proj fused (Phi-3)
     norm_offset: float = 0.0  # an HF checkpoint's norm weights w scale by (w + offset) (Gemma: 1)
     activation: str = "silu"  # the MLP gate's: silu (SwiGLU) or gelu_tanh (GeGLU, Gemma)
+    window_every_layer: bool = False  # the window applies to every layer: served exactly past it
 
 
 def _attention_bias(hf: Any) -> dict[str, bool]:
@@ -119,8 +122,22 @@ def _mixtral(hf: Any) -> dict[str, Any]:
 FAMILIES: dict[str, Family] = {
     f.model_type: f
     for f in (
-        Family("llama", "LlamaForCausalLM", _attention_bias, rotary_interleaved_in_gguf=True, sliding_window=_window),
-        Family("mistral", "MistralForCausalLM", lambda hf: {}, rotary_interleaved_in_gguf=True, sliding_window=_window),
+        Family(
+            "llama",
+            "LlamaForCausalLM",
+            _attention_bias,
+            rotary_interleaved_in_gguf=True,
+            sliding_window=_window,
+            window_every_layer=True,
+        ),
+        Family(
+            "mistral",
+            "MistralForCausalLM",
+            lambda hf: {},
+            rotary_interleaved_in_gguf=True,
+            sliding_window=_window,
+            window_every_layer=True,
+        ),
         Family(
             "phi3",
             "Phi3ForCausalLM",
@@ -150,7 +167,14 @@ FAMILIES: dict[str, Family] = {
             rotary_interleaved_in_gguf=False,
             sliding_window=_qwen_window,
         ),
-        Family("mixtral", "MixtralForCausalLM", _mixtral, rotary_interleaved_in_gguf=True, sliding_window=_window),
+        Family(
+            "mixtral",
+            "MixtralForCausalLM",
+            _mixtral,
+            rotary_interleaved_in_gguf=True,
+            sliding_window=_window,
+            window_every_layer=True,
+        ),
         Family(
             "gemma2",
             "Gemma2ForCausalLM",

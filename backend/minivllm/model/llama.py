@@ -56,12 +56,6 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
 
-    @property
-    def has_family_pieces(self) -> bool:
-        """Whether this attention has a piece beyond Llama's (a bias, Q/K norms, a scale, soft-capping)."""
-        pieces = (self.qkv_bias, self.o_bias, self.q_norm, self.softcap)
-        return any(p is not None for p in pieces) or self.local_rope or self.scale != self.head_dim**-0.5
-
     def forward(
         self,
         x: torch.Tensor,

@@ -12,6 +12,11 @@ fp32 activations: the kernel plan's choice, looked up once per row count) or fp3
 kernel won at load (packed_linear.choose_fp32_kernel). Any other step (torch's kernels, MKL, a row
 count whose plan picks another kernel, CUDA) runs the compiled step (compiled.py) or eagerly. Only
 decode steps (one token per sequence); prefill chunks and hidden-state capture run as before.
+
+Families: a layer's pieces beyond Llama's go in as optional tensors (`PIECES`, empty where absent): Qwen2's
+QKV bias, an O bias, Qwen3's and Gemma 3's Q/K norms, Gemma's norms on the attention's and MLP's outputs;
+with them Gemma's GeGLU, attention scale and local layers' rope tables, and Phi-3's partial rotary. What
+the step lacks (`native_blocker`: soft-capped attention scores, MoE layers) keeps the model off it.
 """
 
 from __future__ import annotations
@@ -33,6 +38,28 @@ FP32_KIND = 3
 KQUANT_KINDS = {"int8": 4, "int8x2": 5, "fp32": 6}
 WEIGHTS_PER_LAYER = 6  # input norm, QKV, O, post-attention norm, gate/up, down: decode_step.cpp's order
 PRODUCTS_PER_LAYER = 4
+PIECES = ("qkv_bias", "o_bias", "q_norm", "k_norm", "attn_out_norm", "mlp_out_norm")  # decode_step.cpp's order
+NO_PIECE = torch.empty(0)
+
+
+def optional_norms(layer: torch.nn.Module) -> tuple[torch.nn.Module | None, ...]:
+    """A layer's norms beyond Llama's two, None where absent: Q, K, attention-output, MLP-output."""
+    attention = layer.self_attn
+    return attention.q_norm, attention.k_norm, layer.attn_out_norm, layer.mlp_out_norm
+
+
+def pieces(layer: torch.nn.Module) -> tuple[torch.Tensor, ...]:
+    """A layer's optional pieces in decode_step.cpp's `Piece` order (`PIECES`), an empty tensor where it has
+    none: the QKV bias, the O bias, then `optional_norms`' weights."""
+    norms = (None if n is None else n.weight for n in optional_norms(layer))
+    tensors = (layer.self_attn.qkv_bias, layer.self_attn.o_bias, *norms)
+    return tuple(NO_PIECE if t is None else t.detach() for t in tensors)
+
+
+def layer_norms(layer: torch.nn.Module) -> list[torch.nn.Module]:
+    """Every RMSNorm a layer has (the step runs them all with one eps)."""
+    optional = (n for n in optional_norms(layer) if n is not None)
+    return [layer.input_layernorm, layer.post_attention_layernorm, *optional]
 
 
 def products(layer: torch.nn.Module) -> tuple[torch.nn.Module, ...]:
@@ -70,6 +97,11 @@ class NativeDecodeStep:
         self.eps = self.layers[0].input_layernorm.eps
         self.final_norm = model.norm.weight.detach()
         self.weights = tuple(t for layer in self.layers for t in self._layer_weights(layer))
+        found = tuple(t for layer in self.layers for t in pieces(layer))
+        self.pieces = found if any(t.numel() for t in found) else ()  # none: Llama's layers
+        self.local_rotary = model.local_rotary  # the local layers' tables (Gemma 3), read at each call
+        self.local_layers = [i for i, layer in enumerate(self.layers) if layer.self_attn.local_rope]
+        self.gelu = self.layers[0].mlp.gelu
         self._kinds: dict[int, list[int] | None] = {}  # by row count; kernel plans are fixed once chosen
 
     @staticmethod
@@ -94,11 +126,7 @@ class NativeDecodeStep:
         if blocker is not None:
             progress(f"native decode step off: {blocker}; decode steps take the compiled step (or run eagerly)")
             return None
-        if any(
-            norm.eps != model.norm.eps
-            for layer in model.layers
-            for norm in (layer.input_layernorm, layer.post_attention_layernorm)
-        ):
+        if any(norm.eps != model.norm.eps for layer in model.layers for norm in layer_norms(layer)):
             return None  # one eps for every norm in the call
         if any(native_weight(p) is None for layer in model.layers for p in products(layer)):
             return None
@@ -130,6 +158,7 @@ class NativeDecodeStep:
         kinds = self.kinds(x.shape[0])
         if kinds is None:
             return None
+        local = [i for i in self.local_layers if i < num_layers]
         return torch.ops.minivllm_native.decode_layers(
             x,
             positions,
@@ -146,6 +175,10 @@ class NativeDecodeStep:
             self.eps,
             self.scale,
             self.final_norm,
+            self.pieces[: len(PIECES) * num_layers],
+            (self.local_rotary.cos, self.local_rotary.signed_sin) if local else (),
+            local,
+            self.gelu,
         )
 
     @staticmethod
@@ -154,17 +187,15 @@ class NativeDecodeStep:
 
 
 def native_blocker(model: torch.nn.Module) -> str | None:
-    """Why decode_step.cpp cannot run this model's layers (it runs Llama's: SwiGLU, two norms a layer, a
-    whole-head rotation, plain scaled attention), or None."""
-    cfg, layer = model.config, model.layers[0]
+    """Why decode_step.cpp cannot run this model's layers (Llama's, with the pieces in `PIECES`, GeGLU, an
+    attention scale, local rope tables and partial rotary), or None."""
+    cfg = model.config
     if cfg.moe_layers:
         return f"the {cfg.family} family's mixture-of-experts layers"
-    if any(layer.self_attn.has_family_pieces for layer in model.layers):
-        return f"the {cfg.family} family's attention pieces (biases, Q-K norms, scale, soft-capping, local rope)"
-    if layer.mlp.gelu or layer.attn_out_norm is not None:
-        return f"the {cfg.family} family's GeGLU and norms on the attention's and MLP's outputs"
-    if model.rotary.partial:
-        return f"the {cfg.family} model rotates {cfg.rotary_dim} of {cfg.head_dim} dims a head (partial rotary)"
+    if cfg.attn_softcap is not None:
+        return f"the {cfg.family} model's soft-capped attention scores (the native attention kernel has no cap)"
+    if cfg.attention_window is not None:
+        return f"the {cfg.family} model's sliding-window attention ({cfg.attention_window} tokens; the step has none)"
     return None
 
 

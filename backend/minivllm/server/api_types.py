@@ -6,7 +6,7 @@ from typing import Literal
 
 import msgspec
 
-from minivllm.events.types import EngineInfo
+from minivllm.events.types import EngineInfo, ReplicasState
 
 
 class ConfigUpdate(msgspec.Struct, kw_only=True):
@@ -75,4 +75,5 @@ WIRE_TYPES: list[type] = [
     RequestTimings,
     HealthStatus,
     ErrorBody,
+    ReplicasState,
 ]

@@ -28,6 +28,7 @@ from minivllm.server.middleware import request_id_middleware
 from minivllm.server.openai_api import openai_router
 from minivllm.server.openapi_doc import DocumentedJsonRenderPlugin
 from minivllm.server.ops import health, metrics
+from minivllm.server.replicas import replicas_router
 from minivllm.server.response_store import ResponseStore
 from minivllm.server.responses_api import responses_router
 from minivllm.server.state import ServerState
@@ -60,6 +61,7 @@ def create_app(config: ServerConfig | LLMEngine) -> Litestar:
         route_handlers=[
             openai_router(),
             responses_router(),
+            replicas_router(),
             embeddings_router(),
             tokenize_router(),
             dashboard_router(),

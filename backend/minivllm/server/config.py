@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from minivllm.engine.api import POOLING_TYPES, LLMEngine
+from minivllm.engine.api import POOLING_TYPES, LLMEngine, ReplicaSet
 from minivllm.server.recordings import RecordingLimits
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -19,7 +19,8 @@ MAX_UPLOAD_SIZE = 512 * MiB  # POST /api/recordings (other routes: ServerConfig.
 class ServerConfig:
     # A built engine (tests: ready at once) or a function that builds one; the function runs in a
     # background thread at startup so /health can answer 503 while the model loads.
-    engine: LLMEngine | Callable[[], LLMEngine]
+    # (or, with --data-parallel-size, one that launches the replicas)
+    engine: LLMEngine | ReplicaSet | Callable[[], LLMEngine | ReplicaSet]
     api_key: str | None = None  # guards /v1, /api, /ws, /tokenize and /detokenize when set
     cors_origins: list[str] = field(default_factory=list)
     # Host names served when bound to loopback (None: no Host check; see server/exposure.py)

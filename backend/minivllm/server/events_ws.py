@@ -20,7 +20,7 @@ import msgspec
 from litestar import Router, WebSocket, websocket
 from litestar.exceptions import WebSocketDisconnect
 
-from minivllm.engine.api import AsyncEngine, EngineDeadError
+from minivllm.engine.api import AsyncEngine, EngineDeadError, ReplicaSet
 from minivllm.events import types as ev
 from minivllm.server.auth import key_problem
 from minivllm.server.client_feed import ClientFeed
@@ -97,6 +97,13 @@ async def _receive(socket: WebSocket, client: _Client) -> None:
             client.ae.watch_step_profile(client.feed, message.on)
 
 
+def _integer(text: str | None, name: str) -> int | None:
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        raise ValueError(f"{name} must be an integer") from None
+
+
 @websocket("/events")
 async def events_socket(socket: WebSocket) -> None:
     server: ServerState = socket.app.state.server
@@ -109,13 +116,15 @@ async def events_socket(socket: WebSocket) -> None:
     binary = params.get("format", "json") == "msgpack"
     since_text = params.get("since")
     try:
-        since = int(since_text) if since_text is not None else None
+        since = _integer(since_text, "since")
         ae = server.engine()
+        if isinstance(ae, ReplicaSet):  # the dashboard follows one replica at a time (?replica=, default 0)
+            ae = ae.events_of(_integer(params.get("replica"), "replica") or 0)
     except (ValueError, APIError) as exc:
         await socket.accept()
         await socket.close(
             code=4400 if isinstance(exc, ValueError) else 4503,
-            reason="since must be an integer" if isinstance(exc, ValueError) else exc.message[:120],
+            reason=str(exc)[:120] if isinstance(exc, ValueError) else exc.message[:120],
         )
         return
     await socket.accept()

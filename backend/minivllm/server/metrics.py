@@ -61,97 +61,97 @@ _TPOT_BUCKETS = (
 
 @dataclass
 class EngineGauges:
-    """The engine's stats at scrape time, labelled with the model's name."""
+    """An engine's stats at scrape time, labelled with the model's name (and the replica's index
+    when replicas run: one EngineGauges each)."""
 
     model: str
     stats: EngineStats
+    replica: str | None = None
+
+
+class _Families:
+    """Metric families filled one engine at a time: each series gets the engine's labels."""
+
+    def __init__(self, replicas: bool) -> None:
+        self.labels = ["model_name", "replica"] if replicas else ["model_name"]
+        self.families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
+        self.key: list[str] = []
+
+    def add(self, kind, name: str, doc: str, value: float, **extra: str) -> None:
+        family = self.families.get(name)
+        if family is None:
+            family = self.families[name] = kind(f"minivllm:{name}", doc, labels=[*self.labels, *extra])
+        family.add_metric([*self.key, *extra.values()], value)
+
+    def gauge(self, name: str, doc: str, value: float, **extra: str) -> None:
+        self.add(GaugeMetricFamily, name, doc, value, **extra)
+
+    def counter(self, name: str, doc: str, value: float, **extra: str) -> None:
+        self.add(CounterMetricFamily, name, doc, value, **extra)
 
 
 class _EngineCollector(Collector):
     def __init__(self) -> None:
-        self.values: EngineGauges | None = None
+        self.values: list[EngineGauges] = []
 
     def collect(self):
-        if self.values is None:
+        if not self.values:
             return
-        model, v = self.values.model, self.values.stats
-        labels = ["model_name"]
-
-        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            family = GaugeMetricFamily(f"minivllm:{name}", doc, labels=labels)
-            family.add_metric([model], value)
-            return family
-
-        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
-            family = CounterMetricFamily(f"minivllm:{name}", doc, labels=labels)
-            family.add_metric([model], value)
-            return family
-
-        yield gauge("num_requests_running", "Requests in the running batch.", v.num_running)
-        yield gauge("num_requests_waiting", "Requests waiting to be scheduled.", v.num_waiting)
-        yield gauge("kv_cache_usage_perc", "Fraction of KV cache blocks in use (1 = full).", v.kv_usage)
-        yield counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", v.prefix_cache_queries)
-        yield counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.", v.prefix_cache_hits)
-        yield counter("num_preemptions", "Preemptions since the engine was (re)configured.", v.num_preemptions)
-        yield counter("prompt_tokens", "Prompt tokens computed (prefill).", v.prompt_tokens)
-        yield counter("generation_tokens", "Tokens generated.", v.generation_tokens)
-        # speculative decoding, with vLLM's names
-        yield counter("spec_decode_num_drafts", "Verify steps with at least one drafted token.", v.spec_num_drafts)
-        yield counter("spec_decode_num_draft_tokens", "Drafted tokens verified.", v.spec_num_draft_tokens)
-        yield counter("spec_decode_num_accepted_tokens", "Drafted tokens accepted.", v.spec_num_accepted_tokens)
-        yield _accepted_per_position(model, v.spec_accepted_per_position)
-        if v.memory is not None:
-            yield from _memory(model, v.memory)
-        if v.disk_tier is not None:
-            yield from _disk_tier(gauge, counter, v.disk_tier)
+        out = _Families(replicas=self.values[0].replica is not None)
+        for engine in self.values:
+            out.key = [engine.model] + ([engine.replica] if engine.replica is not None else [])
+            _engine_series(out, engine.stats)
+        yield from out.families.values()
 
 
-def _accepted_per_position(model: str, counts: tuple[int, ...]) -> CounterMetricFamily:
-    family = CounterMetricFamily(
-        "minivllm:spec_decode_num_accepted_tokens_per_pos",
-        "Drafted tokens accepted, by position in the draft (0 = first).",
-        labels=["model_name", "position"],
-    )
-    for position, value in enumerate(counts):
-        family.add_metric([model, str(position)], value)
-    return family
+def _engine_series(out: _Families, v: EngineStats) -> None:
+    gauge, counter = out.gauge, out.counter
+    gauge("num_requests_running", "Requests in the running batch.", v.num_running)
+    gauge("num_requests_waiting", "Requests waiting to be scheduled.", v.num_waiting)
+    gauge("kv_cache_usage_perc", "Fraction of KV cache blocks in use (1 = full).", v.kv_usage)
+    counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", v.prefix_cache_queries)
+    counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.", v.prefix_cache_hits)
+    counter("num_preemptions", "Preemptions since the engine was (re)configured.", v.num_preemptions)
+    counter("prompt_tokens", "Prompt tokens computed (prefill).", v.prompt_tokens)
+    counter("generation_tokens", "Tokens generated.", v.generation_tokens)
+    # speculative decoding, with vLLM's names
+    counter("spec_decode_num_drafts", "Verify steps with at least one drafted token.", v.spec_num_drafts)
+    counter("spec_decode_num_draft_tokens", "Drafted tokens verified.", v.spec_num_draft_tokens)
+    counter("spec_decode_num_accepted_tokens", "Drafted tokens accepted.", v.spec_num_accepted_tokens)
+    for position, value in enumerate(v.spec_accepted_per_position):
+        counter(
+            "spec_decode_num_accepted_tokens_per_pos",
+            "Drafted tokens accepted, by position in the draft (0 = first).",
+            value,
+            position=str(position),
+        )
+    if v.memory is not None:
+        _memory(gauge, v.memory)
+    if v.disk_tier is not None:
+        _disk_tier(gauge, counter, v.disk_tier)
 
 
 MEMORY_PARTS = ("weights", "kv_cache", "compiled", "torch", "libraries", "other")
 
 
-def _disk_tier(gauge, counter, d: DiskTierStats):
+def _disk_tier(gauge, counter, d: DiskTierStats) -> None:
     """The prefix cache's disk tier (--kv-offload-dir)."""
-    yield counter("kv_disk_blocks_written", "KV blocks written to the disk tier.", d.blocks_written)
-    yield counter("kv_disk_blocks_read", "KV blocks read back from the disk tier instead of recomputed.", d.blocks_read)
-    yield counter(
-        "kv_disk_blocks_recomputed", "Blocks on disk recomputed because that measured cheaper.", d.blocks_recomputed
-    )
-    yield counter(
-        "kv_disk_write_errors", "Block writes that failed (a full disk): those stay RAM-only.", d.write_errors
-    )
-    yield counter(
-        "kv_disk_corrupt_files", "Block files that failed their checks: deleted and recomputed.", d.corrupt_files
-    )
-    yield gauge("kv_disk_bytes", "Bytes the disk tier holds.", d.bytes_on_disk)
-    yield gauge("kv_disk_max_bytes", "The disk tier's bound (--kv-offload-size).", d.max_bytes)
+    counter("kv_disk_blocks_written", "KV blocks written to the disk tier.", d.blocks_written)
+    counter("kv_disk_blocks_read", "KV blocks read back from the disk tier instead of recomputed.", d.blocks_read)
+    counter("kv_disk_blocks_recomputed", "Blocks on disk recomputed: that measured cheaper.", d.blocks_recomputed)
+    counter("kv_disk_write_errors", "Block writes that failed (a full disk): those stay RAM-only.", d.write_errors)
+    counter("kv_disk_corrupt_files", "Block files that failed their checks: deleted and recomputed.", d.corrupt_files)
+    gauge("kv_disk_bytes", "Bytes the disk tier holds.", d.bytes_on_disk)
+    gauge("kv_disk_max_bytes", "The disk tier's bound (--kv-offload-size).", d.max_bytes)
 
 
-def _memory(model: str, split: MemorySplit):
+def _memory(gauge, split: MemorySplit) -> None:
     """The RSS split (engine/memory_view.py): one series per part the platform can measure; they sum
     to process_resident_memory_bytes as of the split's sample (taken every few seconds)."""
-    family = GaugeMetricFamily(
-        "minivllm:memory_bytes", "Resident memory by part (sums to the RSS).", labels=["model_name", "part"]
-    )
     for part in MEMORY_PARTS:
         if (value := getattr(split, part)) is not None:
-            family.add_metric([model, part], value)
-    yield family
-    reserved = GaugeMetricFamily(
-        "minivllm:kv_cache_reserved_bytes", "The KV pool's allocation, resident or not.", labels=["model_name"]
-    )
-    reserved.add_metric([model], split.kv_reserved)
-    yield reserved
+            gauge("memory_bytes", "Resident memory by part (sums to the RSS).", value, part=part)
+    gauge("kv_cache_reserved_bytes", "The KV pool's allocation, resident or not.", split.kv_reserved)
 
 
 class ServerMetrics:
@@ -212,6 +212,7 @@ class ServerMetrics:
         for o in out.outputs:
             self.success.labels(model, o.finish_reason or "unknown").inc()
 
-    def render(self, gauges: EngineGauges | None) -> bytes:
-        self._engine.values = gauges
+    def render(self, gauges: EngineGauges | list[EngineGauges] | None) -> bytes:
+        """`gauges`: the one engine's, or each replica's (None: no engine is running)."""
+        self._engine.values = [gauges] if isinstance(gauges, EngineGauges) else gauges or []
         return generate_latest(self.registry)

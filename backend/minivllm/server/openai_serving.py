@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from minivllm.engine.api import CompletionOutput, RequestFailedError, RequestOutput
+from minivllm.engine.api import CompletionOutput, EngineDeadError, RequestFailedError, RequestOutput
 from minivllm.sampling.params import SamplingParams
 from minivllm.server import openai_protocol as p
 from minivllm.server.api_types import RequestTimings
@@ -462,6 +462,8 @@ async def sse_stream(
             if exc.param is not None
             else error_body(500, str(exc), code="request_failed")
         )
+    except EngineDeadError as exc:  # the engine (or the replica) running it died: say which, in the stream
+        yield sse(error_body(503, str(exc), code="engine_dead"))
     except Exception as exc:  # noqa: BLE001 - the status line is gone: report in the stream
         log.exception("internal error while streaming %s", job.response_id)
         yield sse(

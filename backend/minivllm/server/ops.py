@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from litestar import Request, Response, get
 
-from minivllm.engine.api import EngineDeadError
+from minivllm.engine.api import EngineDeadError, ReplicaSet
 from minivllm.server.api_types import HealthStatus
 from minivllm.server.metrics import CONTENT_TYPE, EngineGauges
 from minivllm.server.state import ServerState
@@ -26,11 +26,13 @@ async def health(request: Request) -> Response:
 @get("/metrics", summary="Prometheus metrics", tags=["Operations"])
 async def metrics(request: Request) -> Response:
     server: ServerState = request.app.state.server
-    gauges = None
+    gauges: list[EngineGauges] = []
     ae = server.async_engine
-    if ae is not None and ae.is_alive:
+    if isinstance(ae, ReplicaSet) and ae.is_alive:  # one series per live replica, labelled with it
+        gauges = [EngineGauges(ae.model_name, stats, str(i)) for i, stats in await ae.replica_stats()]
+    elif ae is not None and ae.is_alive:
         try:
-            gauges = EngineGauges(ae.model_name, await ae.stats())
+            gauges = [EngineGauges(ae.model_name, await ae.stats())]
         except EngineDeadError:
-            gauges = None
+            gauges = []
     return Response(server.metrics.render(gauges), media_type=CONTENT_TYPE)

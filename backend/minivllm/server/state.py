@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 
-from minivllm.engine.api import AsyncEngine, LLMEngine
+from minivllm.engine.api import AsyncEngine, LLMEngine, ReplicaSet
 from minivllm.server.config import ServerConfig
 from minivllm.server.errors import APIError
 from minivllm.server.metrics import ServerMetrics
@@ -24,7 +24,7 @@ log = logging.getLogger("minivllm.server")
 class ServerState:
     def __init__(self, config: ServerConfig):
         self.config = config
-        self.async_engine: AsyncEngine | None = None
+        self.async_engine: AsyncEngine | ReplicaSet | None = None
         self.load_error: str | None = None
         self.model_name: str | None = None
         self.max_model_len: int | None = None
@@ -38,7 +38,7 @@ class ServerState:
     # ---- lifecycle ----------------------------------------------------------------------------
 
     def start(self) -> None:
-        if isinstance(self.config.engine, LLMEngine):  # built already (tests): ready at once
+        if isinstance(self.config.engine, (LLMEngine, ReplicaSet)):  # built already (tests): ready at once
             self._attach(self.config.engine)
             return
         self._loader = threading.Thread(target=self._load, name="minivllm-loader", daemon=True)
@@ -54,8 +54,8 @@ class ServerState:
         self._attach(engine)
         log.info("model %s ready", self.model_name)
 
-    def _attach(self, engine: LLMEngine) -> None:
-        ae = AsyncEngine(engine)
+    def _attach(self, engine: LLMEngine | ReplicaSet) -> None:
+        ae = engine if isinstance(engine, ReplicaSet) else AsyncEngine(engine)  # replicas: already running
         self.model_name, self.max_model_len = ae.model_name, ae.max_model_len
         self.token_text = TokenText(ae.tokenizer)
         self.async_engine = ae.start()
@@ -81,7 +81,7 @@ class ServerState:
             return "loading"
         return "ready" if self.async_engine.is_alive else "dead"
 
-    def engine(self) -> AsyncEngine:
+    def engine(self) -> AsyncEngine:  # or a ReplicaSet, which answers the same calls
         """The running engine, or a 503 that says why there is none."""
         ae = self.async_engine
         if ae is not None and ae.is_alive:

@@ -1,5 +1,5 @@
 // The dashboard API (issue 4): config, recordings, models. Errors carry the server's message.
-import type { ConfigUpdate, EngineInfo, RecordingInfo, RecordingStatus } from "../core/wire";
+import type { ConfigUpdate, EngineInfo, RecordingInfo, RecordingStatus, ReplicasState } from "../core/wire";
 
 export class ApiError extends Error {
   constructor(
@@ -70,6 +70,11 @@ export interface ModelInfo {
 export async function listModels(): Promise<ModelInfo[]> {
   const body = await json<{ data?: ModelInfo[] }>("/v1/models");
   return body?.data ?? [];
+}
+
+/** GET /v1/replicas: the engine replicas and the router's latest decisions (none with one engine). */
+export function getReplicas(): Promise<ReplicasState> {
+  return json<ReplicasState>("/v1/replicas");
 }
 
 export function getConfig(): Promise<EngineInfo> {

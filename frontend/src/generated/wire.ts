@@ -54,11 +54,14 @@ export interface WireTypes {
   RecordingHeader: RecordingHeader;
   RecordingInfo: RecordingInfo;
   RecordingStatus: RecordingStatus;
+  ReplicaState: ReplicaState;
+  ReplicasState: ReplicasState;
   RequestArrived: RequestArrived;
   RequestState: RequestState;
   RequestStateChanged: RequestStateChanged;
   RequestTimings: RequestTimings;
   Resync: Resync;
+  RoutingDecision: RoutingDecision;
   ScheduledChunk: ScheduledChunk;
   SeqAdded: SeqAdded;
   SeqRemoved: SeqRemoved;
@@ -379,6 +382,7 @@ export interface ConfigChanged {
  * via the `definition` "EngineInfo".
  */
 export interface EngineInfo {
+  attention_window?: number;
   block_size: number;
   compilation?: string;
   device: string;
@@ -585,6 +589,48 @@ export interface RecordingInfo {
  */
 export interface RecordingStatus {
   recording: RecordingInfo | null;
+}
+/**
+ * One engine replica as GET /v1/replicas shows it.
+ *
+ * This interface was referenced by `WireTypes`'s JSON-Schema
+ * via the `definition` "ReplicaState".
+ */
+export interface ReplicaState {
+  alive?: boolean;
+  dead_reason?: string | null;
+  id: number;
+  node?: string;
+  prefix_hit_rate?: number;
+  routed?: number;
+  running?: number;
+  waiting?: number;
+}
+/**
+ * GET /v1/replicas: the replicas and the router's latest decisions (oldest first); no replicas
+ * when one engine serves.
+ *
+ * This interface was referenced by `WireTypes`'s JSON-Schema
+ * via the `definition` "ReplicasState".
+ */
+export interface ReplicasState {
+  decisions?: RoutingDecision[];
+  policy?: string;
+  replicas?: ReplicaState[];
+}
+/**
+ * Where the router sent one request, and why: `prefix` (the replica held the most leading
+ * blocks), `least_loaded` (none held any) or `round_robin`.
+ *
+ * This interface was referenced by `WireTypes`'s JSON-Schema
+ * via the `definition` "RoutingDecision".
+ */
+export interface RoutingDecision {
+  matched_blocks?: number;
+  prompt_blocks?: number;
+  reason?: "least_loaded" | "prefix" | "round_robin";
+  replica: number;
+  request_id: string;
 }
 /**
  * Extra field `timings` on OpenAI responses (and the usage chunk when streaming).

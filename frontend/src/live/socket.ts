@@ -25,10 +25,19 @@ export interface SocketLike {
 
 export type SocketFactory = (url: string) => SocketLike;
 
+let followedReplica: number | null = null;
+
+/** With engine replicas (`--data-parallel-size`) the stream carries one replica's events: which
+ *  one (null: the server's default, replica 0). A change takes effect on the next connect. */
+export function followReplica(replica: number | null): void {
+  followedReplica = replica;
+}
+
 export function eventsUrl(since: number | null, base: string = location.href): string {
   const url = new URL("/ws/events", base);
   url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
   if (since !== null && since > 0) url.searchParams.set("since", String(since));
+  if (followedReplica !== null) url.searchParams.set("replica", String(followedReplica));
   const key = getApiKey();
   if (key) url.searchParams.set("api_key", key); // browsers cannot set headers on a WebSocket
   return url.toString();

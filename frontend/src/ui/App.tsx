@@ -21,6 +21,7 @@ import { DashboardContext, type DashboardContextValue, type ViewMode } from "./c
 import { DashboardPanels } from "./Dashboard";
 import { useStoreSelector } from "./hooks";
 import { ConnectionBadge } from "./panels/ConnectionBadge";
+import { ReplicasPanel } from "./panels/ReplicasPanel";
 import { LoadGenPanel } from "./panels/LoadGenPanel";
 import { RecordButton } from "./panels/RecordButton";
 import { ReplayBar } from "./panels/ReplayBar";
@@ -174,6 +175,7 @@ function Main() {
             {/* Both views stay mounted: a comparison keeps streaming, and the panels keep their filters. */}
             <div className="view" role="tabpanel" id="tabpanel-dashboard" aria-labelledby="tab-dashboard" hidden={view !== "dashboard"}>
               {mode === "replay" && <ReplayBar controller={replay} refreshKey={recordingsKey} />}
+              {mode === "live" && <ReplicasPanel onFollow={(r) => connection.restart(`following replica ${r}`)} />}
               <DashboardPanels />
             </div>
             <div className="view" role="tabpanel" id="tabpanel-compare" aria-labelledby="tab-compare" hidden={view !== "compare"}>

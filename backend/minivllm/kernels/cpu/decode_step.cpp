@@ -1,6 +1,9 @@
 // A decode step's decoder layers in one call (AVX2 + FMA + F16C): for each layer RMSNorm, the fused QKV
 // product, rotary on Q and K, the K/V write into the paged pool, decode attention from the pool, the
 // output product and residual, RMSNorm, the fused gate/up product, SiLU x up, the down product and residual.
+// A family's pieces are optional arguments, absent where empty (`Piece`): a QKV and an O bias (Qwen2),
+// per-head Q/K RMSNorms before rotary (Qwen3, Gemma 3), norms on the attention's and MLP's outputs, GeGLU
+// and a second rope table for the local layers (Gemma), rotary over a head's leading dims (Phi-3).
 //
 // Why: at one sequence the weight products of a 4-bit step take ~4 ms, and everything around them took
 // another ~2.5 ms: inductor's wrapper calling ~12 kernels a layer from Python, each call's dispatch,
@@ -31,6 +34,8 @@ using namespace minivllm_native;
 
 constexpr int64_t kWeightsPerLayer = 6;  // input norm, QKV, O, post-attention norm, gate/up, down
 constexpr int64_t kProductsPerLayer = 4;
+// A layer's optional pieces, in this order in `pieces` (an empty tensor: the layer has none).
+enum Piece : int64_t { kQkvBias, kOBias, kQNorm, kKNorm, kAttnOutNorm, kMlpOutNorm, kPiecesPerLayer };
 // How a product runs (the kernel plan's choice at the step's row count; model/native_step.py numbers them alike).
 enum ProductKind : int64_t {
   kQ4Int8 = 0, kQ4Int8x2 = 1, kQ4Fp32 = 2, kFp32 = 3, kKQuantInt8 = 4, kKQuantInt8x2 = 5, kKQuantFp32 = 6
@@ -68,10 +73,9 @@ float sum_of_squares(const float* x, int64_t n) {
 }
 
 // x / sqrt(mean(x^2) + eps) * weight, per row, into `out` (x's shape).
-void rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, at::Tensor& out) {
+void rms_norm(const at::Tensor& x, const float* w, double eps, at::Tensor& out) {
   const int64_t rows = x.size(0), n = x.size(1);
   const float* src = x.data_ptr<float>();
-  const float* w = weight.data_ptr<float>();
   float* dst = out.data_ptr<float>();
   over_rows(rows, n, [&](int64_t r) {
     const float* row = src + r * n;
@@ -80,11 +84,16 @@ void rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, at::Ten
   });
 }
 
-// Each head of `heads` (dim floats apart) rotated in place: x * cos + swap_halves(x) * signed_sin, the
-// sign of rotate_half folded into the table (model/rope.py). Both halves of a lane are read before
-// either is written, so no copy is needed; eight lanes at a time where the half is a multiple of 8.
-void rotate(float* x, int64_t heads, int64_t dim, const float* cos, const float* signed_sin) {
-  const int64_t half = dim / 2, wide = half % 8 == 0 ? half : 0;
+void rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, at::Tensor& out) {
+  rms_norm(x, weight.data_ptr<float>(), eps, out);
+}
+
+// The leading `rot` dims of each head of `heads` (dim floats apart) rotated in place: x * cos +
+// swap_halves(x) * signed_sin, the sign of rotate_half folded into the table (model/rope.py); rot < dim is
+// partial rotary. Both halves of a lane are read before either is written, so no copy is needed; eight
+// lanes at a time where the half is a multiple of 8.
+void rotate(float* x, int64_t heads, int64_t dim, int64_t rot, const float* cos, const float* signed_sin) {
+  const int64_t half = rot / 2, wide = half % 8 == 0 ? half : 0;
   for (int64_t h = 0; h < heads; ++h, x += dim) {
     for (int64_t d = 0; d < wide; d += 8) {
       const __m256 a = _mm256_loadu_ps(x + d), b = _mm256_loadu_ps(x + d + half);
@@ -172,29 +181,50 @@ struct Shape {
   int64_t width() const { return (heads + 2 * kv_heads) * dim; }  // a QKV row
 };
 
-// Rotary on every row's Q and K heads (in place in `qkv`), by the rows of the tables at the row's position,
-// then K and V into the pool at the row's slot.
+// A tensor's floats, or nullptr where it is empty (an absent piece).
+const float* optional_floats(const at::Tensor& t) { return t.numel() ? t.data_ptr<float>() : nullptr; }
+
+// Each of `heads` heads (dim floats apart) through RMSNorm in place: x / sqrt(mean(x^2) + eps) * weight.
+void norm_heads(float* x, int64_t heads, int64_t dim, const float* weight, float eps) {
+  for (int64_t h = 0; h < heads; ++h, x += dim) {
+    const float inv = 1.0f / std::sqrt(sum_of_squares(x, dim) / static_cast<float>(dim) + eps);
+    for (int64_t i = 0; i < dim; ++i) x[i] = x[i] * inv * weight[i];
+  }
+}
+
+// What happens to a QKV row before its K and V are stored: its bias, the Q and K heads' norms, the rotary
+// tables (cos, signed_sin [positions, rot]; rot < dim: partial rotary). Null pointers: the piece is absent.
+struct QkvPrep {
+  const float *bias, *q_norm, *k_norm, *cos, *signed_sin;
+  int64_t rot;
+  float eps;
+};
+
+// Every row's QKV prepared in place in `qkv` (QkvPrep, at the row's position), then K and V into the pool at
+// the row's slot.
 template <typename T>
-void rotate_and_store(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& signed_sin, at::Tensor& k_pool,
-                      at::Tensor& v_pool, const int64_t* positions, const int64_t* slots, const Shape& s) {
+void prepare_and_store(at::Tensor& qkv, const QkvPrep& p, at::Tensor& k_pool, at::Tensor& v_pool,
+                       const int64_t* positions, const int64_t* slots, const Shape& s) {
   float* base = qkv.data_ptr<float>();
   T* k = k_pool.data_ptr<T>();
   T* v = v_pool.data_ptr<T>();
-  const float* c = cos.data_ptr<float>();
-  const float* sn = signed_sin.data_ptr<float>();
   const int64_t kv_row = s.kv_heads * k_pool.size(3);  // a token's heads in the pool (int8: with their scales)
   over_rows(s.rows, s.width(), [&](int64_t r) {
     float* row = base + r * s.width();
-    rotate(row, s.heads + s.kv_heads, s.dim, c + positions[r] * s.dim, sn + positions[r] * s.dim);
+    if (p.bias)
+      for (int64_t i = 0; i < s.width(); ++i) row[i] += p.bias[i];
+    if (p.q_norm) norm_heads(row, s.heads, s.dim, p.q_norm, p.eps);
+    if (p.k_norm) norm_heads(row + s.heads * s.dim, s.kv_heads, s.dim, p.k_norm, p.eps);
+    rotate(row, s.heads + s.kv_heads, s.dim, p.rot, p.cos + positions[r] * p.rot, p.signed_sin + positions[r] * p.rot);
     store_heads(k + slots[r] * kv_row, row + s.heads * s.dim, s.kv_heads, s.dim);
     store_heads(v + slots[r] * kv_row, row + (s.heads + s.kv_heads) * s.dim, s.kv_heads, s.dim);
   });
 }
 
-void rotate_and_store(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& signed_sin, at::Tensor k_pool,
-                      at::Tensor v_pool, const int64_t* positions, const int64_t* slots, const Shape& s) {
+void prepare_and_store(at::Tensor& qkv, const QkvPrep& p, at::Tensor k_pool, at::Tensor v_pool,
+                       const int64_t* positions, const int64_t* slots, const Shape& s) {
   with_pool_type(k_pool, [&](auto element) {
-    rotate_and_store<decltype(element)>(qkv, cos, signed_sin, k_pool, v_pool, positions, slots, s);
+    prepare_and_store<decltype(element)>(qkv, p, k_pool, v_pool, positions, slots, s);
   });
 }
 
@@ -218,6 +248,44 @@ void silu_times_up(const at::Tensor& gate_up, at::Tensor& out) {
     for (; i + 8 <= n; i += 8)
       _mm256_storeu_ps(o + i, _mm256_mul_ps(silu8(_mm256_loadu_ps(gate + i)), _mm256_loadu_ps(up + i)));
     for (; i < n; ++i) o[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+  });
+}
+
+// gelu_tanh(g) = g / 2 (1 + tanh(u)) = g sigmoid(2u), u = sqrt(2/pi) (g + 0.044715 g^3); the sigmoid from
+// e^-|2u| <= 1 on both sides, as silu8 (exp8 takes x <= 0).
+inline __m256 gelu8(__m256 g) {
+  const __m256 g3 = _mm256_mul_ps(_mm256_mul_ps(g, g), g);
+  const __m256 two_u = _mm256_mul_ps(_mm256_set1_ps(1.5957691216f), _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), g3, g));
+  const __m256 e = exp8(_mm256_or_ps(two_u, _mm256_set1_ps(-0.f)));  // e^-|2u|
+  const __m256 numerator = _mm256_blendv_ps(_mm256_mul_ps(g, e), g, _mm256_cmp_ps(two_u, _mm256_setzero_ps(), _CMP_GE_OQ));
+  return _mm256_div_ps(numerator, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+}
+
+// [rows, 2I] gate|up -> `out` [rows, I]: gelu_tanh(gate) * up (GeGLU).
+void gelu_times_up(const at::Tensor& gate_up, at::Tensor& out) {
+  const int64_t rows = gate_up.size(0), n = gate_up.size(1) / 2;
+  const float* src = gate_up.data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+  over_rows(rows, n, [&](int64_t r) {
+    const float* gate = src + r * 2 * n;
+    const float* up = gate + n;
+    float* o = dst + r * n;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+      _mm256_storeu_ps(o + i, _mm256_mul_ps(gelu8(_mm256_loadu_ps(gate + i)), _mm256_loadu_ps(up + i)));
+    for (; i < n; ++i) {
+      const float g = gate[i];
+      o[i] = 0.5f * g * (1.0f + std::tanh(0.7978845608f * (g + 0.044715f * g * g * g))) * up[i];
+    }
+  });
+}
+
+// bias [n] added to every row of x [rows, n].
+void add_bias(at::Tensor& x, const float* bias) {
+  float* dst = x.data_ptr<float>();
+  const int64_t n = x.size(1);
+  over_rows(x.size(0), n, [&](int64_t r) {
+    for (int64_t i = 0; i < n; ++i) dst[r * n + i] += bias[i];
   });
 }
 
@@ -264,6 +332,38 @@ void check_indices(const at::Tensor& t, int64_t rows, int64_t limit, const char*
                 unit);
 }
 
+// Rotary tables: contiguous fp32 [positions, rot] of one shape, rot even and at most the head dim.
+void check_tables(const at::Tensor& cos, const at::Tensor& signed_sin, int64_t dim, const char* which) {
+  for (const at::Tensor* t : {&cos, &signed_sin})
+    TORCH_CHECK(t->dim() == 2 && t->scalar_type() == at::kFloat && t->is_contiguous() && t->size(1) <= dim &&
+                    t->size(1) % 2 == 0 && t->size(1) > 0 && t->sizes() == cos.sizes(),
+                which, " rotary tables must be contiguous fp32 [positions, rot] of one shape with rot even and at most ",
+                "the head dim ", dim, ", got ", t->sizes(), " and ", cos.sizes());
+}
+
+// The optional pieces: none, or per layer kPiecesPerLayer tensors, each empty or contiguous fp32 of its size;
+// the local layers' indices, with the local tables (of the global ones' shape) where any layer is local.
+void check_pieces(at::TensorList pieces, at::TensorList local_rope, at::IntArrayRef local_layers, int64_t layers,
+                  const at::Tensor& cos, int64_t hidden, const Shape& s) {
+  TORCH_CHECK(pieces.empty() || static_cast<int64_t>(pieces.size()) == kPiecesPerLayer * layers,
+              "pieces: none or ", kPiecesPerLayer, " per layer (empty tensors where absent), got ", pieces.size());
+  const int64_t sizes[kPiecesPerLayer] = {s.width(), hidden, s.dim, s.dim, hidden, hidden};
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const at::Tensor& t = pieces[i];
+    TORCH_CHECK(t.numel() == 0 || (t.scalar_type() == at::kFloat && t.is_contiguous() &&
+                                   t.numel() == sizes[i % kPiecesPerLayer]),
+                "layer ", i / kPiecesPerLayer, ": piece ", i % kPiecesPerLayer, " must be empty or contiguous fp32 [",
+                sizes[i % kPiecesPerLayer], "], got ", t.sizes(), " ", t.scalar_type());
+  }
+  for (int64_t l : local_layers) TORCH_CHECK(l >= 0 && l < layers, "local layer ", l, " outside the ", layers, " layers");
+  TORCH_CHECK(local_layers.empty() || local_rope.size() == 2, "local layers need the local cos and signed sin tables");
+  if (local_rope.size() == 2) {
+    check_tables(local_rope[0], local_rope[1], s.dim, "local");
+    TORCH_CHECK(local_rope[0].sizes() == cos.sizes(), "the local rotary tables must be the global ones' shape ",
+                cos.sizes(), ", got ", local_rope[0].sizes());
+  }
+}
+
 void check_step(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& signed_sin,
                 at::TensorList weights, at::TensorList k_pools, at::TensorList v_pools, const at::Tensor& slots,
                 at::IntArrayRef kinds, int64_t heads, const std::optional<at::Tensor>& final_norm) {
@@ -283,10 +383,7 @@ void check_step(const at::Tensor& x, const at::Tensor& positions, const at::Tens
   TORCH_CHECK(pool.scalar_type() != at::kChar || pool_head_dim(pool) <= kMaxQuantizedDim,
               "an int8 KV pool's head dim must be at most ", kMaxQuantizedDim, ", got ", pool_head_dim(pool));
   for (int64_t kind : kinds) TORCH_CHECK(kind >= kQ4Int8 && kind <= kKQuantFp32, "unknown product kind ", kind);
-  for (const at::Tensor* t : {&cos, &signed_sin})
-    TORCH_CHECK(t->dim() == 2 && t->scalar_type() == at::kFloat && t->is_contiguous() && t->size(1) == pool_head_dim(pool) &&
-                    t->sizes() == cos.sizes(),
-                "rotary tables must be contiguous fp32 [positions, head_dim] of one shape, got ", t->sizes());
+  check_tables(cos, signed_sin, pool_head_dim(pool), "the");
   check_indices(positions, rows, cos.size(0), "position", "rotary tables'", "positions");
   check_indices(slots, rows, pool.size(0) * pool.size(1), "slot", "pool's", "slots");
   for (int64_t l = 0; l < layers; ++l) {
@@ -343,19 +440,47 @@ struct Buffers {
         activated(at::empty({s.rows, intermediate}, x.options())) {}
 };
 
+// A layer's family pieces (Piece's order; null: absent), its rotary tables and the MLP's activation.
+struct LayerPieces {
+  const float* piece[kPiecesPerLayer] = {};
+  QkvPrep prep;
+  bool gelu;
+};
+
+LayerPieces layer_pieces(at::TensorList pieces, int64_t layer, const at::Tensor& cos, const at::Tensor& signed_sin,
+                         float eps, bool gelu) {
+  LayerPieces p{};
+  if (!pieces.empty())
+    for (int64_t i = 0; i < kPiecesPerLayer; ++i) p.piece[i] = optional_floats(pieces[kPiecesPerLayer * layer + i]);
+  p.prep = {p.piece[kQkvBias], p.piece[kQNorm], p.piece[kKNorm], cos.data_ptr<float>(), signed_sin.data_ptr<float>(),
+            cos.size(1), eps};
+  p.gelu = gelu;
+  return p;
+}
+
+// `out` = x through RMSNorm where the norm is given (a sandwich norm), else x itself.
+const at::Tensor& maybe_norm(const at::Tensor& x, const float* norm, float eps, at::Tensor& out) {
+  if (!norm) return x;
+  rms_norm(x, norm, eps, out);
+  return out;
+}
+
 // The decoder layers of a decode step: x [rows, hidden] (one token per sequence) -> x after every layer,
 // then through `final_norm` where given (its weight; the layers' eps).
 // weights: per layer [input norm, QKV, O, post-attention norm, gate/up, down], the products' weights as
 // their kernels take them; kinds: per layer and product, its ProductKind.
-// cos / signed_sin: the model's whole rotary tables [positions, head_dim], read at each row's position (a
-// lookup in Python was two indexing calls a step).
+// cos / signed_sin: the model's whole rotary tables [positions, rot], read at each row's position (a
+// lookup in Python was two indexing calls a step); local_rope: the `local_layers`' own pair, or none.
+// pieces: none, or per layer its Piece tensors (empty where absent); gelu: GeGLU, not SwiGLU.
 at::Tensor run_layers(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos,
                       const at::Tensor& signed_sin, at::TensorList weights, at::TensorList k_pools,
                       at::TensorList v_pools, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
                       const at::Tensor& context_lens, at::IntArrayRef kinds, int64_t heads, double eps,
-                      double scale, const std::optional<at::Tensor>& final_norm) {
+                      double scale, const std::optional<at::Tensor>& final_norm, at::TensorList pieces,
+                      at::TensorList local_rope, at::IntArrayRef local_layers, bool gelu) {
   check_step(x, positions, cos, signed_sin, weights, k_pools, v_pools, slot_mapping, kinds, heads, final_norm);
   const Shape s{x.size(0), heads, k_pools[0].size(2), pool_head_dim(k_pools[0])};
+  check_pieces(pieces, local_rope, local_layers, static_cast<int64_t>(k_pools.size()), cos, x.size(1), s);
   const int64_t* slots = slot_mapping.data_ptr<int64_t>();
   const int64_t* position = positions.data_ptr<int64_t>();
   Buffers b(x, s, product_rows(weights[4], kinds[2]) / 2);  // gate/up: 2I rows (check_step)
@@ -366,9 +491,12 @@ at::Tensor run_layers(const at::Tensor& x, const at::Tensor& positions, const at
   for (size_t l = 0; l < k_pools.size(); ++l) {
     const at::Tensor* w = &weights[kWeightsPerLayer * l];
     const int64_t* kind = &kinds[kProductsPerLayer * l];
+    const bool local = std::find(local_layers.begin(), local_layers.end(), static_cast<int64_t>(l)) != local_layers.end();
+    const LayerPieces p = layer_pieces(pieces, static_cast<int64_t>(l), local ? local_rope[0] : cos,
+                                       local ? local_rope[1] : signed_sin, static_cast<float>(eps), gelu);
     timed(kNormsResiduals, [&] { rms_norm(hidden, w[0], eps, b.normed); });
     timed(kProducts, [&] { product(b.normed, w[1], kind[0], b.qkv); });
-    timed(kRotaryStore, [&] { rotate_and_store(b.qkv, cos, signed_sin, k_pools[l], v_pools[l], position, slots, s); });
+    timed(kRotaryStore, [&] { prepare_and_store(b.qkv, p.prep, k_pools[l], v_pools[l], position, slots, s); });
     timed(kAttention, [&] {
       if (quantized) hadamard_heads(b.qkv.data_ptr<float>(), s.rows, s.width(), s.heads, s.dim);
       paged_decode_attention_into(b.queries, k_pools[l], v_pools[l], block_tables, context_lens, scale, b.attention);
@@ -376,13 +504,14 @@ at::Tensor run_layers(const at::Tensor& x, const at::Tensor& positions, const at
     });
     timed(kProducts, [&] { product(b.attention_rows, w[2], kind[1], b.projected); });
     timed(kNormsResiduals, [&] {
-      add_into(hidden, b.projected);
+      if (p.piece[kOBias]) add_bias(b.projected, p.piece[kOBias]);
+      add_into(hidden, maybe_norm(b.projected, p.piece[kAttnOutNorm], eps, b.normed));
       rms_norm(hidden, w[3], eps, b.normed);
     });
     timed(kProducts, [&] { product(b.normed, w[4], kind[2], b.gate_up); });
-    timed(kSiluUp, [&] { silu_times_up(b.gate_up, b.activated); });
+    timed(kSiluUp, [&] { p.gelu ? gelu_times_up(b.gate_up, b.activated) : silu_times_up(b.gate_up, b.activated); });
     timed(kProducts, [&] { product(b.activated, w[5], kind[3], b.projected); });
-    timed(kNormsResiduals, [&] { add_into(hidden, b.projected); });
+    timed(kNormsResiduals, [&] { add_into(hidden, maybe_norm(b.projected, p.piece[kMlpOutNorm], eps, b.normed)); });
   }
   if (!final_norm) return hidden;
   // the model's final norm here too: eagerly, alone, it took ~0.2 ms of a one-sequence step
@@ -395,11 +524,12 @@ at::Tensor decode_layers(const at::Tensor& x, const at::Tensor& positions, const
                          const at::Tensor& signed_sin, at::TensorList weights, at::TensorList k_pools,
                          at::TensorList v_pools, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
                          const at::Tensor& context_lens, at::IntArrayRef kinds, int64_t heads, double eps,
-                         double scale, const std::optional<at::Tensor>& final_norm) {
+                         double scale, const std::optional<at::Tensor>& final_norm, at::TensorList pieces,
+                         at::TensorList local_rope, at::IntArrayRef local_layers, bool gelu) {
   at::Tensor out;
   timed(kWholeCall, [&] {
     out = run_layers(x, positions, cos, signed_sin, weights, k_pools, v_pools, slot_mapping, block_tables,
-                     context_lens, kinds, heads, eps, scale, final_norm);
+                     context_lens, kinds, heads, eps, scale, final_norm, pieces, local_rope, local_layers, gelu);
   });
   if (timing_parts.load(std::memory_order_relaxed)) ++timed_calls;
   return out;
@@ -410,7 +540,8 @@ at::Tensor decode_layers(const at::Tensor& x, const at::Tensor& positions, const
 TORCH_LIBRARY_FRAGMENT(minivllm_native, m) {
   m.def("decode_layers(Tensor x, Tensor positions, Tensor cos, Tensor signed_sin, Tensor[] weights, Tensor[] k_pools, "
         "Tensor[] v_pools, Tensor slot_mapping, Tensor block_tables, Tensor context_lens, int[] kinds, "
-        "int heads, float eps, float scale, Tensor? final_norm) -> Tensor");
+        "int heads, float eps, float scale, Tensor? final_norm, Tensor[] pieces, Tensor[] local_rope, "
+        "int[] local_layers, bool gelu) -> Tensor");
   m.def("decode_part_timing(bool on) -> ()", &decode_part_timing);
   m.def("decode_part_times() -> float[]", &decode_part_times);
 }

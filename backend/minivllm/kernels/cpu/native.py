@@ -118,6 +118,9 @@ def _register_fakes() -> None:
     torch.library.register_fake("minivllm_native::paged_decode_attention")(
         lambda q, k_pool, v_pool, block_tables, context_lens, scale: q.new_empty(q.shape)
     )
+    torch.library.register_fake("minivllm_native::paged_decode_attention_window")(
+        lambda q, k_pool, v_pool, block_tables, context_lens, scale, window: q.new_empty(q.shape)
+    )
     torch.library.register_fake("minivllm_native::int8_embedding")(
         lambda ids, q, scale: q.new_empty(*ids.shape, q.shape[1], dtype=torch.float32)
     )

@@ -242,10 +242,11 @@ void weigh_group(const float* p, int64_t p_stride, const T* rows, int64_t n, int
 // denominator. K, then V, are read block by block front to back, every KV head of the range while the
 // block is in L1 (a token's row holds all its heads side by side). Each output sums its part's tokens in
 // order, whatever the range or the heads' split: the same bits however a sequence is divided into tasks.
+// Tokens before `visible` (a sliding window's first key, inside the first block read) score -inf.
 template <typename T>
 void attend(const float* q, const T* k_pool, const T* v_pool, const int64_t* table, int64_t t0, int64_t t1,
             int64_t limit, int64_t part_len, int64_t h0, int64_t h1, const Geometry& g, float* scores, float* top,
-            float* sum, float* out) {
+            float* sum, float* out, int64_t visible = 0) {
   const int64_t stride = g.kv_heads * g.row, heads = (h1 - h0) * g.group, n = t1 - t0;  // scores: [query head][token]
   prefetch_block(v_pool, table, t0 / g.block_size, g);  // the V pass's first block, read after every K block
   over_blocks(k_pool, table, t0, t1, limit, g, [&](int64_t first, const T* rows, int64_t count) {
@@ -253,11 +254,16 @@ void attend(const float* q, const T* k_pool, const T* v_pool, const int64_t* tab
       score_rows(q + (kv - h0) * g.group * g.dim, rows + kv * g.row, count, stride, g,
                  scores + (kv - h0) * g.group * n + (first - t0), n);
   });
+  const int64_t hidden = std::max<int64_t>(0, std::min(visible, t1) - t0);  // the part's tokens before the window
+  for (int64_t i = 0; i < heads && hidden; ++i)
+    std::fill(scores + i * n, scores + i * n + hidden, -std::numeric_limits<float>::infinity());
   const int64_t parts = (n + part_len - 1) / part_len;
   for (int64_t p = 0; p < parts; ++p)
     for (int64_t i = 0; i < heads; ++i)
       sum[p * heads + i] = exp_shifted(scores + i * n + p * part_len, std::min(part_len, n - p * part_len),
                                        top[p * heads + i]);
+  for (int64_t i = 0; i < heads && hidden; ++i)  // exp8 floors at e^-87: weigh them exactly 0 (the sum is >= 1)
+    std::fill(scores + i * n, scores + i * n + hidden, 0.0f);
   std::fill(out, out + parts * heads * g.dim, 0.0f);
   over_blocks(v_pool, table, t0, t1, limit, g, [&](int64_t first, const T* rows, int64_t count) {
     float* part_out = out + (first - t0) / part_len * heads * g.dim;  // a block lies in one part
@@ -349,8 +355,13 @@ struct Attention {
   float scale;
   const T *k, *v;
   const int64_t *tables, *lens;
+  int64_t window;  // sliding-window attention over the last `window` keys; 0: the whole context
 
-  int64_t part_count(int64_t seq) const { return (lens[seq] + part_len - 1) / part_len; }
+  // A sequence's first key, and the first block's first token: parts count from there (by position).
+  int64_t visible(int64_t seq) const { return window > 0 ? std::max<int64_t>(0, lens[seq] - window) : 0; }
+  int64_t first(int64_t seq) const { return visible(seq) / g.block_size * g.block_size; }
+  int64_t part_count(int64_t seq) const { return (lens[seq] - first(seq) + part_len - 1) / part_len; }
+  int64_t part_tokens(int64_t seq, int64_t p) const { return std::min(part_len, lens[seq] - first(seq) - p * part_len); }
 
   // Parts [p0, p1) of sequence `seq` for KV heads [h0, h0 + kv_count) into o, top, sum (attend's layout).
   // `scaled`: room for the query heads, `scores` for the parts' scores.
@@ -361,8 +372,9 @@ struct Attention {
       const float* src = q + seq * q_seq + (h0 * g.group + j) * q_head;
       for (int64_t d = 0; d < g.dim; ++d) scaled[j * g.dim + d] = src[d * q_dim] * scale;
     }
-    attend(scaled, k, v, tables + seq * g.max_blocks, p0 * part_len, std::min(lens[seq], p1 * part_len), lens[seq],
-           part_len, h0, h0 + kv_count, g, scores, top, sum, o);
+    const int64_t base = first(seq);
+    attend(scaled, k, v, tables + seq * g.max_blocks, base + p0 * part_len, std::min(lens[seq], base + p1 * part_len),
+           lens[seq], part_len, h0, h0 + kv_count, g, scores, top, sum, o, visible(seq));
   }
 };
 
@@ -415,7 +427,7 @@ void by_part(const Attention<T>& a, int64_t seqs, float* out) {
     for (int64_t p = 0; p < a.part_count(s); ++p)
       for (int64_t h = 0; h < a.g.kv_heads; h += kv_count) {
         tasks.push_back({s, p, h});
-        tokens.push_back(std::min(a.part_len, a.lens[s] - p * a.part_len));
+        tokens.push_back(a.part_tokens(s, p));
       }
   std::vector<float> parts_out(kept * a.all_heads * a.g.dim), tops(kept * a.all_heads), sums(kept * a.all_heads);
   over_balanced_runs(tokens, [&](int64_t begin, int64_t end) {
@@ -443,13 +455,13 @@ void by_part(const Attention<T>& a, int64_t seqs, float* out) {
 
 template <typename T>
 void run(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool, const at::Tensor& block_tables,
-         const at::Tensor& context_lens, float scale, at::Tensor& out) {
+         const at::Tensor& context_lens, float scale, at::Tensor& out, int64_t window) {
   const Geometry g{k_pool.size(1), k_pool.size(2), q.size(2), q.size(1) / k_pool.size(2), block_tables.size(1),
                    k_pool.size(3)};
   const Attention<T> a{g, (kPartTokens + g.block_size - 1) / g.block_size * g.block_size, g.kv_heads * g.group,
                        q.data_ptr<float>(), q.stride(0), q.stride(1), q.stride(2), scale,
                        k_pool.data_ptr<T>(), v_pool.data_ptr<T>(), block_tables.data_ptr<int64_t>(),
-                       context_lens.data_ptr<int64_t>()};
+                       context_lens.data_ptr<int64_t>(), window};
   const int64_t seqs = q.size(0);
   if (seqs >= 2 * at::get_num_threads()) by_sequence(a, seqs, out.data_ptr<float>());
   else by_part(a, seqs, out.data_ptr<float>());
@@ -463,8 +475,22 @@ void minivllm_native::paged_decode_attention_into(const at::Tensor& q, const at:
   TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && out.sizes() == q.sizes(),
               "expected a contiguous fp32 output ", q.sizes(), ", got ", out.sizes());
   with_pool_type(k_pool, [&](auto element) {
-    run<decltype(element)>(q, k_pool, v_pool, block_tables, context_lens, scale, out);
+    run<decltype(element)>(q, k_pool, v_pool, block_tables, context_lens, scale, out, 0);
   });
+}
+
+// Sliding-window attention (Mistral): each sequence attends to its last `window` keys, read from the block
+// the window starts in; the table's slots before it are never read (freed blocks: core/block_manager.py).
+static at::Tensor paged_decode_attention_window(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
+                                                const at::Tensor& block_tables, const at::Tensor& context_lens, double scale,
+                                                int64_t window) {
+  TORCH_CHECK(window >= 1, "a sliding window of ", window, " keys: it must be at least 1");
+  minivllm_native::check_decode_attention(q, k_pool, v_pool, block_tables, context_lens);
+  at::Tensor out = at::empty(q.sizes(), q.options());
+  with_pool_type(k_pool, [&](auto element) {
+    run<decltype(element)>(q, k_pool, v_pool, block_tables, context_lens, scale, out, window);
+  });
+  return out;
 }
 
 at::Tensor minivllm_native::paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
@@ -479,6 +505,11 @@ at::Tensor minivllm_native::paged_decode_attention(const at::Tensor& q, const at
 TORCH_LIBRARY_FRAGMENT(minivllm_native, m) {
   m.def("paged_decode_attention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor block_tables, "
         "Tensor context_lens, float scale) -> Tensor");
+  m.def("paged_decode_attention_window(Tensor q, Tensor k_pool, Tensor v_pool, Tensor block_tables, "
+        "Tensor context_lens, float scale, int window) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(minivllm_native, CPU, m) { m.impl("paged_decode_attention", &minivllm_native::paged_decode_attention); }
+TORCH_LIBRARY_IMPL(minivllm_native, CPU, m) {
+  m.impl("paged_decode_attention", &minivllm_native::paged_decode_attention);
+  m.impl("paged_decode_attention_window", &paged_decode_attention_window);
+}

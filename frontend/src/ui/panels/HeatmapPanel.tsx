@@ -202,7 +202,7 @@ export function HeatmapPanel() {
         <li><span className="legend-cell cell-free" aria-hidden="true" />Free</li>
         <li><span className="legend-cell cell-flash" aria-hidden="true" />Evicted{cfg.kv_offload_bytes ? " (to the disk tier)" : ""}</li>
         {cfg.kv_offload_bytes ? <li data-testid="legend-restored"><span className="legend-cell cell-restore" aria-hidden="true" />Restored from disk</li> : null}
-        {cfg.kv_window ? <li data-testid="legend-dropped"><span className="legend-cell cell-drop" aria-hidden="true" />Left the KV window</li> : null}
+        {cfg.kv_window || cfg.attention_window ? <li data-testid="legend-dropped"><span className="legend-cell cell-drop" aria-hidden="true" />Left the {cfg.kv_window ? "KV" : "attention"} window</li> : null}
       </ul>
       <div className="heatmap-wrap" ref={wrapRef}>
         {n === 0 ? (

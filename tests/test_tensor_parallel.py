@@ -15,6 +15,7 @@ from minivllm.core.step_work import SeqWork
 from minivllm.engine.config import EngineConfig
 from minivllm.engine.factory import create_engine
 from minivllm.errors import ConfigError
+from minivllm.kernels.cpu import native
 from minivllm.model import tensor_parallel
 from minivllm.quant.formats import KQUANT_BYTES, KQuantWeight, quantize_int4, quantize_int8
 from minivllm.quant.policy import QuantConfig
@@ -26,14 +27,16 @@ CONFIG = EngineConfig(num_blocks=64, block_size=16, max_num_seqs=4)
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    """4 heads / 2 KV heads, intermediate 128: every split by 2 divides and cuts no 32-weight block."""
+    """4 heads of 32 / 2 KV heads, intermediate 128: every split by 2 divides, and each rank's products take
+    inputs in whole pairs of 32-weight blocks (our 4-bit kernel's step, so the native step serves them)."""
     directory = tmp_path_factory.mktemp("tp-llama")
-    make_tiny_llama(directory, seed=3, intermediate=128, init_std=0.08)
+    make_tiny_llama(directory, seed=3, intermediate=128, init_std=0.08, head_dim=32)
     return str(directory)
 
 
 def engine(model: str, tp: int, **kwargs):
-    return create_engine(model, CONFIG, threads=1, tensor_parallel_size=tp, **kwargs)
+    """Not eager (the tests' default): each rank takes the native decode step where it can."""
+    return create_engine(model, CONFIG, threads=1, tensor_parallel_size=tp, enforce_eager=False, **kwargs)
 
 
 def greedy(eng, max_tokens: int = 32) -> list[list[int]]:
@@ -62,15 +65,36 @@ def run(model: str, tp: int, logits: bool = False, **kwargs):
         eng.close()
 
 
+def native_calls(run_engine) -> int:
+    """How many native decode steps rank 0 ran inside `run_engine()`, and what it returned."""
+    native.decode_part_timing(True)
+    native.decode_part_times()  # from zero
+    try:
+        result = run_engine()
+        return native.decode_part_times()[2], result
+    finally:
+        native.decode_part_timing(False)
+
+
 def test_fp32_logits_and_greedy_tokens_match_one_rank(tiny_dir):
     logits1, tokens1, _ = run(tiny_dir, 1, logits=True, quantization="none")
-    logits2, tokens2, eng = run(tiny_dir, 2, logits=True, quantization="none")
+    calls, (logits2, tokens2, eng) = native_calls(lambda: run(tiny_dir, 2, logits=True, quantization="none"))
     assert logits2.shape == logits1.shape == (len(PROMPTS[0]), 256)
     assert (logits2 - logits1).abs().max().item() < 1e-4
     assert tokens2 == tokens1
-    # each rank holds half the KV heads, and the decode steps say why they run eagerly
+    # each rank holds half the KV heads; decode steps run natively, summing through shared memory
     assert eng.kv_cache.k[0].shape[2] == 1
-    assert "tensor parallelism over 2 ranks" in eng.info().compilation
+    assert calls >= 31 and "all-reduces in shared memory over 2 ranks" in eng.info().compilation
+    assert eng.loaded.model.tp.shm is not None
+
+
+def test_without_shared_memory_the_ranks_sum_over_gloo_and_decode_eagerly(tiny_dir, monkeypatch):
+    monkeypatch.setattr(tensor_parallel, "create_segment", lambda world: None)
+    _, tokens1, _ = run(tiny_dir, 1, quantization="none")
+    calls, (_, tokens2, eng) = native_calls(lambda: run(tiny_dir, 2, quantization="none"))
+    assert tokens2 == tokens1
+    assert calls == 0 and eng.loaded.model.tp.shm is None
+    assert "tensor parallelism over 2 ranks without shared memory" in eng.info().compilation
 
 
 def test_close_leaves_no_live_child(tiny_dir):
@@ -88,9 +112,9 @@ def test_int4_matches_one_rank_in_the_same_format(tiny_dir):
     otherwise pick a kernel of other arithmetic (bf16 activations) than the whole layer did."""
     int4 = QuantConfig("int4", kernel="fp32")
     _, tokens1, _ = run(tiny_dir, 1, quantization=int4)
-    _, tokens2, eng = run(tiny_dir, 2, quantization=int4)
+    calls, (_, tokens2, eng) = native_calls(lambda: run(tiny_dir, 2, quantization=int4))
     assert tokens2 == tokens1
-    assert "int4" in eng.loaded.quant.mode
+    assert "int4" in eng.loaded.quant.mode and calls > 0  # the 4-bit kernels inside the native step
 
 
 @pytest.mark.parametrize(

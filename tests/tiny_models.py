@@ -18,6 +18,7 @@ def make_tiny_llama(
     layers: int = 3,
     init_std: float | None = None,
     intermediate: int = 160,
+    head_dim: int = 16,
 ):
     """Build a random `transformers.LlamaForCausalLM`, save it (config.json + safetensors) and return it."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -30,7 +31,7 @@ def make_tiny_llama(
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=kv_heads,
-        head_dim=16,
+        head_dim=head_dim,
         max_position_embeddings=512,
         rms_norm_eps=1e-6,
         tie_word_embeddings=tie,

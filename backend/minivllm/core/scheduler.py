@@ -302,11 +302,12 @@ class Scheduler:
         )
         progress = self._admission_progress(request, len(cached) * self.bm.block_size)
         chunks = self._chunks(request, budget, progress)
+        window_start = self._window_start(min(progress.computed))  # cached blocks before it are freed at once
         needed = (
             self._resume_blocks(request, progress)
             if progress.refork_at is not None
             else self._blocks_needed(request, chunks, progress)
-        ) + self._free_cached(cached[self._window_start(min(progress.computed)) :])
+        ) + self._free_cached(cached[window_start:])
         if not any(chunks) or needed > self.bm.num_free_blocks:
             return (
                 f"out of KV blocks: needs {needed}, {self.bm.num_free_blocks} free"
@@ -315,7 +316,7 @@ class Scheduler:
             )
         leader.num_computed = self.bm.allocate_seq(leader.seq_id, request.request_id, leader.token_ids, cached)
         if self.config.attention_window is not None:  # cached blocks before every sequence's window go back
-            self.bm.free_window(leader.seq_id, self._window_start(min(progress.computed)) * self.bm.block_size)
+            self.bm.free_window(leader.seq_id, window_start * self.bm.block_size)
         if len(request.seqs) > 1 and progress.refork_at is None:
             self._fork_followers(request, progress.computed[1])
         request.refork_at = progress.refork_at

@@ -48,8 +48,9 @@ def create_engine(
     tp = tp_workers.prepare(config, speculative, threads, load_args)  # None: one process
     try:
         loaded = load_model(**load_args)
-        use_compilation(loaded.model, loaded.device, eager_requested(enforce_eager))
-        tp_workers.connect(tp, loaded, load_args, threads)
+        eager = eager_requested(enforce_eager)
+        use_compilation(loaded.model, loaded.device, eager)
+        tp_workers.connect(tp, loaded, load_args, threads, eager)
         return engine_for(loaded, config, speculative=speculative)
     except BaseException:
         tp_workers.stop(tp)

@@ -28,6 +28,7 @@ NATIVE_PART_NAMES = {
     "rotary + K/V store": "kv_store",
     "norms + residuals": "norms_act",
     "SiLU x up": "norms_act",
+    "all-reduce": "all_reduce",
 }
 MAX_KEPT_ROW_COUNTS = 512  # weight bytes are kept per row count (the kernel plan changes with it)
 

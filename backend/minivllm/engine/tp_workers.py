@@ -6,6 +6,9 @@ calls in the same order, so the collectives inside the model meet. On one machin
 (torch.multiprocessing, `tcp://127.0.0.1`); under `torchrun` (RANK / WORLD_SIZE set) every process joins
 the c10d rendezvous instead, and a rank above 0 serves steps until rank 0 closes, then exits.
 
+Spawned ranks map a shared-memory segment rank 0 creates (model/tensor_parallel.py) for their collectives,
+so each keeps the native decode step; torchrun's ranks, possibly on other machines, use the group's.
+
 Rank 0's runner broadcasts what it is about to run (the step's `SeqWork`s without their callbacks, block
 copies, window shifts, an early exit's layer count) on a gloo group of its own, then runs it: one pickled
 message a step. gloo carries CPU tensors; NCCL carries CUDA ones (the step messages stay on gloo).
@@ -28,9 +31,11 @@ from minivllm.core.step_work import PromptLogprobsRows, SeqWork
 from minivllm.engine.config import EngineConfig
 from minivllm.engine.model_runner import ModelRunner
 from minivllm.errors import ConfigError
+from minivllm.kernels.cpu import native
 from minivllm.loader import LoadedModel, load_model
 from minivllm.model import tensor_parallel
 from minivllm.model.attention import KVCache
+from minivllm.model.compiled import use_compilation
 from minivllm.model.tensor_parallel import TPGroup
 
 INIT_TIMEOUT = timedelta(minutes=10)  # the rendezvous, and any one collective inside a step
@@ -84,34 +89,45 @@ def _join_torchrun(size: int, load_args: dict) -> TPGroup:
     tp = _init(rank, world, "env://", backend)
     if rank > 0:
         try:
-            _serve(tp, load_args)
+            _serve(tp, load_args, eager=True)  # across machines: no shared segment, so no native step either
         finally:
             dist.destroy_process_group()
         raise SystemExit(0)
     return tp
 
 
-def connect(tp: TPGroup | None, loaded: LoadedModel, load_args: dict, threads: int | None) -> None:
-    """Rank 0, its slice loaded: spawn the workers (unless torchrun started them) and meet them."""
+def connect(tp: TPGroup | None, loaded: LoadedModel, load_args: dict, threads: int | None, eager: bool) -> None:
+    """Rank 0, its slice loaded: spawn the workers (unless torchrun started them) and meet them. Spawned
+    ranks share a memory segment for their collectives; `eager`: the workers' --enforce-eager."""
     if tp is None:
         return
     if tp.group is None:
         init = f"tcp://127.0.0.1:{_free_port()}"
         backend = _backend(str(loaded.device))
+        segment = tensor_parallel.create_segment(tp.world) if _shares_memory(backend) else None
         ctx = mp.get_context("spawn")
-        tp.processes = [
-            ctx.Process(target=_spawned, args=(r, tp.world, init, backend, load_args, threads or 1), daemon=True)
-            for r in range(1, tp.world)
-        ]
+        worker_args = (tp.world, init, backend, segment, load_args, threads or 1, eager)
+        tp.processes = [ctx.Process(target=_spawned, args=(r, *worker_args), daemon=True) for r in range(1, tp.world)]
         for process in tp.processes:
             process.start()
-        joined = _init(0, tp.world, init, backend)
+        try:
+            tensor_parallel.map_segment(segment, tp)
+            joined = _init(0, tp.world, init, backend)  # every rank has mapped the segment: its name can go
+        finally:
+            if segment is not None:
+                os.unlink(segment)
         tp.group, tp.steps = joined.group, joined.steps
     loaded.model.runner_class = TPModelRunner  # the engine's runner (ModelRunner.for_model)
     atexit.register(stop, tp)  # a script that never calls close() still lets its workers exit cleanly
-    tensor_parallel.run_eagerly(loaded.model)
+    tensor_parallel.restrict_steps(loaded.model)
     tensor_parallel.set_current(None)  # loaded: the group lives on as model.tp; a later load is whole
-    progress(f"tensor parallelism: {tp.world} ranks over {dist.get_backend(tp.group)}, {threads or 1} thread(s) each")
+    over = "shared memory" if tp.shm is not None else dist.get_backend(tp.group)
+    progress(f"tensor parallelism: {tp.world} ranks over {over}, {threads or 1} thread(s) each")
+
+
+def _shares_memory(backend: str) -> bool:
+    """Whether spawned ranks can sum through a shared segment: CPU tensors, our kernels built."""
+    return backend == "gloo" and native.available() is None
 
 
 def _backend(device: str | None) -> str:
@@ -131,24 +147,36 @@ def _init(rank: int, world: int, init_method: str, backend: str) -> TPGroup:
     return TPGroup(rank, world, group=dist.group.WORLD, steps=steps)
 
 
-def _spawned(rank: int, world: int, init_method: str, backend: str, load_args: dict, threads: int) -> None:
+def _spawned(
+    rank: int,
+    world: int,
+    init_method: str,
+    backend: str,
+    segment: str | None,
+    load_args: dict,
+    threads: int,
+    eager: bool,
+) -> None:
     """A spawned worker's whole life."""
     torch.set_num_threads(threads)
     if backend == "nccl":
         torch.cuda.set_device(rank)
         load_args = {**load_args, "device": f"cuda:{rank}"}
-    tp = _init(rank, world, init_method, backend)
+    shm = TPGroup(rank, world)
+    tensor_parallel.map_segment(segment, shm)  # before the rendezvous, after which rank 0 unlinks it
+    tp = dataclasses.replace(_init(rank, world, init_method, backend), shm=shm.shm)
     try:
-        _serve(tp, load_args)
+        _serve(tp, load_args, eager)
     finally:
         dist.destroy_process_group()
 
 
-def _serve(tp: TPGroup, load_args: dict) -> None:
+def _serve(tp: TPGroup, load_args: dict, eager: bool) -> None:
     """A worker: load its slice, then mirror rank 0's runner calls until told to stop."""
     tensor_parallel.set_current(tp)
     loaded = load_model(**load_args)
-    tensor_parallel.run_eagerly(loaded.model)
+    use_compilation(loaded.model, loaded.device, eager)
+    tensor_parallel.restrict_steps(loaded.model)
     runner = None
     while True:
         message = _receive(tp)

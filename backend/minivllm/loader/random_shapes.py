@@ -9,6 +9,18 @@ from minivllm.model.config import LlamaConfig
 
 # what every Qwen2.5 / Qwen3 shape shares: the tokenizer's vocabulary and ids, the norm's epsilon, the rope base
 _QWEN = dict(vocab_size=151936, rms_norm_eps=1e-6, rope_theta=1000000.0, eos_token_ids=(151645,), bos_token_id=151643)
+# the dense Qwen3 sizes (0.6B, 1.7B) differ only in their widths
+_QWEN3_DENSE = dict(
+    **_QWEN,
+    num_hidden_layers=28,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    max_position_embeddings=40960,
+    tie_word_embeddings=True,
+    family="qwen3",
+    qk_norm=True,
+)
 # what every Gemma 2 / 3 shape shares: 256-wide heads scaled by 256 ** -0.5, GeGLU, scaled embeddings, sandwich norms
 _GEMMA = dict(
     head_dim=256,
@@ -103,32 +115,8 @@ SHAPES: dict[str, dict] = {
         family="qwen2",
         qkv_bias=True,
     ),
-    "qwen3-0.6b": dict(
-        **_QWEN,
-        hidden_size=1024,
-        intermediate_size=3072,
-        num_hidden_layers=28,
-        num_attention_heads=16,
-        num_key_value_heads=8,
-        head_dim=128,
-        max_position_embeddings=40960,
-        tie_word_embeddings=True,
-        family="qwen3",
-        qk_norm=True,
-    ),
-    "qwen3-1.7b": dict(
-        **_QWEN,
-        hidden_size=2048,
-        intermediate_size=6144,
-        num_hidden_layers=28,
-        num_attention_heads=16,
-        num_key_value_heads=8,
-        head_dim=128,
-        max_position_embeddings=40960,
-        tie_word_embeddings=True,
-        family="qwen3",
-        qk_norm=True,
-    ),
+    "qwen3-0.6b": dict(**_QWEN3_DENSE, hidden_size=1024, intermediate_size=3072),
+    "qwen3-1.7b": dict(**_QWEN3_DENSE, hidden_size=2048, intermediate_size=6144),
     # Gemma's pieces (model/families.py); the loader caps the context at the sliding window
     "gemma-2-2b": dict(
         **_GEMMA,

@@ -207,7 +207,9 @@ class LlamaModel(nn.Module):
         if self.captured is not None:  # every decode step it holds replays what was captured
             return self.captured.describe()
         modes = [m.describe() for m in (self.native_step, self.compiled) if m is not None]
-        return "; otherwise ".join(modes) if modes else f"eager ({self.eager_reason})"
+        if self.compiled is None and not self.may_compile:  # what the steps the native one cannot take do
+            modes.append(f"eager ({self.eager_reason})")
+        return "; otherwise ".join(modes)
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

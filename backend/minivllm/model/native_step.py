@@ -90,6 +90,8 @@ def product_kinds(layers, rows: int) -> list[int] | None:
 class NativeDecodeStep:
     """Runs a decode step's layers in one native call where the model's kernels allow it (`run`)."""
 
+    DESCRIPTION = "native decode step (every layer in one C++ call, our kernels)"  # one rank's
+
     def __init__(self, model: torch.nn.Module):
         self.layers = tuple(model.layers)
         attention = self.layers[0].self_attn
@@ -102,6 +104,7 @@ class NativeDecodeStep:
         self.local_rotary = model.local_rotary  # the local layers' tables (Gemma 3), read at each call
         self.local_layers = [i for i, layer in enumerate(self.layers) if layer.self_attn.local_rope]
         self.gelu = self.layers[0].mlp.gelu
+        self.tp = getattr(model, "tp", None)  # its shared segment, read at each call (set once the ranks meet)
         self._kinds: dict[int, list[int] | None] = {}  # by row count; kernel plans are fixed once chosen
 
     @staticmethod
@@ -179,11 +182,18 @@ class NativeDecodeStep:
             (self.local_rotary.cos, self.local_rotary.signed_sin) if local else (),
             local,
             self.gelu,
+            *self._tp_ranks(),
         )
 
-    @staticmethod
-    def describe() -> str:
-        return "native decode step (every layer in one C++ call, our kernels)"
+    def _tp_ranks(self) -> tuple[torch.Tensor | None, int, int]:
+        """The shared segment the call all-reduces through, and this rank's place (none: one rank)."""
+        tp = self.tp
+        return (None, 0, 1) if tp is None else (tp.shm, tp.rank, tp.world)
+
+    def describe(self) -> str:
+        if self.tp is None:
+            return self.DESCRIPTION
+        return f"{self.DESCRIPTION[:-1]}, all-reduces in shared memory over {self.tp.world} ranks)"
 
 
 def native_blocker(model: torch.nn.Module) -> str | None:

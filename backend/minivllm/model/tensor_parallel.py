@@ -11,11 +11,18 @@ A quantized weight is sliced in its stored blocks: rows freely, input columns at
 floats where a slice would cut a block (one log line). The KV pool of a rank holds its KV heads only: the
 model's config says KV/N heads. The engine's side (launching ranks, sending each step) is
 engine/tp_workers.py.
+
+Ranks the engine spawned on one machine sum and gather fp32 tensors through a shared-memory segment
+(kernels/cpu/shm_collectives.cpp: microseconds, where gloo's loopback TCP took ~1.5 ms a collective), which
+the native decode step also calls between its products; ranks across machines (torchrun) use the group.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import tempfile
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -53,6 +60,51 @@ class TPGroup:
     steps: object | None = None
     processes: list | None = field(default=None, repr=False)
     stopped: bool = False  # rank 0 has told the workers to exit (engine/tp_workers.py stop)
+    shm: torch.Tensor | None = field(default=None, repr=False)  # the shared segment, where the ranks share memory
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """x summed over the ranks, in place where it can be (the result is returned either way)."""
+        if self.shm is None or x.device.type != "cpu" or x.dtype != torch.float32:
+            dist.all_reduce(x, group=self.group)
+            return x
+        x = x.contiguous()
+        torch.ops.minivllm_native.shm_all_reduce_(x, self.shm, self.rank, self.world)
+        return x
+
+    def all_gather(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """Every rank's x (one shape on all), in rank order."""
+        if self.shm is None or x.device.type != "cpu" or x.dtype != torch.float32:
+            shards = [torch.empty_like(x) for _ in range(self.world)]
+            dist.all_gather(shards, x, group=self.group)
+            return shards
+        return list(torch.ops.minivllm_native.shm_all_gather(x.contiguous(), self.shm, self.rank, self.world))
+
+
+SEGMENT_SLOT_BYTES = 2 << 20  # per rank and generation; bigger tensors go through in chunks
+SEGMENT_HEADER_BYTES = 64 * 64  # shm_collectives.cpp's header: a 64-byte line per rank, up to 64 ranks
+
+
+def create_segment(world: int) -> str | None:
+    """Rank 0: a zeroed shared-memory file for `world` ranks' collectives, or None where there is no
+    shared-memory file system (the ranks then use their gloo group). Unlinked once every rank mapped it."""
+    folder = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+    path = os.path.join(folder, f"minivllm-tp-{uuid.uuid4().hex}")
+    try:
+        with open(path, "wb") as f:
+            f.truncate(SEGMENT_HEADER_BYTES + 2 * world * SEGMENT_SLOT_BYTES)
+    except OSError as exc:
+        progress(f"tensor parallelism: no shared-memory segment ({exc}); collectives go over gloo")
+        return None
+    return path
+
+
+def map_segment(path: str | None, tp: TPGroup) -> None:
+    """This rank maps the segment and writes its pid there (a waiting peer checks that it lives)."""
+    if path is None:
+        return
+    size = os.path.getsize(path)
+    tp.shm = torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
+    tp.shm.view(torch.int64)[tp.rank * 8 + 1] = os.getpid()
 
 
 _current: TPGroup | None = None
@@ -192,21 +244,13 @@ def install_collectives(model: nn.Module, tp: TPGroup) -> None:
     as forward hooks on the modules that need them (whatever the loader put in their place)."""
     for layer in model.layers:
         for product in (layer.self_attn.o_proj, layer.mlp.down_proj):
-            product.register_forward_hook(_all_reduce_output(tp))
+            product.register_forward_hook(lambda _module, _args, output: tp.all_reduce(output))
     start, end = vocab_range(model.config.vocab_size, tp.rank, tp.world)
     lookup = _VocabLookup(tp, start, end)
     model.embed_tokens.register_forward_pre_hook(lookup.local_ids)
     model.embed_tokens.register_forward_hook(lookup.combine)
     model.lm_head.register_forward_hook(_gather_logits(tp, model.config.vocab_size))
     model.tp = tp
-
-
-def _all_reduce_output(tp: TPGroup):
-    def hook(_module, _args, output: torch.Tensor) -> torch.Tensor:
-        dist.all_reduce(output, group=tp.group)
-        return output
-
-    return hook
 
 
 class _VocabLookup:
@@ -222,9 +266,7 @@ class _VocabLookup:
         return (torch.where(self.mask, ids - self.start, 0), *args[1:])
 
     def combine(self, _module, _args, output: torch.Tensor) -> torch.Tensor:
-        output = output * self.mask.unsqueeze(-1).to(output.dtype)
-        dist.all_reduce(output, group=self.tp.group)
-        return output
+        return self.tp.all_reduce(output * self.mask.unsqueeze(-1).to(output.dtype))
 
 
 def _gather_logits(tp: TPGroup, vocab: int):
@@ -234,21 +276,19 @@ def _gather_logits(tp: TPGroup, vocab: int):
         shard = output.contiguous()
         if shard.shape[-1] < per:  # the last range is shorter: padded so every rank sends one size
             shard = torch.nn.functional.pad(shard, (0, per - shard.shape[-1]))
-        shards = [torch.empty_like(shard) for _ in range(tp.world)]
-        dist.all_gather(shards, shard, group=tp.group)
-        return torch.cat(shards, dim=-1)[..., :vocab]
+        return torch.cat(tp.all_gather(shard), dim=-1)[..., :vocab]
 
     return hook
 
 
-def run_eagerly(model: nn.Module) -> None:
-    """Decode steps under tensor parallelism run the eager layers: the native and compiled steps run every
-    layer in one call, with no place for the all-reduce each layer needs."""
-    model.native_step, model.compiled = None, None
-    model.may_compile = model.may_capture = False
-    model.eager_reason = (
-        f"tensor parallelism over {model.tp.world} ranks: the native and compiled steps run all layers in one "
-        "call, with no all-reduce between them"
-    )
-    if model.tp.rank == 0:
-        progress(f"decode steps run eagerly: {model.eager_reason}")
+def restrict_steps(model: nn.Module) -> None:
+    """Decode steps under tensor parallelism: no compiled step (its graphs span layers, with no place for the
+    all-reduce each layer needs); the native step only where the ranks share memory, for it all-reduces
+    inside its one call (the shared segment); else the eager layers with the group's collectives."""
+    tp = model.tp
+    model.compiled, model.may_compile, model.may_capture = None, False, False
+    ranks = f"tensor parallelism over {tp.world} ranks"
+    model.eager_reason = f"{ranks}: the compiled step has no all-reduce between layers"
+    if tp.shm is None and model.native_step is not None:
+        model.native_step = None
+        model.eager_reason = f"{ranks} without shared memory: the native step has no all-reduce inside"

@@ -42,6 +42,7 @@ export const PARTS: readonly { key: string; label: string; color: string }[] = [
   { key: "attention", label: "attention", color: "#2da44e" },
   { key: "kv_store", label: "rotary + K/V store", color: "#1f9bb8" },
   { key: "norms_act", label: "norms + activations", color: "#d4a72c" },
+  { key: "all_reduce", label: "all-reduce (tensor parallel)", color: "#bf4b8a" },
   { key: "layers_other", label: "rest of the native call", color: "#a371f7" },
   { key: "outside_layers", label: "embedding, LM head, Python", color: "#e16f24" },
   { key: "forward", label: "forward (not split)", color: "#f778ba" },

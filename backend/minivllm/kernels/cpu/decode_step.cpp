@@ -3,7 +3,9 @@
 // output product and residual, RMSNorm, the fused gate/up product, SiLU x up, the down product and residual.
 // A family's pieces are optional arguments, absent where empty (`Piece`): a QKV and an O bias (Qwen2),
 // per-head Q/K RMSNorms before rotary (Qwen3, Gemma 3), norms on the attention's and MLP's outputs, GeGLU
-// and a second rope table for the local layers (Gemma), rotary over a head's leading dims (Phi-3).
+// and a second rope table for the local layers (Gemma), rotary over a head's leading dims (Phi-3). Under
+// tensor parallelism a rank runs its slice of every layer and sums the O and down products over the ranks
+// through shared memory (shm_collectives.cpp), still in this one call.
 //
 // Why: at one sequence the weight products of a 4-bit step take ~4 ms, and everything around them took
 // another ~2.5 ms: inductor's wrapper calling ~12 kernels a layer from Python, each call's dispatch,
@@ -235,8 +237,9 @@ inline __m256 silu8(__m256 g) {
   return _mm256_div_ps(numerator, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
 }
 
-// [rows, 2I] gate|up -> `out` [rows, I]: silu(gate) * up.
-void silu_times_up(const at::Tensor& gate_up, at::Tensor& out) {
+// [rows, 2I] gate|up -> `out` [rows, I]: act(gate) * up, eight lanes at a time (`act8`), the tail by `act`.
+template <typename Act8, typename Act>
+void act_times_up(const at::Tensor& gate_up, at::Tensor& out, Act8 act8, Act act) {
   const int64_t rows = gate_up.size(0), n = gate_up.size(1) / 2;
   const float* src = gate_up.data_ptr<float>();
   float* dst = out.data_ptr<float>();
@@ -246,9 +249,14 @@ void silu_times_up(const at::Tensor& gate_up, at::Tensor& out) {
     float* o = dst + r * n;
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
-      _mm256_storeu_ps(o + i, _mm256_mul_ps(silu8(_mm256_loadu_ps(gate + i)), _mm256_loadu_ps(up + i)));
-    for (; i < n; ++i) o[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+      _mm256_storeu_ps(o + i, _mm256_mul_ps(act8(_mm256_loadu_ps(gate + i)), _mm256_loadu_ps(up + i)));
+    for (; i < n; ++i) o[i] = act(gate[i]) * up[i];
   });
+}
+
+// SwiGLU: silu(gate) * up.
+void silu_times_up(const at::Tensor& gate_up, at::Tensor& out) {
+  act_times_up(gate_up, out, [](__m256 g) { return silu8(g); }, [](float g) { return g / (1.0f + std::exp(-g)); });
 }
 
 // gelu_tanh(g) = g / 2 (1 + tanh(u)) = g sigmoid(2u), u = sqrt(2/pi) (g + 0.044715 g^3); the sigmoid from
@@ -261,22 +269,10 @@ inline __m256 gelu8(__m256 g) {
   return _mm256_div_ps(numerator, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
 }
 
-// [rows, 2I] gate|up -> `out` [rows, I]: gelu_tanh(gate) * up (GeGLU).
+// GeGLU: gelu_tanh(gate) * up.
 void gelu_times_up(const at::Tensor& gate_up, at::Tensor& out) {
-  const int64_t rows = gate_up.size(0), n = gate_up.size(1) / 2;
-  const float* src = gate_up.data_ptr<float>();
-  float* dst = out.data_ptr<float>();
-  over_rows(rows, n, [&](int64_t r) {
-    const float* gate = src + r * 2 * n;
-    const float* up = gate + n;
-    float* o = dst + r * n;
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-      _mm256_storeu_ps(o + i, _mm256_mul_ps(gelu8(_mm256_loadu_ps(gate + i)), _mm256_loadu_ps(up + i)));
-    for (; i < n; ++i) {
-      const float g = gate[i];
-      o[i] = 0.5f * g * (1.0f + std::tanh(0.7978845608f * (g + 0.044715f * g * g * g))) * up[i];
-    }
+  act_times_up(gate_up, out, [](__m256 g) { return gelu8(g); }, [](float g) {
+    return 0.5f * g * (1.0f + std::tanh(0.7978845608f * (g + 0.044715f * g * g * g)));
   });
 }
 
@@ -400,7 +396,7 @@ void check_step(const at::Tensor& x, const at::Tensor& positions, const at::Tens
 // Where the call's time goes, on request (`bench profile`): wall time around each part of every layer, summed
 // over calls until read (`decode_part_times`). Off, a part costs a relaxed load and a branch. The engine calls
 // the step from one thread, which alone adds to the sums.
-enum Part : int { kProducts, kAttention, kRotaryStore, kNormsResiduals, kSiluUp, kWholeCall, kParts };
+enum Part : int { kProducts, kAttention, kRotaryStore, kNormsResiduals, kSiluUp, kAllReduce, kWholeCall, kParts };
 std::atomic<bool> timing_parts{false};
 double part_seconds[kParts] = {};
 int64_t timed_calls = 0;
@@ -458,6 +454,17 @@ LayerPieces layer_pieces(at::TensorList pieces, int64_t layer, const at::Tensor&
   return p;
 }
 
+// Tensor parallelism: the ranks' shared segment (shm_collectives.cpp) and this rank's place; none: one rank.
+struct TPRanks {
+  const std::optional<at::Tensor>& shm;
+  int64_t rank, world;
+
+  // A row-parallel product's partial sums, summed over the ranks in place.
+  void all_reduce(at::Tensor& partial) const {
+    if (shm) timed(kAllReduce, [&] { shm_all_reduce_into(partial.data_ptr<float>(), partial.numel(), *shm, rank, world); });
+  }
+};
+
 // `out` = x through RMSNorm where the norm is given (a sandwich norm), else x itself.
 const at::Tensor& maybe_norm(const at::Tensor& x, const float* norm, float eps, at::Tensor& out) {
   if (!norm) return x;
@@ -472,12 +479,13 @@ const at::Tensor& maybe_norm(const at::Tensor& x, const float* norm, float eps, 
 // cos / signed_sin: the model's whole rotary tables [positions, rot], read at each row's position (a
 // lookup in Python was two indexing calls a step); local_rope: the `local_layers`' own pair, or none.
 // pieces: none, or per layer its Piece tensors (empty where absent); gelu: GeGLU, not SwiGLU.
+// tp: under tensor parallelism the O and down products' outputs are all-reduced before their bias and norm.
 at::Tensor run_layers(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos,
                       const at::Tensor& signed_sin, at::TensorList weights, at::TensorList k_pools,
                       at::TensorList v_pools, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
                       const at::Tensor& context_lens, at::IntArrayRef kinds, int64_t heads, double eps,
                       double scale, const std::optional<at::Tensor>& final_norm, at::TensorList pieces,
-                      at::TensorList local_rope, at::IntArrayRef local_layers, bool gelu) {
+                      at::TensorList local_rope, at::IntArrayRef local_layers, bool gelu, const TPRanks& tp) {
   check_step(x, positions, cos, signed_sin, weights, k_pools, v_pools, slot_mapping, kinds, heads, final_norm);
   const Shape s{x.size(0), heads, k_pools[0].size(2), pool_head_dim(k_pools[0])};
   check_pieces(pieces, local_rope, local_layers, static_cast<int64_t>(k_pools.size()), cos, x.size(1), s);
@@ -503,6 +511,7 @@ at::Tensor run_layers(const at::Tensor& x, const at::Tensor& positions, const at
       if (quantized) hadamard_heads(b.attention.data_ptr<float>(), s.rows, s.heads * s.dim, s.heads, s.dim);
     });
     timed(kProducts, [&] { product(b.attention_rows, w[2], kind[1], b.projected); });
+    tp.all_reduce(b.projected);
     timed(kNormsResiduals, [&] {
       if (p.piece[kOBias]) add_bias(b.projected, p.piece[kOBias]);
       add_into(hidden, maybe_norm(b.projected, p.piece[kAttnOutNorm], eps, b.normed));
@@ -511,6 +520,7 @@ at::Tensor run_layers(const at::Tensor& x, const at::Tensor& positions, const at
     timed(kProducts, [&] { product(b.normed, w[4], kind[2], b.gate_up); });
     timed(kSiluUp, [&] { p.gelu ? gelu_times_up(b.gate_up, b.activated) : silu_times_up(b.gate_up, b.activated); });
     timed(kProducts, [&] { product(b.activated, w[5], kind[3], b.projected); });
+    tp.all_reduce(b.projected);
     timed(kNormsResiduals, [&] { add_into(hidden, maybe_norm(b.projected, p.piece[kMlpOutNorm], eps, b.normed)); });
   }
   if (!final_norm) return hidden;
@@ -525,11 +535,13 @@ at::Tensor decode_layers(const at::Tensor& x, const at::Tensor& positions, const
                          at::TensorList v_pools, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
                          const at::Tensor& context_lens, at::IntArrayRef kinds, int64_t heads, double eps,
                          double scale, const std::optional<at::Tensor>& final_norm, at::TensorList pieces,
-                         at::TensorList local_rope, at::IntArrayRef local_layers, bool gelu) {
+                         at::TensorList local_rope, at::IntArrayRef local_layers, bool gelu,
+                         const std::optional<at::Tensor>& tp_shm, int64_t tp_rank, int64_t tp_world) {
   at::Tensor out;
   timed(kWholeCall, [&] {
     out = run_layers(x, positions, cos, signed_sin, weights, k_pools, v_pools, slot_mapping, block_tables,
-                     context_lens, kinds, heads, eps, scale, final_norm, pieces, local_rope, local_layers, gelu);
+                     context_lens, kinds, heads, eps, scale, final_norm, pieces, local_rope, local_layers, gelu,
+                     TPRanks{tp_shm, tp_rank, tp_world});
   });
   if (timing_parts.load(std::memory_order_relaxed)) ++timed_calls;
   return out;
@@ -541,7 +553,7 @@ TORCH_LIBRARY_FRAGMENT(minivllm_native, m) {
   m.def("decode_layers(Tensor x, Tensor positions, Tensor cos, Tensor signed_sin, Tensor[] weights, Tensor[] k_pools, "
         "Tensor[] v_pools, Tensor slot_mapping, Tensor block_tables, Tensor context_lens, int[] kinds, "
         "int heads, float eps, float scale, Tensor? final_norm, Tensor[] pieces, Tensor[] local_rope, "
-        "int[] local_layers, bool gelu) -> Tensor");
+        "int[] local_layers, bool gelu, Tensor? tp_shm, int tp_rank, int tp_world) -> Tensor");
   m.def("decode_part_timing(bool on) -> ()", &decode_part_timing);
   m.def("decode_part_times() -> float[]", &decode_part_times);
 }

@@ -35,4 +35,8 @@ void paged_decode_attention_into(const at::Tensor& q, const at::Tensor& k_pool, 
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
                                   const at::Tensor& block_tables, const at::Tensor& context_lens, double scale);
 
+// Tensor parallelism on one machine (shm_collectives.cpp): `n` floats at `data` summed over the `world` ranks
+// in place, through the shared segment `shm` every rank maps; every rank gets the same bits.
+void shm_all_reduce_into(float* data, int64_t n, const at::Tensor& shm, int64_t rank, int64_t world);
+
 }  // namespace minivllm_native

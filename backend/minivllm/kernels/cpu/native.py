@@ -32,6 +32,7 @@ SOURCES = [
         "decode_step.cpp",
         "embedding.cpp",
         "kquant_matmul.cpp",
+        "shm_collectives.cpp",
     )
 ]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
@@ -178,7 +179,7 @@ def argmax_logsumexp(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, 
 
 
 # decode_step.cpp's parts of a call, in the order `decode_part_times` returns them (then the whole call)
-DECODE_PARTS = ("products", "attention", "rotary + K/V store", "norms + residuals", "SiLU x up")
+DECODE_PARTS = ("products", "attention", "rotary + K/V store", "norms + residuals", "SiLU x up", "all-reduce")
 
 
 def decode_part_timing(on: bool) -> None:

@@ -30,6 +30,7 @@ from minivllm.console import progress
 from minivllm.core.step_work import PromptLogprobsRows, SeqWork
 from minivllm.engine.config import EngineConfig
 from minivllm.engine.model_runner import ModelRunner
+from minivllm.env import env_flag
 from minivllm.errors import ConfigError
 from minivllm.kernels.cpu import native
 from minivllm.loader import LoadedModel, load_model
@@ -41,6 +42,7 @@ from minivllm.model.tensor_parallel import TPGroup
 INIT_TIMEOUT = timedelta(minutes=10)  # the rendezvous, and any one collective inside a step
 IDLE_TIMEOUT = timedelta(days=365)  # a worker waits for the next step as long as the server idles
 JOIN_SECONDS = 30
+SHARED_MEMORY_ENV = "MINIVLLM_TP_SHARED_MEMORY"  # 0: spawned ranks sum over gloo as across machines (A/B benches)
 
 
 def prepare(config: EngineConfig, speculative, threads: int | None, load_args: dict) -> TPGroup | None:
@@ -127,7 +129,7 @@ def connect(tp: TPGroup | None, loaded: LoadedModel, load_args: dict, threads: i
 
 def _shares_memory(backend: str) -> bool:
     """Whether spawned ranks can sum through a shared segment: CPU tensors, our kernels built."""
-    return backend == "gloo" and native.available() is None
+    return backend == "gloo" and native.available() is None and env_flag(SHARED_MEMORY_ENV, default=True)
 
 
 def _backend(device: str | None) -> str:

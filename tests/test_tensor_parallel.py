@@ -4,6 +4,7 @@ model/tensor_parallel.py): the split model against the whole one on a tiny rando
 from __future__ import annotations
 
 import multiprocessing
+import re
 import subprocess
 import sys
 
@@ -187,3 +188,14 @@ def test_quantized_slices_keep_their_stored_values():
 def _super_blocks(rows: int, per_row: int, kind: str) -> torch.Tensor:
     """Random bytes as K-quant rows (any bytes decode; a NaN scale decodes to NaNs, compared as equal)."""
     return torch.randint(0, 256, (rows, per_row * KQUANT_BYTES[kind]), dtype=torch.uint8)
+
+
+@pytest.mark.slow
+def test_the_bench_prints_the_split_over_shared_memory_and_over_gloo_beside_one_process():
+    args = ["bench", "throughput", "--model", "random:tiny", "--tensor-parallel-size", "2", "--quick"]
+    done = subprocess.run([sys.executable, "-m", "minivllm", *args], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    for label in ("TP=1, 2 threads", "TP=2 over shared memory, 1 thread(s) a rank", "TP=2 over gloo"):
+        assert re.search(rf"^{re.escape(label)}.*\s\d+\.\d\s+\d+\.\d$", done.stdout, re.M), (label, done.stdout)
+    assert "TP=2 over gloo, 1 thread(s) a rank vs TP=1, 2 threads: " in done.stdout
+    assert "machine: CPU capability" in done.stdout

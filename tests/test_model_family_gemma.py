@@ -13,6 +13,8 @@ writes one (norms stored with their +1 folded in).
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 from test_model_families import (
@@ -24,10 +26,12 @@ from test_model_families import (
     finish_gguf,
     greedy_through_engine,
     hf_greedy,
+    native_step_on,
     report,
     save_tiny,
 )
 
+from engine_utils import make_engine, random_decode_works
 from minivllm.loader import UnsupportedModelError, load_model
 
 WINDOW = 96
@@ -112,21 +116,27 @@ def test_greedy_matches_hf_alone_batched_and_preempted(pair):
     assert_greedy_matches_hf(loaded, hf, name)  # 13 + 32 tokens at most: within the window
 
 
-def test_native_step_serves_gemma_or_says_why_not(pair, capsys):
-    """The native decode step runs Gemma's pieces (scale, sandwich norms, GeGLU, Q/K norms, the local rope);
-    soft-capped attention scores keep Gemma 2 off it, with one line that says so."""
-    from minivllm.kernels.cpu import native
-    from minivllm.model.native_step import NativeDecodeStep
-
+def test_native_step_serves_gemma(pair):
+    """The native decode step runs Gemma's pieces (scale, sandwich norms, GeGLU, Q/K norms, the local rope,
+    soft-capped attention scores)."""
     name, hf, loaded = pair
-    if loaded.config.attn_softcap is None:
-        assert_native_step_matches(loaded, hf, name)
-        return
-    capsys.readouterr()
-    assert NativeDecodeStep.for_model(loaded.model) is None
-    lines = [line for line in capsys.readouterr().err.splitlines() if "native decode step off" in line]
-    if native.available() is None:
-        assert len(lines) == 1 and "soft-capped attention" in lines[0] and loaded.config.family in lines[0]
+    assert_native_step_matches(loaded, hf, name)
+
+
+def test_native_step_caps_attention_scores_as_hf_does(tmp_path, embedded_tokenizer):
+    """A cap of 1 bends every score (the real models' 50 barely touches a tiny model's): the native step's
+    tokens and logits still equal the eager layers' and HF's, and the same step without its cap does not."""
+    hf = make_tiny_gemma("Gemma2", tmp_path, embedded_tokenizer, seed=5, attn_logit_softcapping=1.0)
+    loaded = load_model(str(tmp_path), dtype="float32", device="cpu")
+    assert loaded.config.attn_softcap == 1.0
+    assert_native_step_matches(loaded, hf, "gemma2-cap-1")
+    engine = make_engine(loaded, max_num_seqs=4, num_blocks=32)
+    works = random_decode_works(random.Random(3), 4, 32, max_width=5, vocab=loaded.config.vocab_size)
+    eager = engine.runner.execute(works, [])
+    with native_step_on(loaded) as calls:
+        loaded.model.native_step.softcap = 0.0
+        uncapped = engine.runner.execute(works, [])
+    assert calls and (uncapped - eager).abs().max().item() > 100 * ATOL
 
 
 @pytest.mark.parametrize("variant", ["gemma2-softcaps", "gemma3-text"])

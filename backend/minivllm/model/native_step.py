@@ -15,8 +15,9 @@ decode steps (one token per sequence); prefill chunks and hidden-state capture r
 
 Families: a layer's pieces beyond Llama's go in as optional tensors (`PIECES`, empty where absent): Qwen2's
 QKV bias, an O bias, Qwen3's and Gemma 3's Q/K norms, Gemma's norms on the attention's and MLP's outputs;
-with them Gemma's GeGLU, attention scale and local layers' rope tables, and Phi-3's partial rotary. What
-the step lacks (`native_blocker`: soft-capped attention scores, MoE layers) keeps the model off it.
+with them Gemma's GeGLU, attention scale, soft-capped scores (Gemma 2) and local layers' rope tables, and
+Phi-3's partial rotary. What the step lacks (`native_blocker`: MoE layers, a sliding window) keeps the model
+off it.
 """
 
 from __future__ import annotations
@@ -104,6 +105,7 @@ class NativeDecodeStep:
         self.local_rotary = model.local_rotary  # the local layers' tables (Gemma 3), read at each call
         self.local_layers = [i for i, layer in enumerate(self.layers) if layer.self_attn.local_rope]
         self.gelu = self.layers[0].mlp.gelu
+        self.softcap = model.config.attn_softcap or 0.0  # Gemma 2's; 0: none
         self.tp = getattr(model, "tp", None)  # its shared segment, read at each call (set once the ranks meet)
         self._kinds: dict[int, list[int] | None] = {}  # by row count; kernel plans are fixed once chosen
 
@@ -182,6 +184,7 @@ class NativeDecodeStep:
             (self.local_rotary.cos, self.local_rotary.signed_sin) if local else (),
             local,
             self.gelu,
+            self.softcap,
             *self._tp_ranks(),
         )
 
@@ -198,12 +201,10 @@ class NativeDecodeStep:
 
 def native_blocker(model: torch.nn.Module) -> str | None:
     """Why decode_step.cpp cannot run this model's layers (Llama's, with the pieces in `PIECES`, GeGLU, an
-    attention scale, local rope tables and partial rotary), or None."""
+    attention scale and soft cap, local rope tables and partial rotary), or None."""
     cfg = model.config
     if cfg.moe_layers:
         return f"the {cfg.family} family's mixture-of-experts layers"
-    if cfg.attn_softcap is not None:
-        return f"the {cfg.family} model's soft-capped attention scores (the native attention kernel has no cap)"
     if cfg.attention_window is not None:
         return f"the {cfg.family} model's sliding-window attention ({cfg.attention_window} tokens; the step has none)"
     return None

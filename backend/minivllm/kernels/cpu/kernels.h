@@ -29,9 +29,10 @@ void fp32_linear_into(const at::Tensor& x, const at::Tensor& w, at::Tensor& out)
 // checked (block ids and context lengths against the pool), then the attention, which trusts them.
 void check_decode_attention(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
                             const at::Tensor& block_tables, const at::Tensor& context_lens);
+// `softcap` above 0: every score capped at +-softcap through tanh before the softmax (Gemma 2).
 void paged_decode_attention_into(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
                                  const at::Tensor& block_tables, const at::Tensor& context_lens, double scale,
-                                 at::Tensor& out);
+                                 at::Tensor& out, double softcap = 0.0);
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
                                   const at::Tensor& block_tables, const at::Tensor& context_lens, double scale);
 

@@ -242,11 +242,27 @@ void weigh_group(const float* p, int64_t p_stride, const T* rows, int64_t n, int
 // denominator. K, then V, are read block by block front to back, every KV head of the range while the
 // block is in L1 (a token's row holds all its heads side by side). Each output sums its part's tokens in
 // order, whatever the range or the heads' split: the same bits however a sequence is divided into tasks.
-// Tokens before `visible` (a sliding window's first key, inside the first block read) score -inf.
+// Tokens before `visible` (a sliding window's first key, inside the first block read) score -inf; a
+// `softcap` above 0 caps every score first (Gemma 2).
+// Gemma 2's soft cap, in place: s -> cap tanh(s / cap), tanh(x) = sign(x) (1 - e) / (1 + e) with e = e^-2|x| <= 1
+// (exp8 takes x <= 0), as the GeGLU's tanh in decode_step.cpp; the tail by std::tanh.
+inline void cap_scores(float* s, int64_t n, float cap) {
+  const __m256 inverse = _mm256_set1_ps(1.0f / cap), capv = _mm256_set1_ps(cap), sign = _mm256_set1_ps(-0.0f);
+  const __m256 one = _mm256_set1_ps(1.0f), minus_two = _mm256_set1_ps(-2.0f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_mul_ps(_mm256_loadu_ps(s + i), inverse);
+    const __m256 e = exp8(_mm256_mul_ps(minus_two, _mm256_andnot_ps(sign, x)));
+    const __m256 t = _mm256_div_ps(_mm256_sub_ps(one, e), _mm256_add_ps(one, e));  // tanh |x|
+    _mm256_storeu_ps(s + i, _mm256_mul_ps(capv, _mm256_or_ps(t, _mm256_and_ps(sign, x))));
+  }
+  for (; i < n; ++i) s[i] = cap * std::tanh(s[i] / cap);
+}
+
 template <typename T>
 void attend(const float* q, const T* k_pool, const T* v_pool, const int64_t* table, int64_t t0, int64_t t1,
             int64_t limit, int64_t part_len, int64_t h0, int64_t h1, const Geometry& g, float* scores, float* top,
-            float* sum, float* out, int64_t visible = 0) {
+            float* sum, float* out, int64_t visible = 0, float softcap = 0.0f) {
   const int64_t stride = g.kv_heads * g.row, heads = (h1 - h0) * g.group, n = t1 - t0;  // scores: [query head][token]
   prefetch_block(v_pool, table, t0 / g.block_size, g);  // the V pass's first block, read after every K block
   over_blocks(k_pool, table, t0, t1, limit, g, [&](int64_t first, const T* rows, int64_t count) {
@@ -254,6 +270,7 @@ void attend(const float* q, const T* k_pool, const T* v_pool, const int64_t* tab
       score_rows(q + (kv - h0) * g.group * g.dim, rows + kv * g.row, count, stride, g,
                  scores + (kv - h0) * g.group * n + (first - t0), n);
   });
+  if (softcap > 0.0f) cap_scores(scores, heads * n, softcap);
   const int64_t hidden = std::max<int64_t>(0, std::min(visible, t1) - t0);  // the part's tokens before the window
   for (int64_t i = 0; i < heads && hidden; ++i)
     std::fill(scores + i * n, scores + i * n + hidden, -std::numeric_limits<float>::infinity());
@@ -356,6 +373,7 @@ struct Attention {
   const T *k, *v;
   const int64_t *tables, *lens;
   int64_t window;  // sliding-window attention over the last `window` keys; 0: the whole context
+  float softcap;   // scores capped at +-softcap through tanh (Gemma 2); 0: none
 
   // A sequence's first key, and the first block's first token: parts count from there (by position).
   int64_t visible(int64_t seq) const { return window > 0 ? std::max<int64_t>(0, lens[seq] - window) : 0; }
@@ -374,7 +392,7 @@ struct Attention {
     }
     const int64_t base = first(seq);
     attend(scaled, k, v, tables + seq * g.max_blocks, base + p0 * part_len, std::min(lens[seq], base + p1 * part_len),
-           lens[seq], part_len, h0, h0 + kv_count, g, scores, top, sum, o, visible(seq));
+           lens[seq], part_len, h0, h0 + kv_count, g, scores, top, sum, o, visible(seq), softcap);
   }
 };
 
@@ -455,13 +473,13 @@ void by_part(const Attention<T>& a, int64_t seqs, float* out) {
 
 template <typename T>
 void run(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool, const at::Tensor& block_tables,
-         const at::Tensor& context_lens, float scale, at::Tensor& out, int64_t window) {
+         const at::Tensor& context_lens, float scale, at::Tensor& out, int64_t window, float softcap = 0.0f) {
   const Geometry g{k_pool.size(1), k_pool.size(2), q.size(2), q.size(1) / k_pool.size(2), block_tables.size(1),
                    k_pool.size(3)};
   const Attention<T> a{g, (kPartTokens + g.block_size - 1) / g.block_size * g.block_size, g.kv_heads * g.group,
                        q.data_ptr<float>(), q.stride(0), q.stride(1), q.stride(2), scale,
                        k_pool.data_ptr<T>(), v_pool.data_ptr<T>(), block_tables.data_ptr<int64_t>(),
-                       context_lens.data_ptr<int64_t>(), window};
+                       context_lens.data_ptr<int64_t>(), window, softcap};
   const int64_t seqs = q.size(0);
   if (seqs >= 2 * at::get_num_threads()) by_sequence(a, seqs, out.data_ptr<float>());
   else by_part(a, seqs, out.data_ptr<float>());
@@ -471,11 +489,13 @@ void run(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool
 
 void minivllm_native::paged_decode_attention_into(const at::Tensor& q, const at::Tensor& k_pool,
                                                   const at::Tensor& v_pool, const at::Tensor& block_tables,
-                                                  const at::Tensor& context_lens, double scale, at::Tensor& out) {
+                                                  const at::Tensor& context_lens, double scale, at::Tensor& out,
+                                                  double softcap) {
   TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && out.sizes() == q.sizes(),
               "expected a contiguous fp32 output ", q.sizes(), ", got ", out.sizes());
+  TORCH_CHECK(softcap >= 0.0, "a soft cap must be positive (0: none), got ", softcap);
   with_pool_type(k_pool, [&](auto element) {
-    run<decltype(element)>(q, k_pool, v_pool, block_tables, context_lens, scale, out, 0);
+    run<decltype(element)>(q, k_pool, v_pool, block_tables, context_lens, scale, out, 0, static_cast<float>(softcap));
   });
 }
 

@@ -11,7 +11,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_model_families import ATOL, assert_greedy_matches_hf, assert_parity, finish_gguf, report, save_tiny
+from test_model_families import (
+    ATOL,
+    assert_greedy_matches_hf,
+    assert_native_step_matches,
+    assert_parity,
+    finish_gguf,
+    report,
+    save_tiny,
+)
 
 from minivllm.loader import load_model
 
@@ -70,15 +78,10 @@ def test_greedy_matches_hf_alone_batched_and_preempted(pair):
     assert_greedy_matches_hf(loaded, hf, name)  # 13 + 32 tokens at most: within the window
 
 
-def test_native_step_blocks_only_the_window(pair):
-    """The C++ decode step serves Mistral's layers, but has no sliding window: a windowed Mistral takes
-    the compiled step instead (whether the step runs also depends on timed kernel choices: not asserted)."""
-    from minivllm.model.native_step import native_blocker
-
-    name, _, loaded = pair
-    blocker = native_blocker(loaded.model)
-    assert (blocker is None) == (name == "mistral-no-window")
-    assert blocker is None or "sliding-window" in blocker
+def test_native_step_serves_mistral(pair):
+    """The C++ decode step serves Mistral's layers, windowed or not (past the window: test_sliding_window.py)."""
+    name, hf, loaded = pair
+    assert_native_step_matches(loaded, hf, name)
 
 
 def test_window_keeps_the_context(tmp_path, embedded_tokenizer):

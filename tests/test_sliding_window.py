@@ -3,7 +3,7 @@
 The query at position p attends to keys in (p - W, p]. A tiny random Mistral with a 16-token window (4-token
 blocks in the engine) is run far past its window: fp32 logits at every position within 1e-4 of HF's (one
 prefill, and chunk by chunk through the pool), 32 greedy tokens past the window equal to HF `generate`
-alone, batched, preempted, with the gather path, the compiled step and through a GGUF file; the native
+alone, batched, preempted, with the gather path, the native and compiled steps and through a GGUF file; the native
 decode kernel equal to the gathered one; and a long sequence holds at most ceil(W / block) + 1 blocks, the
 others freed (and shown as such) as they leave the window.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_model_families import ATOL, assert_parity, hf_greedy, report
+from test_model_families import ATOL, assert_parity, hf_greedy, native_step_on, report
 from test_model_family_mistral import make_tiny_mistral, write_llama_gguf
 
 from engine_utils import EventLog, assert_all_blocks_free, make_engine, run
@@ -197,18 +197,23 @@ def test_native_window_kernel_matches_the_gathered_path(dtype):
         torch.testing.assert_close(got, want, atol=2e-5, rtol=0, msg=lambda m: f"window {window}: {m}")
 
 
-def test_native_step_falls_back_and_the_compiled_step_serves(tmp_path, embedded_tokenizer, pair, expected, capsys):
-    """The C++ decode step has no window: it says so in one line; the compiled step serves the decode
-    steps, its tokens HF's."""
+def test_native_step_attends_within_the_window(pair, expected):
+    """The C++ decode step reads each sequence's keys from its window's first block: every decode step runs
+    there, 32 tokens past 3.5 windows, and the tokens are HF's."""
+    _, _, directory = pair
+    loaded = load_model(str(directory), dtype="float32", device="cpu")
+    with native_step_on(loaded) as calls:
+        tokens, _ = greedy(loaded, PROMPTS, max_num_seqs=4)
+    assert len(calls) >= NEW_TOKENS - 1 and max(calls) == len(PROMPTS)
+    assert tokens == expected
+
+
+def test_compiled_step_serves(pair, expected):
+    """The compiled step, where a product is not on our kernels: its tokens HF's."""
     from minivllm.model.compiled import CompiledLayers, graph_count, layers_per_graph
-    from minivllm.model.native_step import NativeDecodeStep
 
     _, _, directory = pair
     loaded = load_model(str(directory), dtype="float32", device="cpu")
-    capsys.readouterr()
-    assert NativeDecodeStep.for_model(loaded.model) is None
-    lines = [line for line in capsys.readouterr().err.splitlines() if "native decode step off" in line]
-    assert len(lines) == 1 and "sliding-window" in lines[0], lines
     loaded.model.compiled = CompiledLayers(layers_per_graph(len(loaded.model.layers)))
     before = graph_count()
     tokens, _ = greedy(loaded, PROMPTS, max_num_seqs=4)

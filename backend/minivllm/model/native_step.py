@@ -16,8 +16,8 @@ decode steps (one token per sequence); prefill chunks and hidden-state capture r
 Families: a layer's pieces beyond Llama's go in as optional tensors (`PIECES`, empty where absent): Qwen2's
 QKV bias, an O bias, Qwen3's and Gemma 3's Q/K norms, Gemma's norms on the attention's and MLP's outputs;
 with them Gemma's GeGLU, attention scale, soft-capped scores (Gemma 2) and local layers' rope tables, and
-Phi-3's partial rotary. What the step lacks (`native_blocker`: MoE layers, a sliding window) keeps the model
-off it.
+Phi-3's partial rotary, and Mistral's sliding window (the attention reads from the window's first block). What
+the step lacks (`native_blocker`: MoE layers) keeps the model off it.
 """
 
 from __future__ import annotations
@@ -185,6 +185,7 @@ class NativeDecodeStep:
             local,
             self.gelu,
             self.softcap,
+            meta.window or 0,
             *self._tp_ranks(),
         )
 
@@ -201,12 +202,10 @@ class NativeDecodeStep:
 
 def native_blocker(model: torch.nn.Module) -> str | None:
     """Why decode_step.cpp cannot run this model's layers (Llama's, with the pieces in `PIECES`, GeGLU, an
-    attention scale and soft cap, local rope tables and partial rotary), or None."""
+    attention scale and soft cap, local rope tables, partial rotary and a sliding window), or None."""
     cfg = model.config
     if cfg.moe_layers:
         return f"the {cfg.family} family's mixture-of-experts layers"
-    if cfg.attention_window is not None:
-        return f"the {cfg.family} model's sliding-window attention ({cfg.attention_window} tokens; the step has none)"
     return None
 
 

@@ -3,7 +3,7 @@
 // output product and residual, RMSNorm, the fused gate/up product, SiLU x up, the down product and residual.
 // A family's pieces are optional arguments, absent where empty (`Piece`): a QKV and an O bias (Qwen2),
 // per-head Q/K RMSNorms before rotary (Qwen3, Gemma 3), norms on the attention's and MLP's outputs, GeGLU
-// and a second rope table for the local layers (Gemma), soft-capped attention scores (Gemma 2), rotary over a head's leading dims (Phi-3). Under
+// and a second rope table for the local layers (Gemma), soft-capped attention scores (Gemma 2), a sliding window (Mistral), rotary over a head's leading dims (Phi-3). Under
 // tensor parallelism a rank runs its slice of every layer and sums the O and down products over the ranks
 // through shared memory (shm_collectives.cpp), still in this one call.
 //
@@ -479,7 +479,7 @@ const at::Tensor& maybe_norm(const at::Tensor& x, const float* norm, float eps, 
 // cos / signed_sin: the model's whole rotary tables [positions, rot], read at each row's position (a
 // lookup in Python was two indexing calls a step); local_rope: the `local_layers`' own pair, or none.
 // pieces: none, or per layer its Piece tensors (empty where absent); gelu: GeGLU, not SwiGLU; softcap: attention
-// scores capped through tanh (Gemma 2; 0: none).
+// scores capped through tanh (Gemma 2; 0: none); window: sliding-window attention over that many keys (0: none).
 // tp: under tensor parallelism the O and down products' outputs are all-reduced before their bias and norm.
 at::Tensor run_layers(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos,
                       const at::Tensor& signed_sin, at::TensorList weights, at::TensorList k_pools,
@@ -487,7 +487,7 @@ at::Tensor run_layers(const at::Tensor& x, const at::Tensor& positions, const at
                       const at::Tensor& context_lens, at::IntArrayRef kinds, int64_t heads, double eps,
                       double scale, const std::optional<at::Tensor>& final_norm, at::TensorList pieces,
                       at::TensorList local_rope, at::IntArrayRef local_layers, bool gelu, double softcap,
-                      const TPRanks& tp) {
+                      int64_t window, const TPRanks& tp) {
   check_step(x, positions, cos, signed_sin, weights, k_pools, v_pools, slot_mapping, kinds, heads, final_norm);
   const Shape s{x.size(0), heads, k_pools[0].size(2), pool_head_dim(k_pools[0])};
   check_pieces(pieces, local_rope, local_layers, static_cast<int64_t>(k_pools.size()), cos, x.size(1), s);
@@ -510,7 +510,7 @@ at::Tensor run_layers(const at::Tensor& x, const at::Tensor& positions, const at
     timed(kAttention, [&] {
       if (quantized) hadamard_heads(b.qkv.data_ptr<float>(), s.rows, s.width(), s.heads, s.dim);
       paged_decode_attention_into(b.queries, k_pools[l], v_pools[l], block_tables, context_lens, scale, b.attention,
-                                  softcap);
+                                  softcap, window);
       if (quantized) hadamard_heads(b.attention.data_ptr<float>(), s.rows, s.heads * s.dim, s.heads, s.dim);
     });
     timed(kProducts, [&] { product(b.attention_rows, w[2], kind[1], b.projected); });
@@ -539,12 +539,12 @@ at::Tensor decode_layers(const at::Tensor& x, const at::Tensor& positions, const
                          const at::Tensor& context_lens, at::IntArrayRef kinds, int64_t heads, double eps,
                          double scale, const std::optional<at::Tensor>& final_norm, at::TensorList pieces,
                          at::TensorList local_rope, at::IntArrayRef local_layers, bool gelu, double softcap,
-                         const std::optional<at::Tensor>& tp_shm, int64_t tp_rank, int64_t tp_world) {
+                         int64_t window, const std::optional<at::Tensor>& tp_shm, int64_t tp_rank, int64_t tp_world) {
   at::Tensor out;
   timed(kWholeCall, [&] {
     out = run_layers(x, positions, cos, signed_sin, weights, k_pools, v_pools, slot_mapping, block_tables,
                      context_lens, kinds, heads, eps, scale, final_norm, pieces, local_rope, local_layers, gelu,
-                     softcap, TPRanks{tp_shm, tp_rank, tp_world});
+                     softcap, window, TPRanks{tp_shm, tp_rank, tp_world});
   });
   if (timing_parts.load(std::memory_order_relaxed)) ++timed_calls;
   return out;
@@ -556,7 +556,7 @@ TORCH_LIBRARY_FRAGMENT(minivllm_native, m) {
   m.def("decode_layers(Tensor x, Tensor positions, Tensor cos, Tensor signed_sin, Tensor[] weights, Tensor[] k_pools, "
         "Tensor[] v_pools, Tensor slot_mapping, Tensor block_tables, Tensor context_lens, int[] kinds, "
         "int heads, float eps, float scale, Tensor? final_norm, Tensor[] pieces, Tensor[] local_rope, "
-        "int[] local_layers, bool gelu, float softcap, Tensor? tp_shm, int tp_rank, int tp_world) -> Tensor");
+        "int[] local_layers, bool gelu, float softcap, int window, Tensor? tp_shm, int tp_rank, int tp_world) -> Tensor");
   m.def("decode_part_timing(bool on) -> ()", &decode_part_timing);
   m.def("decode_part_times() -> float[]", &decode_part_times);
 }

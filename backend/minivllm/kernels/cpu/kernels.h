@@ -29,10 +29,11 @@ void fp32_linear_into(const at::Tensor& x, const at::Tensor& w, at::Tensor& out)
 // checked (block ids and context lengths against the pool), then the attention, which trusts them.
 void check_decode_attention(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
                             const at::Tensor& block_tables, const at::Tensor& context_lens);
-// `softcap` above 0: every score capped at +-softcap through tanh before the softmax (Gemma 2).
+// `softcap` above 0: every score capped at +-softcap through tanh before the softmax (Gemma 2); `window` above 0:
+// each sequence attends to its last `window` keys, read from the block the window starts in (Mistral).
 void paged_decode_attention_into(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
                                  const at::Tensor& block_tables, const at::Tensor& context_lens, double scale,
-                                 at::Tensor& out, double softcap = 0.0);
+                                 at::Tensor& out, double softcap = 0.0, int64_t window = 0);
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
                                   const at::Tensor& block_tables, const at::Tensor& context_lens, double scale);
 

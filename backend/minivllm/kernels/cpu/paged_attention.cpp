@@ -490,12 +490,14 @@ void run(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool
 void minivllm_native::paged_decode_attention_into(const at::Tensor& q, const at::Tensor& k_pool,
                                                   const at::Tensor& v_pool, const at::Tensor& block_tables,
                                                   const at::Tensor& context_lens, double scale, at::Tensor& out,
-                                                  double softcap) {
+                                                  double softcap, int64_t window) {
   TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && out.sizes() == q.sizes(),
               "expected a contiguous fp32 output ", q.sizes(), ", got ", out.sizes());
   TORCH_CHECK(softcap >= 0.0, "a soft cap must be positive (0: none), got ", softcap);
+  TORCH_CHECK(window >= 0, "a sliding window of ", window, " keys: it must be at least 1 (0: none)");
   with_pool_type(k_pool, [&](auto element) {
-    run<decltype(element)>(q, k_pool, v_pool, block_tables, context_lens, scale, out, 0, static_cast<float>(softcap));
+    run<decltype(element)>(q, k_pool, v_pool, block_tables, context_lens, scale, out, window,
+                           static_cast<float>(softcap));
   });
 }
 
@@ -507,9 +509,7 @@ static at::Tensor paged_decode_attention_window(const at::Tensor& q, const at::T
   TORCH_CHECK(window >= 1, "a sliding window of ", window, " keys: it must be at least 1");
   minivllm_native::check_decode_attention(q, k_pool, v_pool, block_tables, context_lens);
   at::Tensor out = at::empty(q.sizes(), q.options());
-  with_pool_type(k_pool, [&](auto element) {
-    run<decltype(element)>(q, k_pool, v_pool, block_tables, context_lens, scale, out, window);
-  });
+  minivllm_native::paged_decode_attention_into(q, k_pool, v_pool, block_tables, context_lens, scale, out, 0.0, window);
   return out;
 }
 

@@ -36,6 +36,7 @@ from minivllm.engine.factory import create_engine
 from minivllm.engine.scoring import forward_prefills
 from minivllm.events import types as ev
 from minivllm.events.fold import fold
+from minivllm.quant.policy import QuantConfig
 from minivllm.sampling.params import SamplingParams
 from minivllm.server.config import ServerConfig
 
@@ -178,9 +179,13 @@ def test_pooling_through_a_preemption_mid_prompt(tiny_model):
 @pytest.mark.slow
 def test_pooling_through_the_native_decode_step():
     """Outside --enforce-eager, single-token rows run through the native decode step; a budget of
-    one token makes every pooling chunk such a row: the states it returns are final-normed too."""
+    one token makes every pooling chunk such a row: the states it returns are final-normed too. 4-bit weights
+    on our kernel, not timed: whether our fp32 kernel or MKL serves fp32 layers is this machine's choice."""
     engine = create_engine(
-        "random:tiny", EngineConfig(num_blocks=64, max_num_batched_tokens=1, max_model_len=256), enforce_eager=False
+        "random:tiny",
+        EngineConfig(num_blocks=64, max_num_batched_tokens=1, max_model_len=256),
+        enforce_eager=False,
+        quantization=QuantConfig("int4", kernel="int8x2"),
     )
     assert engine.loaded.model.native_step is not None
     prompts = [prompt_ids(n, seed=n) for n in (1, 6, 11)]

@@ -107,6 +107,8 @@ def _print_native_parts(parts: dict[str, float], whole: float, calls: int, produ
         return
     print(f"\ninside the native decode step (wall time around each part, mean of {calls} timed calls):")
     for name, seconds in parts.items():
+        if name == "all-reduce" and seconds == 0:  # one rank: nothing summed
+            continue
         rate = ""
         if name == "products" and seconds > 0:
             rate = (

@@ -133,7 +133,7 @@ def _greedy(loaded, prompts, max_tokens, kv_cache_dtype: str) -> list[list[int]]
 
 
 def _row(label: str, report, result: _Scored, ref: _Scored, kv_cache_dtype: str) -> QualityRow:
-    kl = (ref.log_probs.exp() * (ref.log_probs - result.log_probs)).sum(-1)
+    kl = _kl_per_position(ref.log_probs, result.log_probs)
     top1 = (ref.log_probs.argmax(-1) == result.log_probs.argmax(-1)).float().mean().item()
     prefixes = [_common_prefix(a, b) for a, b in zip(result.greedy, ref.greedy)]
     identical = sum(a == b for a, b in zip(result.greedy, ref.greedy))
@@ -150,6 +150,18 @@ def _row(label: str, report, result: _Scored, ref: _Scored, kv_cache_dtype: str)
         sum(prefixes) / len(prefixes),
         kv_cache_dtype,
     )
+
+
+def _kl_per_position(ref: torch.Tensor, other: torch.Tensor, rows: int = 256) -> torch.Tensor:
+    """KL(ref || other) per position, in float64 a chunk of rows at a time: in fp32 the log-softmax's rounding
+    (~1e-7, a shift of the whole row) outweighs the KL of a nearly exact precision (~1e-8) and can turn it
+    negative. The fp32 log-probabilities are renormalised in float64 first, so that shift cancels."""
+    parts = []
+    for start in range(0, ref.shape[0], rows):
+        p = ref[start : start + rows].double().log_softmax(-1)
+        q = other[start : start + rows].double().log_softmax(-1)
+        parts.append((p.exp() * (p - q)).sum(-1))
+    return torch.cat(parts)
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

@@ -29,8 +29,7 @@ def rank_input(rank: int, size: int, round_: int) -> torch.Tensor:
 def _rank_main(rank: int, segment: str, results) -> None:
     """Each rank checks its own results against the arithmetic (the same bits on every rank) and reports
     (size, sum right, gather right) per round: tensors through a queue outlive their sender poorly."""
-    tp = TPGroup(rank, WORLD)
-    tensor_parallel.map_segment(segment, tp)
+    tp = TPGroup(rank, WORLD, shm=tensor_parallel.map_segment(segment, rank, WORLD))
     report = []
     for round_, size in enumerate(SIZES * 2):  # twice: both slots of every chunk reused
         inputs = [rank_input(r, size, round_) for r in range(WORLD)]
@@ -65,8 +64,7 @@ def test_a_peer_that_has_exited_is_named_not_waited_for():
     peer.start()
     peer.join()
     try:
-        tp = TPGroup(0, 2)
-        tensor_parallel.map_segment(segment, tp)
+        tp = TPGroup(0, 2, shm=tensor_parallel.map_segment(segment, 0, 2))
         tp.shm.view(torch.int64)[8 + 1] = peer.pid  # rank 1's line: a process that has ended
         start = time.monotonic()
         with pytest.raises(RuntimeError, match=rf"rank 1 \(pid {peer.pid}\) has exited"):
@@ -79,8 +77,7 @@ def test_a_peer_that_has_exited_is_named_not_waited_for():
 def test_tensors_the_segment_does_not_carry_are_refused():
     segment = tensor_parallel.create_segment(2)
     try:
-        tp = TPGroup(0, 2)
-        tensor_parallel.map_segment(segment, tp)
+        tp = TPGroup(0, 2, shm=tensor_parallel.map_segment(segment, 0, 2))
         with pytest.raises(RuntimeError, match="contiguous fp32 CPU tensor"):
             torch.ops.minivllm_native.shm_all_reduce_(torch.ones(4, dtype=torch.float64), tp.shm, 0, 2)
         with pytest.raises(RuntimeError, match="rank 2 outside the 2 ranks"):

@@ -37,8 +37,10 @@ def bench_tp(args: argparse.Namespace) -> int:
     for over, shared in (("shared memory", "1"), ("gloo", "0")):
         label = f"TP={n} over {over}, {per_rank} thread(s) a rank"
         os.environ[SHARED_MEMORY_ENV] = shared  # read as the ranks meet
-        split = _engine(args, n, per_rank, eager=False)
-        os.environ.pop(SHARED_MEMORY_ENV)
+        try:
+            split = _engine(args, n, per_rank, eager=False)
+        finally:
+            os.environ.pop(SHARED_MEMORY_ENV)
         try:
             _rounds([*singles, (label, per_rank, split)], prompts, levels, max_tokens, rates)
         finally:

@@ -113,7 +113,7 @@ def connect(tp: TPGroup | None, loaded: LoadedModel, load_args: dict, threads: i
         for process in tp.processes:
             process.start()
         try:
-            tensor_parallel.map_segment(segment, tp)
+            tp.shm = tensor_parallel.map_segment(segment, tp.rank, tp.world)
             joined = _init(0, tp.world, init, backend)  # every rank has mapped the segment: its name can go
         finally:
             if segment is not None:
@@ -164,9 +164,8 @@ def _spawned(
     if backend == "nccl":
         torch.cuda.set_device(rank)
         load_args = {**load_args, "device": f"cuda:{rank}"}
-    shm = TPGroup(rank, world)
-    tensor_parallel.map_segment(segment, shm)  # before the rendezvous, after which rank 0 unlinks it
-    tp = dataclasses.replace(_init(rank, world, init_method, backend), shm=shm.shm)
+    shm = tensor_parallel.map_segment(segment, rank, world)  # before the rendezvous, after which rank 0 unlinks it
+    tp = dataclasses.replace(_init(rank, world, init_method, backend), shm=shm)
     try:
         _serve(tp, load_args, eager)
     finally:

@@ -91,7 +91,8 @@ def product_kinds(layers, rows: int) -> list[int] | None:
 class NativeDecodeStep:
     """Runs a decode step's layers in one native call where the model's kernels allow it (`run`)."""
 
-    DESCRIPTION = "native decode step (every layer in one C++ call, our kernels)"  # one rank's
+    HOW = "every layer in one C++ call, our kernels"
+    DESCRIPTION = f"native decode step ({HOW})"  # one rank's
 
     def __init__(self, model: torch.nn.Module):
         self.layers = tuple(model.layers)
@@ -197,7 +198,7 @@ class NativeDecodeStep:
     def describe(self) -> str:
         if self.tp is None:
             return self.DESCRIPTION
-        return f"{self.DESCRIPTION[:-1]}, all-reduces in shared memory over {self.tp.world} ranks)"
+        return f"native decode step ({self.HOW}, all-reduces in shared memory over {self.tp.world} ranks)"
 
 
 def native_blocker(model: torch.nn.Module) -> str | None:

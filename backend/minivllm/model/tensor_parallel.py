@@ -33,6 +33,7 @@ from torch import nn
 from minivllm.arith import ceil_div
 from minivllm.console import progress
 from minivllm.errors import ConfigError
+from minivllm.kernels.cpu import native
 from minivllm.model.config import LlamaConfig
 from minivllm.quant.formats import (
     BLOCK,
@@ -64,7 +65,7 @@ class TPGroup:
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """x summed over the ranks, in place where it can be (the result is returned either way)."""
-        if self.shm is None or x.device.type != "cpu" or x.dtype != torch.float32:
+        if not self._through_segment(x):
             dist.all_reduce(x, group=self.group)
             return x
         x = x.contiguous()
@@ -73,15 +74,18 @@ class TPGroup:
 
     def all_gather(self, x: torch.Tensor) -> list[torch.Tensor]:
         """Every rank's x (one shape on all), in rank order."""
-        if self.shm is None or x.device.type != "cpu" or x.dtype != torch.float32:
+        if not self._through_segment(x):
             shards = [torch.empty_like(x) for _ in range(self.world)]
             dist.all_gather(shards, x, group=self.group)
             return shards
         return list(torch.ops.minivllm_native.shm_all_gather(x.contiguous(), self.shm, self.rank, self.world))
 
+    def _through_segment(self, x: torch.Tensor) -> bool:
+        """The segment carries fp32 CPU tensors; the same on every rank, so all take one path."""
+        return self.shm is not None and x.device.type == "cpu" and x.dtype == torch.float32
+
 
 SEGMENT_SLOT_BYTES = 2 << 20  # per rank and generation; bigger tensors go through in chunks
-SEGMENT_HEADER_BYTES = 64 * 64  # shm_collectives.cpp's header: a 64-byte line per rank, up to 64 ranks
 
 
 def create_segment(world: int) -> str | None:
@@ -91,20 +95,20 @@ def create_segment(world: int) -> str | None:
     path = os.path.join(folder, f"minivllm-tp-{uuid.uuid4().hex}")
     try:
         with open(path, "wb") as f:
-            f.truncate(SEGMENT_HEADER_BYTES + 2 * world * SEGMENT_SLOT_BYTES)
+            f.truncate(torch.ops.minivllm_native.shm_segment_bytes(world, SEGMENT_SLOT_BYTES))
     except OSError as exc:
         progress(f"tensor parallelism: no shared-memory segment ({exc}); collectives go over gloo")
         return None
     return path
 
 
-def map_segment(path: str | None, tp: TPGroup) -> None:
-    """This rank maps the segment and writes its pid there (a waiting peer checks that it lives)."""
-    if path is None:
-        return
-    size = os.path.getsize(path)
-    tp.shm = torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
-    tp.shm.view(torch.int64)[tp.rank * 8 + 1] = os.getpid()
+def map_segment(path: str | None, rank: int, world: int) -> torch.Tensor | None:
+    """This rank's mapping of the segment (None: no segment), its pid written there (`shm_join`)."""
+    if path is None or native.available() is not None:  # a spawned worker loads our operators here
+        return None
+    shm = torch.from_file(path, shared=True, size=os.path.getsize(path), dtype=torch.uint8)
+    torch.ops.minivllm_native.shm_join(shm, rank, world)
+    return shm
 
 
 _current: TPGroup | None = None

@@ -3,8 +3,8 @@
 // output product and residual, RMSNorm, the fused gate/up product, SiLU x up, the down product and residual.
 // A family's pieces are optional arguments, absent where empty (`Piece`): a QKV and an O bias (Qwen2),
 // per-head Q/K RMSNorms before rotary (Qwen3, Gemma 3), norms on the attention's and MLP's outputs, GeGLU
-// and a second rope table for the local layers (Gemma), soft-capped attention scores (Gemma 2), a sliding window (Mistral), rotary over a head's leading dims (Phi-3). Under
-// tensor parallelism a rank runs its slice of every layer and sums the O and down products over the ranks
+// and a second rope table for the local layers (Gemma), soft-capped attention scores (Gemma 2), a sliding
+// window (Mistral), rotary over a head's leading dims (Phi-3). Under tensor parallelism a rank runs its slice of every layer and sums the O and down products over the ranks
 // through shared memory (shm_collectives.cpp), still in this one call.
 //
 // Why: at one sequence the weight products of a 4-bit step take ~4 ms, and everything around them took

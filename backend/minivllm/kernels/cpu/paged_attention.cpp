@@ -473,7 +473,7 @@ void by_part(const Attention<T>& a, int64_t seqs, float* out) {
 
 template <typename T>
 void run(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool, const at::Tensor& block_tables,
-         const at::Tensor& context_lens, float scale, at::Tensor& out, int64_t window, float softcap = 0.0f) {
+         const at::Tensor& context_lens, float scale, at::Tensor& out, int64_t window, float softcap) {
   const Geometry g{k_pool.size(1), k_pool.size(2), q.size(2), q.size(1) / k_pool.size(2), block_tables.size(1),
                    k_pool.size(3)};
   const Attention<T> a{g, (kPartTokens + g.block_size - 1) / g.block_size * g.block_size, g.kv_heads * g.group,

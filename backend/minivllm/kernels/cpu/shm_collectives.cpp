@@ -15,6 +15,7 @@
 
 #include <immintrin.h>
 #include <sched.h>
+#include <unistd.h>
 #include <torch/library.h>
 
 #include <chrono>
@@ -126,6 +127,19 @@ at::Tensor shm_all_gather(const at::Tensor& x, const at::Tensor& shm, int64_t ra
   return out;
 }
 
+// The segment's size for `world` ranks with slots of `slot_bytes` (model/tensor_parallel.py creates the file).
+int64_t shm_segment_bytes(int64_t world, int64_t slot_bytes) {
+  TORCH_CHECK(world >= 1 && world <= kMaxRanks && slot_bytes >= 64, "no segment for ", world, " ranks of ",
+              slot_bytes, "-byte slots");
+  return kHeaderBytes + 2 * world * slot_bytes;
+}
+
+// This rank, having mapped the segment, writes its pid in its header line: a waiting peer checks that it lives.
+void shm_join(const at::Tensor& shm, int64_t rank, int64_t world) {
+  const Segment s = segment(shm, rank, world);
+  __atomic_store_n(s.header + rank * kLineInts + 1, static_cast<int64_t>(getpid()), __ATOMIC_RELEASE);
+}
+
 }  // namespace
 
 void shm_all_reduce_into(float* data, int64_t n, const at::Tensor& shm, int64_t rank, int64_t world) {
@@ -149,6 +163,8 @@ void shm_all_reduce_into(float* data, int64_t n, const at::Tensor& shm, int64_t 
 TORCH_LIBRARY_FRAGMENT(minivllm_native, m) {
   m.def("shm_all_reduce_(Tensor(a!) x, Tensor shm, int rank, int world) -> ()");
   m.def("shm_all_gather(Tensor x, Tensor shm, int rank, int world) -> Tensor");
+  m.def("shm_segment_bytes(int world, int slot_bytes) -> int", &minivllm_native::shm_segment_bytes);
+  m.def("shm_join(Tensor shm, int rank, int world) -> ()", &minivllm_native::shm_join);
 }
 
 TORCH_LIBRARY_IMPL(minivllm_native, CPU, m) {

@@ -164,6 +164,32 @@ def test_a_weight_whose_header_does_not_fit_its_bytes_is_refused_with_the_reason
         native.kquant_linear(torch.randn(2, 256), packed, 17, 0)  # a row count the header does not say
 
 
+def header_types(packed: torch.Tensor) -> list[str]:
+    fields = packed[:64].view(torch.int32).tolist()
+    return [matmul_paths.KQUANT_KERNEL_TYPES[fields[2 + 2 * i]] for i in range(fields[1])]
+
+
+@needs_avx2
+def test_q4_k_rows_in_eights_are_regrouped_with_the_same_numbers_and_others_kept_as_the_file_has_them():
+    """Q4_K parts are regrouped by eight rows (four codes of eight rows a vector) when every part's rows come in
+    eights; the regrouped bytes are a permutation of the file's numbers: the fp32 loop, which puts the file's
+    layout back, matches gguf-py's product, and a weight of a part in other counts keeps the file's layout."""
+    grouped = concat_rows([weight("Q4_K", 16, 512, 1)[0], weight("Q6_K", 8, 512, 2)[0]])
+    assert header_types(matmul_paths.pack_kquant(grouped)) == ["Q4_Kx8", "Q6_K"]
+    kept = concat_rows([weight("Q4_K", 16, 512, 1)[0], weight("Q6_K", 12, 512, 2)[0]])
+    assert header_types(matmul_paths.pack_kquant(kept)) == ["Q4_K", "Q6_K"]
+    x = torch.randn(3, 512)
+    expected = x.double() @ grouped.dequantize().double().t()
+    assert torch.allclose(kernel(grouped, "fp32")(x).double(), expected, rtol=0, atol=1e-4 * expected.abs().max())
+    # a regrouped part the header places off a group of eight is refused, not read across groups
+    packed = matmul_paths.pack_kquant(weight("Q4_K", 16, 256)[0])
+    fields = packed[:64].view(torch.int32).clone()
+    fields[3] = 12
+    damaged = torch.cat([fields.view(torch.uint8), packed[64 : 64 + 12 * 148]])
+    with pytest.raises(RuntimeError, match="groups? of 8 rows"):
+        native.kquant_linear(torch.randn(1, 256), damaged, 12, 0)
+
+
 # ---- a Llama GGUF of K-quant linears, through the loader ------------------------------------------------
 
 HIDDEN, FFN, HEADS, KV_HEADS, LAYERS = 256, 768, 4, 2, 2

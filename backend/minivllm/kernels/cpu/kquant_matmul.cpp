@@ -13,6 +13,12 @@
 // Activations as the 4-bit kernels take them (q8_matmul.cpp): int8 or int8x2 per block of 32 (here in input
 // pair layout), or fp32 with the weights widened in registers (exact up to fp32 summation order).
 //
+// Q4_K parts whose rows come in eights are regrouped at load (kQ4Kx8, matmul_paths.pack_kquant): per group of
+// eight rows and super-block 1,184 bytes (148 a row, the file's 144 and its 6-bit scales unpacked): the rows'
+// fp16 d, then dmin (16 bytes each), per sub-block j the rows' 8-bit scales (64) and then mins (64), then per
+// 32-byte chunk i of the file's nibbles and per four bytes g of it, the eight rows' four bytes (1,024). The
+// integer loops read four codes of eight rows per vector (kquant_features.inc); the bits are the file's.
+//
 // A weight is one uint8 tensor: a 64-byte header, int32 [magic, parts, type0, rows0, type1, rows1, ...], then each
 // part's rows of super-blocks back to back. Parts of different types stack by rows (a fused q|k|v whose v is
 // Q6_K under a Q4_K q and k): one call, one output, and one tensor the decode step passes like any weight.
@@ -34,8 +40,11 @@ namespace {
 using namespace minivllm_native;
 
 constexpr int64_t kSuper = 256;
-enum KType { kQ4K = 0, kQ5K = 1, kQ6K = 2 };
-constexpr int64_t kSuperBytes[3] = {144, 176, 210};
+enum KType { kQ4K = 0, kQ5K = 1, kQ6K = 2, kQ4Kx8 = 3 };
+constexpr int64_t kSuperBytes[4] = {144, 176, 210, 148};  // per row
+constexpr int64_t kGroupRows = 8;                          // kQ4Kx8: rows per group
+constexpr int64_t kGroupSuperBytes = kGroupRows * kSuperBytes[kQ4Kx8];
+constexpr int64_t kGroupCodesAt = 160;                     // after d, dmin, scales and mins
 constexpr int32_t kMagic = 0x4b515731;  // "1WQK": a K-quant weight's header
 constexpr int64_t kHeaderBytes = 64;
 constexpr int64_t kMaxParts = (kHeaderBytes / 4 - 2) / 2;
@@ -63,6 +72,11 @@ __attribute__((always_inline)) inline void scales_mins(const uint8_t* packed, __
   };
   sc = floats8(out[0], out[1]);
   m = floats8(out[2], out[3]);
+}
+
+// Eight unsigned bytes as floats.
+__attribute__((always_inline)) inline __m256 bytes8(const uint8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
 
 // Q6_K: the sixteen int8 scales as floats (groups 0-7, 8-15).
@@ -305,9 +319,42 @@ void kf_features(const uint8_t* weights, int64_t supers, const FActs& a, int64_t
     }
 }
 
+// A kQ4Kx8 group's eight rows back in the file's Q4_K layout (`rows_out`: 8 rows of supers * 144 bytes): the fp32
+// loop reads rows one at a time, and regrouping costs it little next to its float products.
+void ungroup(const uint8_t* group, int64_t supers, uint8_t* rows_out) {
+  for (int64_t s = 0; s < supers; ++s) {
+    const uint8_t* src = group + s * kGroupSuperBytes;
+    for (int64_t r = 0; r < kGroupRows; ++r) {
+      uint8_t* dst = rows_out + (r * supers + s) * kSuperBytes[kQ4K];
+      std::memcpy(dst, src + 2 * r, 2);
+      std::memcpy(dst + 2, src + 16 + 2 * r, 2);
+      const uint8_t* sc = src + 32 + r;  // sub-block j's at sc[8 * j]
+      const uint8_t* m = src + 96 + r;
+      for (int j = 0; j < 4; ++j) {
+        dst[4 + j] = static_cast<uint8_t>(sc[8 * j] | ((sc[8 * (4 + j)] >> 4) << 6));
+        dst[8 + j] = static_cast<uint8_t>(m[8 * j] | ((m[8 * (4 + j)] >> 4) << 6));
+        dst[12 + j] = static_cast<uint8_t>((sc[8 * (4 + j)] & 0x0F) | ((m[8 * (4 + j)] & 0x0F) << 4));
+      }
+      for (int64_t chunk = 0; chunk < 32; ++chunk)  // (pair i, four bytes g) = (chunk / 8, chunk % 8)
+        std::memcpy(dst + 16 + 32 * (chunk / 8) + 4 * (chunk % 8), src + kGroupCodesAt + 32 * chunk + 4 * r, 4);
+    }
+  }
+}
+
+void kf_grouped_features(const uint8_t* weights, int64_t supers, const FActs& a, int64_t rows, float* out, int64_t n,
+                         int64_t begin, int64_t end) {
+  static thread_local std::vector<uint8_t> scratch;
+  scratch.resize(kGroupRows * supers * kSuperBytes[kQ4K]);
+  for (int64_t f = begin; f < end; f += kGroupRows) {
+    ungroup(weights + f / kGroupRows * supers * kGroupSuperBytes, supers, scratch.data());
+    kf_features<kQ4K>(scratch.data(), supers, a, rows, out + f, n, 0, kGroupRows);
+  }
+}
+
 void kf_part_features(int type, const uint8_t* weights, int64_t supers, const FActs& a, int64_t rows, float* out,
                       int64_t n, int64_t begin, int64_t end) {
   switch (type) {
+    case kQ4Kx8: return kf_grouped_features(weights, supers, a, rows, out, n, begin, end);
     case kQ4K: return kf_features<kQ4K>(weights, supers, a, rows, out, n, begin, end);
     case kQ5K: return kf_features<kQ5K>(weights, supers, a, rows, out, n, begin, end);
     default: return kf_features<kQ6K>(weights, supers, a, rows, out, n, begin, end);
@@ -333,7 +380,9 @@ std::vector<KPart> parts_of(const at::Tensor& w, int64_t k) {
   int64_t offset = kHeaderBytes, first = 0;
   for (int32_t i = 0; i < header[1]; ++i) {
     const int32_t type = header[2 + 2 * i], rows = header[3 + 2 * i];
-    TORCH_CHECK(type >= kQ4K && type <= kQ6K && rows > 0, "unknown K-quant type ", type, " (or no rows) in part ", i);
+    TORCH_CHECK(type >= kQ4K && type <= kQ4Kx8 && rows > 0, "unknown K-quant type ", type, " (or no rows) in part ", i);
+    TORCH_CHECK(type != kQ4Kx8 || (rows % kGroupRows == 0 && first % kGroupRows == 0),
+                "a grouped Q4_K part must start and end on a group of ", kGroupRows, " rows (part ", i, ")");
     parts.push_back(KPart{base + offset, rows, first, type});
     offset += rows * (k / kSuper) * kSuperBytes[type], first += rows;
   }
@@ -375,7 +424,13 @@ void minivllm_native::kquant_linear_into(const at::Tensor& x, const at::Tensor& 
   const bool vnni_on = vnni_kernels_on();
   const FActs f = acts == 2 ? block_sums(x) : FActs{};
   const KActs a = acts == 2 ? KActs{} : quantize_rows(x, acts == 1);
-  at::parallel_for(0, n, kFeatureGrain, [&](int64_t begin, int64_t end) {
+  // Tasks split the features in whole groups of eight where every part has them: a grouped part is never cut.
+  const bool grouped = std::all_of(parts.begin(), parts.end(), [](const KPart& p) { return p.rows % kGroupRows == 0; });
+  TORCH_CHECK(grouped || std::none_of(parts.begin(), parts.end(), [](const KPart& p) { return p.type == kQ4Kx8; }),
+              "a weight with grouped Q4_K parts must have every part's rows in groups of ", kGroupRows);
+  const int64_t unit = grouped ? kGroupRows : 1;
+  at::parallel_for(0, n / unit, kFeatureGrain / unit, [&](int64_t first_unit, int64_t last_unit) {
+    const int64_t begin = first_unit * unit, end = last_unit * unit;
     for (const KPart& p : parts) {
       const int64_t lo = std::max(begin, p.first), hi = std::min(end, p.first + p.rows);
       if (lo >= hi) continue;

@@ -170,12 +170,12 @@ def header_types(packed: torch.Tensor) -> list[str]:
 
 
 @needs_avx2
-def test_q4_k_rows_in_eights_are_regrouped_with_the_same_numbers_and_others_kept_as_the_file_has_them():
-    """Q4_K parts are regrouped by eight rows (four codes of eight rows a vector) when every part's rows come in
-    eights; the regrouped bytes are a permutation of the file's numbers: the fp32 loop, which puts the file's
-    layout back, matches gguf-py's product, and a weight of a part in other counts keeps the file's layout."""
-    grouped = concat_rows([weight("Q4_K", 16, 512, 1)[0], weight("Q6_K", 8, 512, 2)[0]])
-    assert header_types(matmul_paths.pack_kquant(grouped)) == ["Q4_Kx8", "Q6_K"]
+def test_rows_in_eights_are_regrouped_with_the_same_numbers_and_others_kept_as_the_file_has_them():
+    """Q4_K and Q6_K parts are regrouped by eight rows (four codes of eight rows a vector) when every part's rows
+    come in eights; the regrouped bytes hold the file's numbers: the fp32 loop, which puts the file's layout
+    back, matches gguf-py's product, and a weight with a part in other counts keeps the file's layout."""
+    grouped = concat_rows([weight("Q4_K", 16, 512, 1)[0], weight("Q6_K", 8, 512, 2)[0], weight("Q5_K", 8, 512, 3)[0]])
+    assert header_types(matmul_paths.pack_kquant(grouped)) == ["Q4_Kx8", "Q6_Kx8", "Q5_K"]
     kept = concat_rows([weight("Q4_K", 16, 512, 1)[0], weight("Q6_K", 12, 512, 2)[0]])
     assert header_types(matmul_paths.pack_kquant(kept)) == ["Q4_K", "Q6_K"]
     x = torch.randn(3, 512)

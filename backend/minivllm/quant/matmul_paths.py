@@ -35,12 +35,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from minivllm.arith import ceil_div
 from minivllm.kernels.cpu import native
+from minivllm.quant import kquant_groups
 from minivllm.quant.formats import (
     KQUANT_TYPES,
     Int4Weight,
@@ -194,19 +194,15 @@ class Int8Native(_NativeKernel):
 
 KQUANT_MAGIC = 0x4B515731  # native/kquant_matmul.cpp's header: its kMagic
 KQUANT_HEADER_BYTES = 64
-KQUANT_KERNEL_TYPES = (*KQUANT_TYPES, "Q4_Kx8")  # kquant_matmul.cpp's KType numbering
-Q4K_GROUP_ROWS = 8
+KQUANT_KERNEL_TYPES = (*KQUANT_TYPES, *kquant_groups.GROUPED_TYPES)  # kquant_matmul.cpp's KType numbering
 
 
 def pack_kquant(weight: KQuantWeight) -> torch.Tensor:
     """The weight as our K-quant kernels read it: one uint8 tensor, a 64-byte header (int32: magic, parts, then
     each part's type and rows) and the parts' super-blocks back to back, their bytes as the file has them,
-    except that Q4_K parts are regrouped by eight rows (`group_q4_k`) when every part's rows come in eights.
+    or regrouped by eight rows (kquant_groups) when every part's rows come in eights.
     One tensor per weight, whatever its parts: the decode step passes it like any other weight."""
-    grouped = all(data.shape[0] % Q4K_GROUP_ROWS == 0 for _, data in weight.parts)
-    parts = [
-        ("Q4_Kx8", group_q4_k(data)) if kind == "Q4_K" and grouped else (kind, data) for kind, data in weight.parts
-    ]
+    parts = kquant_groups.grouped_parts(weight.parts)
     fields = [KQUANT_MAGIC, len(parts)] + [
         v for kind, data in parts for v in (KQUANT_KERNEL_TYPES.index(kind), data.shape[0])
     ]
@@ -215,32 +211,6 @@ def pack_kquant(weight: KQuantWeight) -> torch.Tensor:
     header = torch.zeros(KQUANT_HEADER_BYTES // 4, dtype=torch.int32)
     header[: len(fields)] = torch.tensor(fields, dtype=torch.int32)
     return torch.cat([header.view(torch.uint8)] + [data.reshape(-1) for _, data in parts])
-
-
-def group_q4_k(data: torch.Tensor) -> torch.Tensor:
-    """Q4_K rows [N, S * 144] (N a multiple of 8) as kquant_matmul.cpp's kQ4Kx8 groups, [N, S * 148] viewed:
-    per group of eight rows and super-block the rows' fp16 d, their dmin, per sub-block the rows' 6-bit scales
-    and then mins unpacked to bytes, then per 32-byte chunk of nibbles and four bytes of it, the rows' four
-    bytes. The same numbers: only where they lie."""
-    n, width = data.shape
-    blocks = data.numpy().reshape(n // Q4K_GROUP_ROWS, Q4K_GROUP_ROWS, width // 144, 144).transpose(0, 2, 1, 3)
-    packed = blocks[..., 4:16].astype(np.uint8)  # [G, S, row, 12]
-    low, high = packed[..., 8:12] & 0x0F, packed[..., 8:12] >> 4
-    scales = np.concatenate([packed[..., 0:4] & 63, low | ((packed[..., 0:4] >> 6) << 4)], axis=-1)
-    mins = np.concatenate([packed[..., 4:8] & 63, high | ((packed[..., 4:8] >> 6) << 4)], axis=-1)
-    g, s = blocks.shape[:2]
-    nibbles = blocks[..., 16:].reshape(g, s, Q4K_GROUP_ROWS, 32, 4).transpose(0, 1, 3, 2, 4)  # [G, S, chunk, row, 4]
-    grouped = np.concatenate(
-        [
-            blocks[..., 0:2].reshape(g, s, -1),
-            blocks[..., 2:4].reshape(g, s, -1),
-            scales.transpose(0, 1, 3, 2).reshape(g, s, -1),
-            mins.transpose(0, 1, 3, 2).reshape(g, s, -1),
-            nibbles.reshape(g, s, -1),
-        ],
-        axis=-1,
-    )
-    return torch.from_numpy(np.ascontiguousarray(grouped).reshape(n, -1))
 
 
 class KQuantNative(_NativeKernel):

@@ -13,11 +13,9 @@
 // Activations as the 4-bit kernels take them (q8_matmul.cpp): int8 or int8x2 per block of 32 (here in input
 // pair layout), or fp32 with the weights widened in registers (exact up to fp32 summation order).
 //
-// Q4_K parts whose rows come in eights are regrouped at load (kQ4Kx8, matmul_paths.pack_kquant): per group of
-// eight rows and super-block 1,184 bytes (148 a row, the file's 144 and its 6-bit scales unpacked): the rows'
-// fp16 d, then dmin (16 bytes each), per sub-block j the rows' 8-bit scales (64) and then mins (64), then per
-// 32-byte chunk i of the file's nibbles and per four bytes g of it, the eight rows' four bytes (1,024). The
-// integer loops read four codes of eight rows per vector (kquant_features.inc); the bits are the file's.
+// Q4_K and Q6_K parts whose rows come in eights are regrouped at load (kQ4Kx8, kQ6Kx8; layouts in
+// quant/kquant_groups.py): the integer loops then read four codes of eight rows per vector
+// (kquant_features.inc). The numbers are the file's.
 //
 // A weight is one uint8 tensor: a 64-byte header, int32 [magic, parts, type0, rows0, type1, rows1, ...], then each
 // part's rows of super-blocks back to back. Parts of different types stack by rows (a fused q|k|v whose v is
@@ -40,11 +38,13 @@ namespace {
 using namespace minivllm_native;
 
 constexpr int64_t kSuper = 256;
-enum KType { kQ4K = 0, kQ5K = 1, kQ6K = 2, kQ4Kx8 = 3 };
-constexpr int64_t kSuperBytes[4] = {144, 176, 210, 148};  // per row
-constexpr int64_t kGroupRows = 8;                          // kQ4Kx8: rows per group
+enum KType { kQ4K = 0, kQ5K = 1, kQ6K = 2, kQ4Kx8 = 3, kQ6Kx8 = 4 };
+constexpr int64_t kSuperBytes[5] = {144, 176, 210, 148, 210};  // per row
+constexpr int64_t kGroupRows = 8;                               // grouped types (quant/kquant_groups.py)
 constexpr int64_t kGroupSuperBytes = kGroupRows * kSuperBytes[kQ4Kx8];
-constexpr int64_t kGroupCodesAt = 160;                     // after d, dmin, scales and mins
+constexpr int64_t kGroupCodesAt = 160;  // kQ4Kx8: after d, dmin, scales and mins
+constexpr int64_t kGroup6SuperBytes = kGroupRows * kSuperBytes[kQ6Kx8];
+constexpr int64_t kGroup6CodesAt = 144;  // kQ6Kx8: after d and scales
 constexpr int32_t kMagic = 0x4b515731;  // "1WQK": a K-quant weight's header
 constexpr int64_t kHeaderBytes = 64;
 constexpr int64_t kMaxParts = (kHeaderBytes / 4 - 2) / 2;
@@ -341,20 +341,49 @@ void ungroup(const uint8_t* group, int64_t supers, uint8_t* rows_out) {
   }
 }
 
+// A kQ6Kx8 group's eight rows back in the file's Q6_K layout.
+void ungroup6(const uint8_t* group, int64_t supers, uint8_t* rows_out) {
+  for (int64_t s = 0; s < supers; ++s) {
+    const uint8_t* src = group + s * kGroup6SuperBytes;
+    for (int64_t r = 0; r < kGroupRows; ++r) {
+      uint8_t* dst = rows_out + (r * supers + s) * kSuperBytes[kQ6K];
+      std::memset(dst, 0, kSuperBytes[kQ6K]);
+      std::memcpy(dst + 208, src + 2 * r, 2);
+      for (int g = 0; g < 16; ++g) {
+        dst[192 + g] = src[16 + 8 * g + r];
+        const uint8_t* quad = src + kGroup6CodesAt + 96 * g;
+        for (int c = 0; c < 4; ++c)
+          for (int k = 0; k < 4; ++k) {
+            const uint8_t nibbles = quad[(c / 2) * 32 + 4 * r + k];
+            const int code = ((c % 2 ? nibbles >> 4 : nibbles) & 15) | (((quad[64 + 4 * r + k] >> (2 * c)) & 3) << 4);
+            const int e = 16 * g + 4 * c + k, half = e / 128, l = e % 128, i = l / 32, ll = l % 32;
+            dst[64 * half + (i % 2) * 32 + ll] |= static_cast<uint8_t>((code & 15) << (i / 2 * 4));
+            dst[128 + 32 * half + ll] |= static_cast<uint8_t>((code >> 4) << (2 * i));
+          }
+      }
+    }
+  }
+}
+
+template <int TYPE>
 void kf_grouped_features(const uint8_t* weights, int64_t supers, const FActs& a, int64_t rows, float* out, int64_t n,
                          int64_t begin, int64_t end) {
+  constexpr int kFileType = TYPE == kQ4Kx8 ? kQ4K : kQ6K;
   static thread_local std::vector<uint8_t> scratch;
-  scratch.resize(kGroupRows * supers * kSuperBytes[kQ4K]);
+  scratch.resize(kGroupRows * supers * kSuperBytes[kFileType]);
   for (int64_t f = begin; f < end; f += kGroupRows) {
-    ungroup(weights + f / kGroupRows * supers * kGroupSuperBytes, supers, scratch.data());
-    kf_features<kQ4K>(scratch.data(), supers, a, rows, out + f, n, 0, kGroupRows);
+    const uint8_t* group = weights + f / kGroupRows * supers * kGroupRows * kSuperBytes[TYPE];
+    if constexpr (TYPE == kQ4Kx8) ungroup(group, supers, scratch.data());
+    else ungroup6(group, supers, scratch.data());
+    kf_features<kFileType>(scratch.data(), supers, a, rows, out + f, n, 0, kGroupRows);
   }
 }
 
 void kf_part_features(int type, const uint8_t* weights, int64_t supers, const FActs& a, int64_t rows, float* out,
                       int64_t n, int64_t begin, int64_t end) {
   switch (type) {
-    case kQ4Kx8: return kf_grouped_features(weights, supers, a, rows, out, n, begin, end);
+    case kQ4Kx8: return kf_grouped_features<kQ4Kx8>(weights, supers, a, rows, out, n, begin, end);
+    case kQ6Kx8: return kf_grouped_features<kQ6Kx8>(weights, supers, a, rows, out, n, begin, end);
     case kQ4K: return kf_features<kQ4K>(weights, supers, a, rows, out, n, begin, end);
     case kQ5K: return kf_features<kQ5K>(weights, supers, a, rows, out, n, begin, end);
     default: return kf_features<kQ6K>(weights, supers, a, rows, out, n, begin, end);
@@ -380,9 +409,9 @@ std::vector<KPart> parts_of(const at::Tensor& w, int64_t k) {
   int64_t offset = kHeaderBytes, first = 0;
   for (int32_t i = 0; i < header[1]; ++i) {
     const int32_t type = header[2 + 2 * i], rows = header[3 + 2 * i];
-    TORCH_CHECK(type >= kQ4K && type <= kQ4Kx8 && rows > 0, "unknown K-quant type ", type, " (or no rows) in part ", i);
-    TORCH_CHECK(type != kQ4Kx8 || (rows % kGroupRows == 0 && first % kGroupRows == 0),
-                "a grouped Q4_K part must start and end on a group of ", kGroupRows, " rows (part ", i, ")");
+    TORCH_CHECK(type >= kQ4K && type <= kQ6Kx8 && rows > 0, "unknown K-quant type ", type, " (or no rows) in part ", i);
+    TORCH_CHECK(type < kQ4Kx8 || (rows % kGroupRows == 0 && first % kGroupRows == 0),
+                "a grouped part must start and end on a group of ", kGroupRows, " rows (part ", i, ")");
     parts.push_back(KPart{base + offset, rows, first, type});
     offset += rows * (k / kSuper) * kSuperBytes[type], first += rows;
   }
@@ -426,8 +455,8 @@ void minivllm_native::kquant_linear_into(const at::Tensor& x, const at::Tensor& 
   const KActs a = acts == 2 ? KActs{} : quantize_rows(x, acts == 1);
   // Tasks split the features in whole groups of eight where every part has them: a grouped part is never cut.
   const bool grouped = std::all_of(parts.begin(), parts.end(), [](const KPart& p) { return p.rows % kGroupRows == 0; });
-  TORCH_CHECK(grouped || std::none_of(parts.begin(), parts.end(), [](const KPart& p) { return p.type == kQ4Kx8; }),
-              "a weight with grouped Q4_K parts must have every part's rows in groups of ", kGroupRows);
+  TORCH_CHECK(grouped || std::none_of(parts.begin(), parts.end(), [](const KPart& p) { return p.type >= kQ4Kx8; }),
+              "a weight with grouped parts must have every part's rows in groups of ", kGroupRows);
   const int64_t unit = grouped ? kGroupRows : 1;
   at::parallel_for(0, n / unit, kFeatureGrain / unit, [&](int64_t first_unit, int64_t last_unit) {
     const int64_t begin = first_unit * unit, end = last_unit * unit;

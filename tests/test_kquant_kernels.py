@@ -98,10 +98,11 @@ def test_integer_activations_err_by_their_blocks_rounding_only(kind, n, k, rows,
 
 
 @needs_avx2
+@pytest.mark.parametrize("n", [300, 304])  # rows the file's way, and regrouped by eights
 @pytest.mark.parametrize("acts", matmul_paths.NATIVE_ACTS)
 @pytest.mark.parametrize("kind", KINDS)
-def test_each_row_gets_the_same_bits_alone_and_in_any_batch(kind, acts):
-    w, _ = weight(kind, 300, 768)
+def test_each_row_gets_the_same_bits_alone_and_in_any_batch(kind, acts, n):
+    w, _ = weight(kind, n, 768)
     run = kernel(w, acts)
     x = torch.randn(70, 768)  # more rows than one L1 chunk of activations
     batch = run(x)
@@ -113,8 +114,9 @@ def test_each_row_gets_the_same_bits_alone_and_in_any_batch(kind, acts):
 @needs_vnni
 @pytest.mark.parametrize("acts", ["int8", "int8x2"])
 @pytest.mark.parametrize("kind", KINDS)
-def test_the_vnni_loops_give_the_avx2_loops_bits(kind, acts):
-    w, _ = weight(kind, 200, 2816)
+@pytest.mark.parametrize("n", [200, 204])
+def test_the_vnni_loops_give_the_avx2_loops_bits(kind, acts, n):
+    w, _ = weight(kind, n, 2816)
     run = kernel(w, acts)
     x = torch.randn(7, 2816)
     try:
@@ -171,11 +173,11 @@ def header_types(packed: torch.Tensor) -> list[str]:
 
 @needs_avx2
 def test_rows_in_eights_are_regrouped_with_the_same_numbers_and_others_kept_as_the_file_has_them():
-    """Q4_K and Q6_K parts are regrouped by eight rows (four codes of eight rows a vector) when every part's rows
+    """K-quant parts are regrouped by eight rows (four codes of eight rows a vector) when every part's rows
     come in eights; the regrouped bytes hold the file's numbers: the fp32 loop, which puts the file's layout
     back, matches gguf-py's product, and a weight with a part in other counts keeps the file's layout."""
     grouped = concat_rows([weight("Q4_K", 16, 512, 1)[0], weight("Q6_K", 8, 512, 2)[0], weight("Q5_K", 8, 512, 3)[0]])
-    assert header_types(matmul_paths.pack_kquant(grouped)) == ["Q4_Kx8", "Q6_Kx8", "Q5_K"]
+    assert header_types(matmul_paths.pack_kquant(grouped)) == ["Q4_Kx8", "Q6_Kx8", "Q5_Kx8"]
     kept = concat_rows([weight("Q4_K", 16, 512, 1)[0], weight("Q6_K", 12, 512, 2)[0]])
     assert header_types(matmul_paths.pack_kquant(kept)) == ["Q4_K", "Q6_K"]
     x = torch.randn(3, 512)

@@ -1,11 +1,13 @@
 """GGUF K-quant rows regrouped by eight for our kernels (native/kquant_matmul.cpp's kQ4Kx8 and kQ6Kx8): a
 vector there holds four codes of each of eight rows and meets one broadcast of four activation codes, so a
 sub-block sums in integer lanes that are each one output's. The same numbers, only where they lie; the same
-bytes a row (Q4_K: 148, its 6-bit scales unpacked to bytes; Q6_K: 210).
+bytes a row, or a few more where 6-bit scales are unpacked to bytes (Q4_K: 148, not 144; Q5_K: 180, not 176;
+Q6_K: 210).
 
 Per group of eight rows and super-block of 256:
   Q4_K (1,184 bytes): the rows' fp16 d, their fp16 dmin, per sub-block of 32 the rows' scales (64), then their
        mins (64), then per 32-byte chunk of the file's nibbles and four bytes of it, the rows' four bytes (1,024).
+  Q5_K (1,440 bytes): as Q4_K, then per sub-block the fifth bits (256): bit g of byte [row, k] is element 4g + k's.
   Q6_K (1,680 bytes): the rows' fp16 d, per group of 16 the rows' int8 scales (128), then per group of 16 its
        four chunks of four codes a, b, c, d as 96 bytes: a | b << 4, c | d << 4 (the low nibbles) and the high
        bit pairs a | b << 2 | c << 4 | d << 6, each [row, code] of 8 x 4.
@@ -17,7 +19,7 @@ import numpy as np
 import torch
 
 GROUP_ROWS = 8
-GROUPED_TYPES = ("Q4_Kx8", "Q6_Kx8")
+GROUPED_TYPES = ("Q4_Kx8", "Q6_Kx8", "Q5_Kx8")  # kquant_matmul.cpp's KType numbers 3, 4, 5
 
 
 def grouped_parts(parts: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
@@ -25,7 +27,7 @@ def grouped_parts(parts: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torc
     task then never cuts a group), the rest (Q5_K) as the file has them."""
     if any(data.shape[0] % GROUP_ROWS for _, data in parts):
         return parts
-    regroup = {"Q4_K": ("Q4_Kx8", group_q4_k), "Q6_K": ("Q6_Kx8", group_q6_k)}
+    regroup = {"Q4_K": ("Q4_Kx8", group_q4_k), "Q5_K": ("Q5_Kx8", group_q5_k), "Q6_K": ("Q6_Kx8", group_q6_k)}
     return [(regroup[kind][0], regroup[kind][1](data)) if kind in regroup else (kind, data) for kind, data in parts]
 
 
@@ -43,13 +45,27 @@ def _rows(groups: np.ndarray, pieces: list[np.ndarray]) -> torch.Tensor:
 
 def group_q4_k(data: torch.Tensor) -> torch.Tensor:
     blocks = _groups(data, 144)
+    return _rows(blocks, _scaled_nibbles(blocks, blocks[..., 16:144]))
+
+
+def group_q5_k(data: torch.Tensor) -> torch.Tensor:
+    blocks = _groups(data, 176)
+    g, s = blocks.shape[:2]
+    bits = (blocks[..., 16:48, None] >> np.arange(8, dtype=np.uint8)) & 1  # [G, S, row, element l, sub-block j]
+    bits = bits.reshape(g, s, GROUP_ROWS, 8, 4, 8).transpose(0, 1, 5, 2, 4, 3)  # [G, S, j, row, l % 4, l // 4]
+    fifth = (bits << np.arange(8, dtype=np.uint8)).sum(-1, dtype=np.uint8)
+    return _rows(blocks, [*_scaled_nibbles(blocks, blocks[..., 48:176]), fifth])
+
+
+def _scaled_nibbles(blocks: np.ndarray, nibbles: np.ndarray) -> list[np.ndarray]:
+    """Q4_K / Q5_K: d, dmin, the scales and mins as bytes, and the nibbles by chunk of four bytes and row."""
     packed = blocks[..., 4:16]  # 6-bit scales and mins, llama.cpp's packing
     low, high = packed[..., 8:12] & 0x0F, packed[..., 8:12] >> 4
     scales = np.concatenate([packed[..., 0:4] & 63, low | ((packed[..., 0:4] >> 6) << 4)], axis=-1)
     mins = np.concatenate([packed[..., 4:8] & 63, high | ((packed[..., 4:8] >> 6) << 4)], axis=-1)
     g, s = blocks.shape[:2]
-    nibbles = blocks[..., 16:].reshape(g, s, GROUP_ROWS, 32, 4).transpose(0, 1, 3, 2, 4)  # [G, S, chunk, row, 4]
-    return _rows(blocks, [blocks[..., 0:2], blocks[..., 2:4], scales.swapaxes(2, 3), mins.swapaxes(2, 3), nibbles])
+    by_chunk = nibbles.reshape(g, s, GROUP_ROWS, 32, 4).transpose(0, 1, 3, 2, 4)  # [G, S, chunk, row, 4]
+    return [blocks[..., 0:2], blocks[..., 2:4], scales.swapaxes(2, 3), mins.swapaxes(2, 3), by_chunk]
 
 
 def q6_k_codes(blocks: np.ndarray) -> np.ndarray:

@@ -13,7 +13,7 @@
 // Activations as the 4-bit kernels take them (q8_matmul.cpp): int8 or int8x2 per block of 32 (here in input
 // pair layout), or fp32 with the weights widened in registers (exact up to fp32 summation order).
 //
-// Q4_K and Q6_K parts whose rows come in eights are regrouped at load (kQ4Kx8, kQ6Kx8; layouts in
+// Q4_K, Q5_K and Q6_K parts whose rows come in eights are regrouped at load (kQ4Kx8, kQ5Kx8, kQ6Kx8; layouts in
 // quant/kquant_groups.py): the integer loops then read four codes of eight rows per vector
 // (kquant_features.inc). The numbers are the file's.
 //
@@ -38,11 +38,12 @@ namespace {
 using namespace minivllm_native;
 
 constexpr int64_t kSuper = 256;
-enum KType { kQ4K = 0, kQ5K = 1, kQ6K = 2, kQ4Kx8 = 3, kQ6Kx8 = 4 };
-constexpr int64_t kSuperBytes[5] = {144, 176, 210, 148, 210};  // per row
+enum KType { kQ4K = 0, kQ5K = 1, kQ6K = 2, kQ4Kx8 = 3, kQ6Kx8 = 4, kQ5Kx8 = 5 };
+constexpr int64_t kSuperBytes[6] = {144, 176, 210, 148, 210, 180};  // per row
 constexpr int64_t kGroupRows = 8;                               // grouped types (quant/kquant_groups.py)
 constexpr int64_t kGroupSuperBytes = kGroupRows * kSuperBytes[kQ4Kx8];
-constexpr int64_t kGroupCodesAt = 160;  // kQ4Kx8: after d, dmin, scales and mins
+constexpr int64_t kGroupCodesAt = 160;   // kQ4Kx8, kQ5Kx8: after d, dmin, scales and mins
+constexpr int64_t kGroupFifthAt = 1184;  // kQ5Kx8: after the nibbles
 constexpr int64_t kGroup6SuperBytes = kGroupRows * kSuperBytes[kQ6Kx8];
 constexpr int64_t kGroup6CodesAt = 144;  // kQ6Kx8: after d and scales
 constexpr int32_t kMagic = 0x4b515731;  // "1WQK": a K-quant weight's header
@@ -321,11 +322,14 @@ void kf_features(const uint8_t* weights, int64_t supers, const FActs& a, int64_t
 
 // A kQ4Kx8 group's eight rows back in the file's Q4_K layout (`rows_out`: 8 rows of supers * 144 bytes): the fp32
 // loop reads rows one at a time, and regrouping costs it little next to its float products.
+template <int TYPE>
 void ungroup(const uint8_t* group, int64_t supers, uint8_t* rows_out) {
+  constexpr int kFileType = TYPE == kQ5Kx8 ? kQ5K : kQ4K;
+  constexpr int64_t kNibblesAt = TYPE == kQ5Kx8 ? 48 : 16;
   for (int64_t s = 0; s < supers; ++s) {
-    const uint8_t* src = group + s * kGroupSuperBytes;
+    const uint8_t* src = group + s * kGroupRows * kSuperBytes[TYPE];
     for (int64_t r = 0; r < kGroupRows; ++r) {
-      uint8_t* dst = rows_out + (r * supers + s) * kSuperBytes[kQ4K];
+      uint8_t* dst = rows_out + (r * supers + s) * kSuperBytes[kFileType];
       std::memcpy(dst, src + 2 * r, 2);
       std::memcpy(dst + 2, src + 16 + 2 * r, 2);
       const uint8_t* sc = src + 32 + r;  // sub-block j's at sc[8 * j]
@@ -336,7 +340,13 @@ void ungroup(const uint8_t* group, int64_t supers, uint8_t* rows_out) {
         dst[12 + j] = static_cast<uint8_t>((sc[8 * (4 + j)] & 0x0F) | ((m[8 * (4 + j)] & 0x0F) << 4));
       }
       for (int64_t chunk = 0; chunk < 32; ++chunk)  // (pair i, four bytes g) = (chunk / 8, chunk % 8)
-        std::memcpy(dst + 16 + 32 * (chunk / 8) + 4 * (chunk % 8), src + kGroupCodesAt + 32 * chunk + 4 * r, 4);
+        std::memcpy(dst + kNibblesAt + 32 * (chunk / 8) + 4 * (chunk % 8), src + kGroupCodesAt + 32 * chunk + 4 * r, 4);
+      if constexpr (TYPE == kQ5Kx8)  // fifth bits: the file's bit j of byte l, here bit l / 4 of sub-block j's byte l % 4
+        for (int l = 0; l < 32; ++l) {
+          uint8_t bits = 0;
+          for (int j = 0; j < 8; ++j) bits |= static_cast<uint8_t>(((src[kGroupFifthAt + 32 * j + 4 * r + l % 4] >> (l / 4)) & 1) << j);
+          dst[16 + l] = bits;
+        }
     }
   }
 }
@@ -368,13 +378,13 @@ void ungroup6(const uint8_t* group, int64_t supers, uint8_t* rows_out) {
 template <int TYPE>
 void kf_grouped_features(const uint8_t* weights, int64_t supers, const FActs& a, int64_t rows, float* out, int64_t n,
                          int64_t begin, int64_t end) {
-  constexpr int kFileType = TYPE == kQ4Kx8 ? kQ4K : kQ6K;
+  constexpr int kFileType = TYPE == kQ4Kx8 ? kQ4K : TYPE == kQ5Kx8 ? kQ5K : kQ6K;
   static thread_local std::vector<uint8_t> scratch;
   scratch.resize(kGroupRows * supers * kSuperBytes[kFileType]);
   for (int64_t f = begin; f < end; f += kGroupRows) {
     const uint8_t* group = weights + f / kGroupRows * supers * kGroupRows * kSuperBytes[TYPE];
-    if constexpr (TYPE == kQ4Kx8) ungroup(group, supers, scratch.data());
-    else ungroup6(group, supers, scratch.data());
+    if constexpr (TYPE == kQ6Kx8) ungroup6(group, supers, scratch.data());
+    else ungroup<TYPE>(group, supers, scratch.data());
     kf_features<kFileType>(scratch.data(), supers, a, rows, out + f, n, 0, kGroupRows);
   }
 }
@@ -383,6 +393,7 @@ void kf_part_features(int type, const uint8_t* weights, int64_t supers, const FA
                       int64_t n, int64_t begin, int64_t end) {
   switch (type) {
     case kQ4Kx8: return kf_grouped_features<kQ4Kx8>(weights, supers, a, rows, out, n, begin, end);
+    case kQ5Kx8: return kf_grouped_features<kQ5Kx8>(weights, supers, a, rows, out, n, begin, end);
     case kQ6Kx8: return kf_grouped_features<kQ6Kx8>(weights, supers, a, rows, out, n, begin, end);
     case kQ4K: return kf_features<kQ4K>(weights, supers, a, rows, out, n, begin, end);
     case kQ5K: return kf_features<kQ5K>(weights, supers, a, rows, out, n, begin, end);
@@ -409,7 +420,7 @@ std::vector<KPart> parts_of(const at::Tensor& w, int64_t k) {
   int64_t offset = kHeaderBytes, first = 0;
   for (int32_t i = 0; i < header[1]; ++i) {
     const int32_t type = header[2 + 2 * i], rows = header[3 + 2 * i];
-    TORCH_CHECK(type >= kQ4K && type <= kQ6Kx8 && rows > 0, "unknown K-quant type ", type, " (or no rows) in part ", i);
+    TORCH_CHECK(type >= kQ4K && type <= kQ5Kx8 && rows > 0, "unknown K-quant type ", type, " (or no rows) in part ", i);
     TORCH_CHECK(type < kQ4Kx8 || (rows % kGroupRows == 0 && first % kGroupRows == 0),
                 "a grouped part must start and end on a group of ", kGroupRows, " rows (part ", i, ")");
     parts.push_back(KPart{base + offset, rows, first, type});

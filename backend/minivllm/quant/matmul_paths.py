@@ -202,15 +202,23 @@ def pack_kquant(weight: KQuantWeight) -> torch.Tensor:
     each part's type and rows) and the parts' super-blocks back to back, their bytes as the file has them,
     or regrouped by eight rows (kquant_groups) when every part's rows come in eights.
     One tensor per weight, whatever its parts: the decode step passes it like any other weight."""
-    parts = kquant_groups.grouped_parts(weight.parts)
-    fields = [KQUANT_MAGIC, len(parts)] + [
-        v for kind, data in parts for v in (KQUANT_KERNEL_TYPES.index(kind), data.shape[0])
+    kinds = kquant_groups.kernel_kinds(weight.parts)
+    fields = [KQUANT_MAGIC, len(kinds)] + [
+        v for kind, (_, data) in zip(kinds, weight.parts) for v in (KQUANT_KERNEL_TYPES.index(kind), data.shape[0])
     ]
     if len(fields) * 4 > KQUANT_HEADER_BYTES:
-        raise ValueError(f"a K-quant weight of {len(parts)} parts: at most {KQUANT_HEADER_BYTES // 8 - 1}")
+        raise ValueError(f"a K-quant weight of {len(kinds)} parts: at most {KQUANT_HEADER_BYTES // 8 - 1}")
+    supers = weight.shape[1] // KQuantWeight.group_size
+    sizes = [data.shape[0] * supers * kquant_groups.super_bytes(kind) for kind, (_, data) in zip(kinds, weight.parts)]
+    packed = torch.empty(KQUANT_HEADER_BYTES + sum(sizes), dtype=torch.uint8)
     header = torch.zeros(KQUANT_HEADER_BYTES // 4, dtype=torch.int32)
     header[: len(fields)] = torch.tensor(fields, dtype=torch.int32)
-    return torch.cat([header.view(torch.uint8)] + [data.reshape(-1) for _, data in parts])
+    packed[:KQUANT_HEADER_BYTES] = header.view(torch.uint8)
+    offset = KQUANT_HEADER_BYTES
+    for kind, (_, data), size in zip(kinds, weight.parts, sizes):
+        kquant_groups.write_part(kind, data, packed[offset : offset + size].view(data.shape[0], -1))
+        offset += size
+    return packed
 
 
 class KQuantNative(_NativeKernel):

@@ -251,6 +251,26 @@ def test_the_fp32_kernel_choice_follows_the_timings(monkeypatch, tmp_path, wins,
     assert packed_linear.choose_fp32_kernel(list(model)) == chosen
 
 
+@pytest.mark.parametrize("forced,chosen", [("native", True), ("mkl", False)])
+def test_the_fp32_kernel_can_be_named_instead_of_timed(monkeypatch, tmp_path, forced, chosen):
+    from minivllm.model import packed_linear
+
+    monkeypatch.setenv("MINIVLLM_CACHE_DIR", str(tmp_path))
+    layers = [packed_linear.PackedLinear(64, 96, bias=False)]
+    if not packed_linear.native_fp32_usable(layers):
+        pytest.skip("needs our native kernels (AVX2)")
+
+    def no_timing(*args):
+        raise AssertionError("timed although named")
+
+    monkeypatch.setattr(packed_linear, "_time_products", no_timing)
+    monkeypatch.setenv("MINIVLLM_FP32_KERNEL", forced)
+    assert packed_linear.choose_fp32_kernel(layers) == chosen
+    monkeypatch.setenv("MINIVLLM_FP32_KERNEL", "fastest")
+    with pytest.raises(ValueError, match="expected 'native' or 'mkl'"):
+        packed_linear.choose_fp32_kernel(layers)
+
+
 @needs_avx2
 @pytest.mark.parametrize("vocab", [1, 7, 8, 23, 49152 + 3])
 def test_argmax_logsumexp_is_torchs_argmax_and_logsumexp(vocab):

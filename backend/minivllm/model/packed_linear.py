@@ -24,6 +24,7 @@ would.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 
@@ -131,12 +132,22 @@ def native_fp32_usable(layers: list[PackedLinear]) -> bool:
     )
 
 
+FP32_KERNEL_ENV = "MINIVLLM_FP32_KERNEL"  # "native" or "mkl": no timing (near-equal timings flip on a busy box)
+
+
 def choose_fp32_kernel(layers: list[PackedLinear]) -> bool:
     """Whether our fp32 kernel serves these layers: timed against MKL on the model's largest weights,
     streamed as a step streams them. It must win at one row (against plain F.linear) and at 8 rows
-    (against an 8-row packed copy), and be at most PREFILL_SLOWDOWN behind F.linear at a prefill chunk."""
+    (against an 8-row packed copy), and be at most PREFILL_SLOWDOWN behind F.linear at a prefill chunk.
+    $MINIVLLM_FP32_KERNEL names the choice instead."""
     if not native_fp32_usable(layers):
         return False
+    forced = os.environ.get(FP32_KERNEL_ENV, "")
+    if forced:
+        if forced not in ("native", "mkl"):
+            raise ValueError(f"{FP32_KERNEL_ENV}={forced!r}: expected 'native' or 'mkl'")
+        progress(f"fp32 linears: {'our kernel' if forced == 'native' else 'MKL'} (${FP32_KERNEL_ENV}), not timed")
+        return forced == "native"
     largest = max(layer.weight.numel() for layer in layers)
     weights = [layer.weight.detach() for layer in layers if layer.weight.numel() == largest][:8]
     key = choice_cache.entry_key(

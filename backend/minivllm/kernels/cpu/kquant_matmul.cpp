@@ -41,10 +41,9 @@ constexpr int64_t kSuper = 256;
 enum KType { kQ4K = 0, kQ5K = 1, kQ6K = 2, kQ4Kx8 = 3, kQ6Kx8 = 4, kQ5Kx8 = 5 };
 constexpr int64_t kSuperBytes[6] = {144, 176, 210, 148, 210, 180};  // per row
 constexpr int64_t kGroupRows = 8;                               // grouped types (quant/kquant_groups.py)
-constexpr int64_t kGroupSuperBytes = kGroupRows * kSuperBytes[kQ4Kx8];
+constexpr int64_t group_super_bytes(int type) { return kGroupRows * kSuperBytes[type]; }  // a group's super-block
 constexpr int64_t kGroupCodesAt = 160;   // kQ4Kx8, kQ5Kx8: after d, dmin, scales and mins
 constexpr int64_t kGroupFifthAt = 1184;  // kQ5Kx8: after the nibbles
-constexpr int64_t kGroup6SuperBytes = kGroupRows * kSuperBytes[kQ6Kx8];
 constexpr int64_t kGroup6CodesAt = 144;  // kQ6Kx8: after d and scales
 constexpr int32_t kMagic = 0x4b515731;  // "1WQK": a K-quant weight's header
 constexpr int64_t kHeaderBytes = 64;
@@ -327,7 +326,7 @@ void ungroup(const uint8_t* group, int64_t supers, uint8_t* rows_out) {
   constexpr int kFileType = TYPE == kQ5Kx8 ? kQ5K : kQ4K;
   constexpr int64_t kNibblesAt = TYPE == kQ5Kx8 ? 48 : 16;
   for (int64_t s = 0; s < supers; ++s) {
-    const uint8_t* src = group + s * kGroupRows * kSuperBytes[TYPE];
+    const uint8_t* src = group + s * group_super_bytes(TYPE);
     for (int64_t r = 0; r < kGroupRows; ++r) {
       uint8_t* dst = rows_out + (r * supers + s) * kSuperBytes[kFileType];
       std::memcpy(dst, src + 2 * r, 2);
@@ -354,7 +353,7 @@ void ungroup(const uint8_t* group, int64_t supers, uint8_t* rows_out) {
 // A kQ6Kx8 group's eight rows back in the file's Q6_K layout.
 void ungroup6(const uint8_t* group, int64_t supers, uint8_t* rows_out) {
   for (int64_t s = 0; s < supers; ++s) {
-    const uint8_t* src = group + s * kGroup6SuperBytes;
+    const uint8_t* src = group + s * group_super_bytes(kQ6Kx8);
     for (int64_t r = 0; r < kGroupRows; ++r) {
       uint8_t* dst = rows_out + (r * supers + s) * kSuperBytes[kQ6K];
       std::memset(dst, 0, kSuperBytes[kQ6K]);
@@ -382,7 +381,7 @@ void kf_grouped_features(const uint8_t* weights, int64_t supers, const FActs& a,
   static thread_local std::vector<uint8_t> scratch;
   scratch.resize(kGroupRows * supers * kSuperBytes[kFileType]);
   for (int64_t f = begin; f < end; f += kGroupRows) {
-    const uint8_t* group = weights + f / kGroupRows * supers * kGroupRows * kSuperBytes[TYPE];
+    const uint8_t* group = weights + f / kGroupRows * supers * group_super_bytes(TYPE);
     if constexpr (TYPE == kQ6Kx8) ungroup6(group, supers, scratch.data());
     else ungroup<TYPE>(group, supers, scratch.data());
     kf_features<kFileType>(scratch.data(), supers, a, rows, out + f, n, 0, kGroupRows);
@@ -427,6 +426,11 @@ std::vector<KPart> parts_of(const at::Tensor& w, int64_t k) {
     offset += rows * (k / kSuper) * kSuperBytes[type], first += rows;
   }
   TORCH_CHECK(offset == w.numel(), "K-quant weight of ", w.numel(), " bytes; its header and K=", k, " say ", offset);
+  // tasks split a weight with grouped parts in whole groups: every part's rows must come in them
+  const auto in_groups = [](const KPart& p) { return p.rows % kGroupRows == 0; };
+  const auto grouped = [](const KPart& p) { return p.type >= kQ4Kx8; };
+  TORCH_CHECK(std::all_of(parts.begin(), parts.end(), in_groups) || std::none_of(parts.begin(), parts.end(), grouped),
+              "a weight with grouped parts must have every part's rows in groups of ", kGroupRows);
   return parts;
 }
 
@@ -466,8 +470,6 @@ void minivllm_native::kquant_linear_into(const at::Tensor& x, const at::Tensor& 
   const KActs a = acts == 2 ? KActs{} : quantize_rows(x, acts == 1);
   // Tasks split the features in whole groups of eight where every part has them: a grouped part is never cut.
   const bool grouped = std::all_of(parts.begin(), parts.end(), [](const KPart& p) { return p.rows % kGroupRows == 0; });
-  TORCH_CHECK(grouped || std::none_of(parts.begin(), parts.end(), [](const KPart& p) { return p.type >= kQ4Kx8; }),
-              "a weight with grouped parts must have every part's rows in groups of ", kGroupRows);
   const int64_t unit = grouped ? kGroupRows : 1;
   at::parallel_for(0, n / unit, kFeatureGrain / unit, [&](int64_t first_unit, int64_t last_unit) {
     const int64_t begin = first_unit * unit, end = last_unit * unit;

@@ -8,10 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from engine_utils import assert_all_blocks_free, make_engine, run
 from minivllm.bench import random_gguf
 from minivllm.bench.llamacpp import ENV_DIR
 from minivllm.loader import load_model
 from minivllm.loader.gguf_loader import load_gguf_tokenizer
+from minivllm.sampling.params import SamplingParams
 
 pytestmark = pytest.mark.slow  # a server, a subprocess or the real model in every test
 
@@ -91,3 +93,29 @@ def test_a_qwen2_shape_writes_a_qwen2_file_with_its_biases(tmp_path):
     bias = loaded.model.layers[1].self_attn.qkv_bias.detach()
     assert bias.shape == (shape.hidden + 2 * cfg.num_key_value_heads * cfg.head_dim,)
     assert abs(bias.std().item() - random_gguf.WEIGHT_STD) < 0.006 and bias.abs().max() < 0.2
+
+
+@pytest.mark.parametrize("name, family", [("tiny-gemma2", "gemma2"), ("tiny-qwen3moe", "qwen3_moe")])
+def test_gemma2_and_moe_shapes_are_files_of_their_family_that_generate(name, family, tmp_path):
+    """Gemma 2 (post-norms, soft-capping, a sliding window) and Qwen3-MoE (Q/K norms, a router kept in F32, stacked
+    experts) shapes: the loader reads each file as its family with the shape's pieces, and the engine generates."""
+    from gguf import GGUFReader
+
+    shape = random_gguf.SHAPES[name]
+    path = random_gguf.write_random_gguf(name, tmp_path / f"random-{name}-F16.gguf")
+    loaded = load_model(str(path))
+    cfg = loaded.config
+    assert (cfg.family, cfg.head_dim, cfg.num_hidden_layers) == (family, shape.head_dim, shape.layers)
+    assert cfg.tie_word_embeddings == shape.tied_embeddings
+    types = {t.name: t.tensor_type.name for t in GGUFReader(str(path)).tensors}
+    if shape.softcaps:
+        assert (cfg.attn_softcap, cfg.final_softcap, cfg.sliding_window) == (*shape.softcaps, shape.sliding_window)
+        assert types["blk.1.post_ffw_norm.weight"] == "F32"
+    if shape.experts:
+        assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size) == shape.experts
+        assert (types["blk.0.ffn_gate_inp.weight"], types["blk.0.ffn_up_exps.weight"]) == ("F32", "F16")
+    engine = make_engine(loaded)
+    engine.add_request("r", prompt_token_ids=[5, 6, 7, 8], params=SamplingParams(temperature=0, max_tokens=6))
+    done = run(engine)
+    assert len(done["r"].outputs[0].token_ids) == 6
+    assert_all_blocks_free(engine)

@@ -1,7 +1,8 @@
-"""Llama and Qwen2 GGUF files of named public shapes with random weights, for speed comparisons on the models users
-bring (no model can be downloaded here). F16 weights, the embedded model's tokenizer (and so its 49,152-token
-vocabulary, not the original's) and chat template; `quantized` turns one into any type llama.cpp's
-`llama-quantize` writes. Random weights: the speed and memory are a real model's, the text is not.
+"""Llama, Qwen2, Gemma 2 and Qwen3-MoE GGUF files of named public shapes with random weights, for speed
+comparisons on the models users bring (no model can be downloaded here). F16 weights, the embedded model's
+tokenizer (and so its 49,152-token vocabulary, not the original's) and chat template; `quantized` turns one into
+any type llama.cpp's `llama-quantize` writes. Random weights: the speed and memory are a real model's, the text is
+not.
 
     python scripts/make_random_gguf.py tinyllama-1.1b --quant Q4_K_M   # prints the file's path
 """
@@ -28,7 +29,17 @@ class LlamaShape:
     tied_embeddings: bool
     context: int = 2048
     rms_eps: float = 1e-5
-    arch: str = "llama"  # the GGUF architecture: llama, or qwen2 (a Q|K|V bias)
+    # the GGUF architecture: llama; qwen2 (a Q|K|V bias); gemma2 (post-norms, soft-capping, a sliding window on
+    # alternate layers); qwen3moe (per-head Q/K norms, every layer's MLP a mixture of experts)
+    arch: str = "llama"
+    head_dim: int | None = None  # where it is not hidden / heads
+    sliding_window: int | None = None
+    softcaps: tuple[float, float] | None = None  # Gemma 2's attention and final logit soft-capping
+    experts: tuple[int, int, int] | None = None  # (experts, experts a token, each expert's intermediate size)
+
+    @property
+    def head_size(self) -> int:
+        return self.head_dim or self.hidden // self.heads
 
 
 SHAPES = {  # the published configs' shapes (rope scaling left out: it does not change the speed)
@@ -36,34 +47,110 @@ SHAPES = {  # the published configs' shapes (rope scaling left out: it does not 
     "llama-3.2-1b": LlamaShape(2048, 8192, 16, 32, 8, 500000.0, tied_embeddings=True),
     "llama-3.2-3b": LlamaShape(3072, 8192, 28, 24, 8, 500000.0, tied_embeddings=True),
     "qwen2.5-1.5b": LlamaShape(1536, 8960, 28, 12, 2, 1000000.0, tied_embeddings=True, rms_eps=1e-6, arch="qwen2"),
+    "gemma-2-2b": LlamaShape(
+        2304,
+        9216,
+        26,
+        8,
+        4,
+        10000.0,
+        tied_embeddings=True,
+        context=8192,
+        rms_eps=1e-6,
+        arch="gemma2",
+        head_dim=256,
+        sliding_window=4096,
+        softcaps=(50.0, 30.0),
+    ),
+    # Qwen3-30B-A3B's layers (128 experts of 768, 8 a token) at 2 of its 48, as `random:qwen3-30b-a3b-2l`
+    "qwen3-30b-a3b-2l": LlamaShape(
+        2048,
+        6144,
+        2,
+        32,
+        4,
+        1000000.0,
+        tied_embeddings=False,
+        rms_eps=1e-6,
+        arch="qwen3moe",
+        head_dim=128,
+        experts=(128, 8, 768),
+    ),
     "tiny": LlamaShape(64, 128, 2, 4, 2, 10000.0, tied_embeddings=False),  # seconds to write: for tests
     "tiny-qwen2": LlamaShape(64, 128, 2, 4, 2, 10000.0, tied_embeddings=True, arch="qwen2"),
+    "tiny-gemma2": LlamaShape(
+        64,
+        128,
+        2,
+        4,
+        2,
+        10000.0,
+        tied_embeddings=True,
+        arch="gemma2",
+        head_dim=32,
+        sliding_window=16,
+        softcaps=(50.0, 30.0),
+    ),
+    "tiny-qwen3moe": LlamaShape(
+        64, 128, 2, 4, 2, 10000.0, tied_embeddings=False, arch="qwen3moe", head_dim=32, experts=(4, 2, 32)
+    ),
 }
 WEIGHT_STD = 0.02  # HF's initializer range: activations stay in a trained model's range through the layers
 
 
 def _tensor_shapes(shape: LlamaShape, vocab: int) -> list[tuple[str, tuple[int, ...]]]:
     """(name, numpy shape [rows, columns]) in llama.cpp's names and order."""
-    head_dim = shape.hidden // shape.heads
-    kv = shape.kv_heads * head_dim
+    q, kv = shape.heads * shape.head_size, shape.kv_heads * shape.head_size
     tensors = [("token_embd.weight", (vocab, shape.hidden))]
     for i in range(shape.layers):
         tensors += [
             (f"blk.{i}.attn_norm.weight", (shape.hidden,)),
-            (f"blk.{i}.attn_q.weight", (shape.hidden, shape.hidden)),
+            (f"blk.{i}.attn_q.weight", (q, shape.hidden)),
             (f"blk.{i}.attn_k.weight", (kv, shape.hidden)),
             (f"blk.{i}.attn_v.weight", (kv, shape.hidden)),
             *_biases(shape, i, kv),
-            (f"blk.{i}.attn_output.weight", (shape.hidden, shape.hidden)),
+            *_qk_norms(shape, i),
+            (f"blk.{i}.attn_output.weight", (shape.hidden, q)),
+            *_post_norm(shape, i, "post_attention_norm"),
             (f"blk.{i}.ffn_norm.weight", (shape.hidden,)),
-            (f"blk.{i}.ffn_gate.weight", (shape.intermediate, shape.hidden)),
-            (f"blk.{i}.ffn_up.weight", (shape.intermediate, shape.hidden)),
-            (f"blk.{i}.ffn_down.weight", (shape.hidden, shape.intermediate)),
+            *(_experts(shape, i) if shape.experts else _mlp(shape, i)),
+            *_post_norm(shape, i, "post_ffw_norm"),
         ]
     tensors.append(("output_norm.weight", (shape.hidden,)))
     if not shape.tied_embeddings:
         tensors.append(("output.weight", (vocab, shape.hidden)))
     return tensors
+
+
+def _mlp(shape: LlamaShape, layer: int) -> list[tuple[str, tuple[int, ...]]]:
+    return [
+        (f"blk.{layer}.ffn_gate.weight", (shape.intermediate, shape.hidden)),
+        (f"blk.{layer}.ffn_up.weight", (shape.intermediate, shape.hidden)),
+        (f"blk.{layer}.ffn_down.weight", (shape.hidden, shape.intermediate)),
+    ]
+
+
+def _experts(shape: LlamaShape, layer: int) -> list[tuple[str, tuple[int, ...]]]:
+    """Qwen3-MoE's router and stacked experts [experts, rows, columns], as llama.cpp's converter writes them."""
+    count, _, size = shape.experts
+    return [
+        (f"blk.{layer}.ffn_gate_inp.weight", (count, shape.hidden)),
+        (f"blk.{layer}.ffn_gate_exps.weight", (count, size, shape.hidden)),
+        (f"blk.{layer}.ffn_up_exps.weight", (count, size, shape.hidden)),
+        (f"blk.{layer}.ffn_down_exps.weight", (count, shape.hidden, size)),
+    ]
+
+
+def _qk_norms(shape: LlamaShape, layer: int) -> list[tuple[str, tuple[int, ...]]]:
+    """Qwen3's per-head Q and K RMSNorms."""
+    if shape.arch != "qwen3moe":
+        return []
+    return [(f"blk.{layer}.attn_{p}_norm.weight", (shape.head_size,)) for p in ("q", "k")]
+
+
+def _post_norm(shape: LlamaShape, layer: int, name: str) -> list[tuple[str, tuple[int, ...]]]:
+    """Gemma 2's norms after attention and after the MLP."""
+    return [(f"blk.{layer}.{name}.weight", (shape.hidden,))] if shape.arch == "gemma2" else []
 
 
 def _biases(shape: LlamaShape, layer: int, kv: int) -> list[tuple[str, tuple[int, ...]]]:
@@ -82,9 +169,22 @@ def _add_metadata(writer, shape: LlamaShape, name: str, tokenizer_gguf: Path) ->
     writer.add_feed_forward_length(shape.intermediate)
     writer.add_head_count(shape.heads)
     writer.add_head_count_kv(shape.kv_heads)
-    writer.add_rope_dimension_count(shape.hidden // shape.heads)
+    writer.add_rope_dimension_count(shape.head_size)
     writer.add_rope_freq_base(shape.rope_theta)
     writer.add_layer_norm_rms_eps(shape.rms_eps)
+    if shape.head_dim:
+        writer.add_key_length(shape.head_dim)
+        writer.add_value_length(shape.head_dim)
+    if shape.sliding_window:
+        writer.add_sliding_window(shape.sliding_window)
+    if shape.softcaps:
+        writer.add_attn_logit_softcapping(shape.softcaps[0])
+        writer.add_final_logit_softcapping(shape.softcaps[1])
+    if shape.experts:
+        count, used, size = shape.experts
+        writer.add_expert_count(count)
+        writer.add_expert_used_count(used)
+        writer.add_expert_feed_forward_length(size)
     writer.add_file_type(1)  # MOSTLY_F16
     return add_tokenizer_fields(writer, tokenizer_gguf)
 
@@ -120,7 +220,7 @@ def write_random_gguf(name: str, path: Path, seed: int = 0, tokenizer_gguf: Path
     writer = GGUFWriter(str(partial), shape.arch)
     tensors = _tensor_shapes(shape, _add_metadata(writer, shape, name, tokenizer_gguf))
     for tensor_name, dims in tensors:
-        dtype = np.float32 if len(dims) == 1 else np.float16  # norms in F32, as llama.cpp's converter writes
+        dtype = _stored_dtype(tensor_name, dims)
         writer.add_tensor_info(tensor_name, dims, np.dtype(dtype), int(np.prod(dims)) * np.dtype(dtype).itemsize)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -134,7 +234,7 @@ def write_random_gguf(name: str, path: Path, seed: int = 0, tokenizer_gguf: Path
         elif len(dims) == 1:
             data = np.ones(dims, dtype=np.float32)
         else:
-            data = (rng.standard_normal(dims, dtype=np.float32) * WEIGHT_STD).astype(np.float16)
+            data = (rng.standard_normal(dims, dtype=np.float32) * WEIGHT_STD).astype(_stored_dtype(tensor_name, dims))
         writer.write_tensor_data(data)
         done += data.size
         if i % 20 == 0 or i == len(tensors) - 1:
@@ -142,6 +242,12 @@ def write_random_gguf(name: str, path: Path, seed: int = 0, tokenizer_gguf: Path
     writer.close()
     partial.rename(path)
     return path
+
+
+def _stored_dtype(name: str, dims: tuple[int, ...]) -> type:
+    """F32 for norms and the MoE router (llama.cpp's converter keeps both in F32, and llama-quantize leaves them),
+    F16 for the rest."""
+    return np.float32 if len(dims) == 1 or ".ffn_gate_inp." in name else np.float16
 
 
 def find_llama_quantize() -> Path:

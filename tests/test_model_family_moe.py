@@ -18,10 +18,12 @@ from test_model_families import (
     ATOL,
     PROMPTS,
     assert_greedy_matches_hf,
+    assert_native_step_matches,
     assert_parity,
     finish_gguf,
     greedy_through_engine,
     hf_greedy,
+    native_step_on,
     report,
     save_tiny,
 )
@@ -110,19 +112,53 @@ def test_steps_report_experts_touched(pair):
     assert counts and all(TOP_K * layers <= c <= EXPERTS * layers for c in counts), counts
 
 
-def test_moe_decode_steps_run_eagerly_with_one_line(pair, capsys):
-    from minivllm.model.compiled import use_compilation
-    from minivllm.model.native_step import NativeDecodeStep, native_blocker
+def test_native_step_serves_moe_layers(pair):
+    """The C++ decode step routes each row and runs every chosen expert's products once on the rows that chose
+    it, inside its one call: greedy tokens equal to the eager layers' and HF's, logits within ATOL of eager's."""
+    from minivllm.model.native_step import native_blocker
+
+    name, hf, loaded = pair
+    assert native_blocker(loaded.model) is None
+    assert_native_step_matches(loaded, hf, name)
+
+
+def test_native_moe_steps_report_experts_touched(pair):
+    """The native call counts the experts each MoE layer ran: the eager bounds hold for its steps too."""
+    from minivllm.events import types as ev
 
     name, _, loaded = pair
-    assert "mixture-of-experts" in native_blocker(loaded.model)
-    assert NativeDecodeStep.for_model(loaded.model) is None
-    capsys.readouterr()
-    use_compilation(loaded.model, "cpu", enforce_eager=False)
-    lines = [line for line in capsys.readouterr().err.splitlines() if "run eagerly" in line]
-    assert len(lines) == 1 and "mixture-of-experts" in lines[0]
-    assert loaded.model.native_step is None and not loaded.model.may_compile and not loaded.model.may_capture
-    assert "mixture-of-experts" in loaded.model.compilation()
+    with native_step_on(loaded) as calls:
+        _, log = greedy_through_engine(loaded, PROMPTS)
+    assert calls, f"{name}: no native decode step ran"
+    layers = len(loaded.config.moe_layers)
+    counts = [e.experts_touched for e in log.of(ev.StepFinished)]
+    assert all(TOP_K * layers <= c <= EXPERTS * layers for c in counts), counts
+
+
+@pytest.mark.parametrize("ours", [True, False], ids=["our-fp32-kernel", "mkl"])
+def test_moe_models_get_no_compiled_step_and_run_eagerly_only_without_a_native_step(pair, capsys, ours):
+    """No compiled step or CUDA graph serves MoE layers (data-dependent expert groups): the native step takes
+    the decode steps where its kernels run the products, else one line says the steps run eagerly."""
+    from minivllm.model.compiled import use_compilation
+    from minivllm.model.packed_linear import PackedLinear
+
+    name, _, loaded = pair
+    products = [m for m in loaded.model.modules() if isinstance(m, PackedLinear)]
+    before = [m.native for m in products]
+    try:
+        for m in products:
+            m.native = ours
+        capsys.readouterr()
+        use_compilation(loaded.model, "cpu", enforce_eager=False)
+        lines = [line for line in capsys.readouterr().err.splitlines() if "run eagerly" in line]
+        assert (loaded.model.native_step is not None) == ours
+        assert len(lines) == (0 if ours else 1) and all("mixture-of-experts" in line for line in lines)
+        assert not loaded.model.may_compile and not loaded.model.may_capture
+        assert "mixture-of-experts" in loaded.model.compilation()
+    finally:
+        loaded.model.native_step = None
+        for m, native in zip(products, before):
+            m.native = native
 
 
 def test_int4_experts_are_quantized_linears(tmp_path, embedded_tokenizer):

@@ -155,9 +155,12 @@ def use_compilation(model: torch.nn.Module, device: torch.device | str, enforce_
     model.may_compile = model.may_capture = False
     if enforce_eager:
         model.eager_reason = "--enforce-eager"
-    elif getattr(model, "eager_only", None) is not None:  # a model no graph or native step serves (MoE)
-        model.eager_reason = model.eager_only
-        progress(f"decode steps run eagerly: {model.eager_reason}")
+    elif getattr(model, "eager_only", None) is not None:  # no compiled step or graph serves it (MoE): on a CPU,
+        model.eager_reason = model.eager_only  # the native step may still take its decode steps
+        if torch.device(device).type == "cpu":
+            model.native_step = NativeDecodeStep.for_model(model)
+        if model.native_step is None:
+            progress(f"decode steps run eagerly: {model.eager_reason}")
     elif torch.device(device).type == "cuda" and getattr(model.config, "attention_window", None) is not None:
         model.eager_reason = "sliding-window attention (the decode graphs are captured without a window)"
         progress(f"decode steps run eagerly: {model.eager_reason}")

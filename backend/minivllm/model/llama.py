@@ -156,8 +156,8 @@ class LlamaModel(nn.Module):
 
     @property
     def eager_only(self) -> str | None:
-        """Why decode steps can only run eagerly, or None: MoE layers group rows by the experts they chose,
-        sizes known only once the router has run (no C++ step, compiled graph or CUDA graph of that)."""
+        """Why no compiled step or CUDA graph can serve decode steps, or None: MoE layers group rows by the
+        experts they chose, sizes known only once the router has run (the C++ decode step groups them itself)."""
         return "mixture-of-experts layers (data-dependent expert groups)" if self.moe_blocks else None
 
     @torch.inference_mode()

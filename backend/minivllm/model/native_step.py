@@ -16,8 +16,10 @@ decode steps (one token per sequence); prefill chunks and hidden-state capture r
 Families: a layer's pieces beyond Llama's go in as optional tensors (`PIECES`, empty where absent): Qwen2's
 QKV bias, an O bias, Qwen3's and Gemma 3's Q/K norms, Gemma's norms on the attention's and MLP's outputs;
 with them Gemma's GeGLU, attention scale, soft-capped scores (Gemma 2) and local layers' rope tables, and
-Phi-3's partial rotary, and Mistral's sliding window (the attention reads from the window's first block). What
-the step lacks (`native_blocker`: MoE layers) keeps the model off it.
+Phi-3's partial rotary, and Mistral's sliding window (the attention reads from the window's first block).
+Mixture-of-experts layers (Qwen3-MoE, Mixtral) pass their router (on our fp32 kernel) where a dense layer's gate/up
+goes and their experts' weights in a list of their own: the call routes each row and runs every chosen expert's
+products once on the rows that chose it, and reports how many experts each layer ran.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import torch
 from minivllm.console import progress
 from minivllm.kernels.cpu import native
 from minivllm.model.attention import AttentionMetadata, KVCache, reads_pool_natively
+from minivllm.model.moe import SparseMoE
 from minivllm.model.packed_linear import PackedLinear
 from minivllm.model.rope import RotaryEmbedding
 from minivllm.quant.linear import QuantLinear
@@ -64,8 +67,29 @@ def layer_norms(layer: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def products(layer: torch.nn.Module) -> tuple[torch.nn.Module, ...]:
-    """A decoder layer's weight products, in the order the native step takes them."""
-    return layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj
+    """A decoder layer's weight products, in the order the native step takes them; a MoE layer's gate/up and
+    down are its experts' (each expert's, which run alike: `experts_alike`)."""
+    mlp = layer.mlp
+    if isinstance(mlp, SparseMoE):
+        mlp = mlp.experts[0]
+    return layer.self_attn.qkv_proj, layer.self_attn.o_proj, mlp.gate_up_proj, mlp.down_proj
+
+
+def expert_products(layer: torch.nn.Module) -> tuple[torch.nn.Module, ...]:
+    """A MoE layer's every expert's gate/up, then every expert's down (decode_step.cpp's order); none for a
+    dense layer."""
+    if not isinstance(layer.mlp, SparseMoE):
+        return ()
+    experts = layer.mlp.experts
+    return (*(e.gate_up_proj for e in experts), *(e.down_proj for e in experts))
+
+
+def experts_alike(layer: torch.nn.Module, rows: int) -> bool:
+    """Whether every expert of the layer runs its products as the first one does at `rows` rows (one kind per
+    layer and product in the call)."""
+    experts = layer.mlp.experts if isinstance(layer.mlp, SparseMoE) else ()
+    first = [product_kind(p, rows) for p in (experts[0].gate_up_proj, experts[0].down_proj)] if experts else []
+    return all([product_kind(e.gate_up_proj, rows), product_kind(e.down_proj, rows)] == first for e in experts)
 
 
 def product_kind(product: torch.nn.Module, rows: int) -> int | None:
@@ -85,7 +109,7 @@ def product_kind(product: torch.nn.Module, rows: int) -> int | None:
 def product_kinds(layers, rows: int) -> list[int] | None:
     """Per layer and product, its kind at `rows` rows; None when any product there is not native."""
     kinds = [product_kind(product, rows) for layer in layers for product in products(layer)]
-    return None if None in kinds else kinds
+    return None if None in kinds or not all(experts_alike(layer, rows) for layer in layers) else kinds
 
 
 class NativeDecodeStep:
@@ -105,14 +129,20 @@ class NativeDecodeStep:
         self.pieces = found if any(t.numel() for t in found) else ()  # none: Llama's layers
         self.local_rotary = model.local_rotary  # the local layers' tables (Gemma 3), read at each call
         self.local_layers = [i for i, layer in enumerate(self.layers) if layer.self_attn.local_rope]
-        self.gelu = self.layers[0].mlp.gelu
+        self.gelu = getattr(self.layers[0].mlp, "gelu", False)  # a MoE layer's experts: SwiGLU
         self.softcap = model.config.attn_softcap or 0.0  # Gemma 2's; 0: none
         self.tp = getattr(model, "tp", None)  # its shared segment, read at each call (set once the ranks meet)
         self._kinds: dict[int, list[int] | None] = {}  # by row count; kernel plans are fixed once chosen
+        self.moe_layers = [i for i, layer in enumerate(self.layers) if isinstance(layer.mlp, SparseMoE)]
+        self.experts = [tuple(native_weight(p) for p in expert_products(self.layers[i])) for i in self.moe_layers]
+        moe = self.layers[self.moe_layers[0]].mlp if self.moe_layers else None
+        self.top_k, self.renormalize = (moe.top_k, moe.renormalize) if moe else (1, False)
 
     @staticmethod
     def _layer_weights(layer) -> tuple[torch.Tensor, ...]:
         qkv, o, gate_up, down = (native_weight(p) for p in products(layer))
+        if isinstance(layer.mlp, SparseMoE):  # the router where the gate/up goes; the experts go apart
+            gate_up, down = layer.mlp.gate.weight.detach().float().contiguous(), NO_PIECE
         return (
             layer.input_layernorm.weight.detach(),
             qkv,
@@ -134,7 +164,7 @@ class NativeDecodeStep:
             return None
         if any(norm.eps != model.norm.eps for layer in model.layers for norm in layer_norms(layer)):
             return None  # one eps for every norm in the call
-        if any(native_weight(p) is None for layer in model.layers for p in products(layer)):
+        if any(native_weight(p) is None for layer in model.layers for p in (*products(layer), *expert_products(layer))):
             return None
         return NativeDecodeStep(model)
 
@@ -165,7 +195,9 @@ class NativeDecodeStep:
         if kinds is None:
             return None
         local = [i for i in self.local_layers if i < num_layers]
-        return torch.ops.minivllm_native.decode_layers(
+        moe = [i for i in self.moe_layers if i < num_layers]
+        touched = torch.zeros(len(moe), dtype=torch.long) if moe else None
+        out = torch.ops.minivllm_native.decode_layers(
             x,
             positions,
             rotary.cos,
@@ -187,8 +219,16 @@ class NativeDecodeStep:
             self.gelu,
             self.softcap,
             meta.window or 0,
+            [w for experts in self.experts[: len(moe)] for w in experts],
+            moe,
+            self.top_k,
+            self.renormalize,
+            touched,
             *self._tp_ranks(),
         )
+        for i, count in zip(moe, touched.tolist() if moe else []):
+            self.layers[i].mlp.touched = count
+        return out
 
     def _tp_ranks(self) -> tuple[torch.Tensor | None, int, int]:
         """The shared segment the call all-reduces through, and this rank's place (none: one rank)."""
@@ -203,10 +243,10 @@ class NativeDecodeStep:
 
 def native_blocker(model: torch.nn.Module) -> str | None:
     """Why decode_step.cpp cannot run this model's layers (Llama's, with the pieces in `PIECES`, GeGLU, an
-    attention scale and soft cap, local rope tables, partial rotary and a sliding window), or None."""
-    cfg = model.config
-    if cfg.moe_layers:
-        return f"the {cfg.family} family's mixture-of-experts layers"
+    attention scale and soft cap, local rope tables, partial rotary, a sliding window and MoE MLPs), or None."""
+    moe = [layer.mlp for layer in model.layers if isinstance(layer.mlp, SparseMoE)]
+    if any(m.gate.weight.dtype != torch.float32 for m in moe):
+        return "a mixture-of-experts router not in fp32"
     return None
 
 

@@ -4,7 +4,8 @@
 // A family's pieces are optional arguments, absent where empty (`Piece`): a QKV and an O bias (Qwen2),
 // per-head Q/K RMSNorms before rotary (Qwen3, Gemma 3), norms on the attention's and MLP's outputs, GeGLU
 // and a second rope table for the local layers (Gemma), soft-capped attention scores (Gemma 2), a sliding
-// window (Mistral), rotary over a head's leading dims (Phi-3). Under tensor parallelism a rank runs its slice of every layer and sums the O and down products over the ranks
+// window (Mistral), rotary over a head's leading dims (Phi-3), and mixture-of-experts MLPs (Qwen3-MoE, Mixtral:
+// router, top-k, each chosen expert's products once on the rows that chose it). Under tensor parallelism a rank runs its slice of every layer and sums the O and down products over the ranks
 // through shared memory (shm_collectives.cpp), still in this one call.
 //
 // Why: at one sequence the weight products of a 4-bit step take ~4 ms, and everything around them took
@@ -25,6 +26,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <numeric>
+#include <optional>
 #include <vector>
 
 #include "common.h"
@@ -300,15 +303,14 @@ void check_norm(const at::Tensor& norm, int64_t hidden, const char* which) {
 }
 
 // A layer's products' output sizes (a weight's first dimension in every kernel's format): QKV the fused heads'
-// width, O and down the hidden size, gate/up an even count shared by every layer. Their input sizes are
-// the kernels' own checks.
+// width, O and down the hidden size, gate/up `gate_up` (even, shared by every dense layer). Their input sizes are
+// the kernels' own checks. A MoE layer's MLP products are its experts' (check_moe).
 void check_product_rows(at::TensorList weights, at::IntArrayRef kinds, int64_t layer, int64_t hidden,
-                        int64_t qkv_width) {
+                        int64_t qkv_width, int64_t gate_up, bool moe) {
   const at::Tensor* w = &weights[kWeightsPerLayer * layer];
   const int64_t* kind = &kinds[kProductsPerLayer * layer];
-  const int64_t gate_up = product_rows(weights[4], kinds[2]);
   const std::pair<int64_t, int64_t> expected[] = {{1, qkv_width}, {2, hidden}, {4, gate_up}, {5, hidden}};
-  for (size_t i = 0; i < 4; ++i) {
+  for (size_t i = 0; i < (moe ? 2 : 4); ++i) {
     const auto [index, rows] = expected[i];
     TORCH_CHECK(product_rows(w[index], kind[i]) == rows && rows > 0 && (index != 4 || rows % 2 == 0),
                 "layer ", layer, ": product weight ", index, " must have ", rows, " output rows, got ",
@@ -360,9 +362,63 @@ void check_pieces(at::TensorList pieces, at::TensorList local_rope, at::IntArray
   }
 }
 
+// The mixture-of-experts layers (none in a dense model): their indices, ascending; every MoE layer's experts'
+// weights in `experts`, E gate/up weights then E down weights, layer after layer; each row's top_k experts,
+// their weights renormalised to sum to 1 where asked. A MoE layer's weight slot 4 holds its router (fp32
+// [E, hidden], run on our fp32 kernel), slot 5 nothing, and its kinds 2 and 3 are its experts' gate/up and down.
+struct Moe {
+  at::IntArrayRef layers;
+  at::TensorList experts;
+  int64_t top_k;
+  bool renormalize;
+
+  int64_t per_layer() const { return layers.empty() ? 0 : static_cast<int64_t>(experts.size() / (2 * layers.size())); }
+  int64_t index_of(int64_t layer) const {
+    const auto at = std::find(layers.begin(), layers.end(), layer);
+    return at == layers.end() ? -1 : at - layers.begin();
+  }
+  const at::Tensor* gate_ups(int64_t index) const { return &experts[2 * per_layer() * index]; }
+  const at::Tensor* downs(int64_t index) const { return gate_ups(index) + per_layer(); }
+};
+
+// The dense layers' gate/up output rows (the first dense layer's; 0 where every layer is MoE).
+int64_t dense_gate_up_rows(at::TensorList weights, at::IntArrayRef kinds, const Moe& moe) {
+  for (int64_t l = 0; l < static_cast<int64_t>(weights.size()) / kWeightsPerLayer; ++l)
+    if (moe.index_of(l) < 0) return product_rows(weights[kWeightsPerLayer * l + 4], kinds[kProductsPerLayer * l + 2]);
+  return 0;
+}
+
+// The experts' gate/up output rows (2I, shared by every expert of every MoE layer).
+int64_t expert_gate_up_rows(at::IntArrayRef kinds, const Moe& moe) {
+  return moe.layers.empty() ? 0 : product_rows(moe.gate_ups(0)[0], kinds[kProductsPerLayer * moe.layers[0] + 2]);
+}
+
+void check_moe(at::TensorList weights, at::IntArrayRef kinds, const Moe& moe, int64_t layers, int64_t hidden) {
+  TORCH_CHECK(!moe.layers.empty() || moe.experts.empty(), "experts given without MoE layers");
+  if (moe.layers.empty()) return;
+  const int64_t count = moe.per_layer(), gate_up = expert_gate_up_rows(kinds, moe);
+  TORCH_CHECK(count >= 1 && static_cast<int64_t>(moe.experts.size()) == 2 * count * static_cast<int64_t>(moe.layers.size()),
+              "experts: 2 x E weights per MoE layer, got ", moe.experts.size(), " for ", moe.layers.size(), " layers");
+  TORCH_CHECK(moe.top_k >= 1 && moe.top_k <= count, "top_k must be within 1..", count, ", got ", moe.top_k);
+  TORCH_CHECK(gate_up > 0 && gate_up % 2 == 0, "an expert's gate/up must have an even number of output rows");
+  for (size_t i = 0; i < moe.layers.size(); ++i) {
+    const int64_t l = moe.layers[i];
+    TORCH_CHECK(l >= 0 && l < layers && (i == 0 || l > moe.layers[i - 1]), "MoE layers must ascend within the ",
+                layers, " layers, got ", l);
+    const at::Tensor& router = weights[kWeightsPerLayer * l + 4];
+    TORCH_CHECK(router.dim() == 2 && router.size(0) == count && router.size(1) == hidden &&
+                    router.scalar_type() == at::kFloat && router.is_contiguous(),
+                "layer ", l, ": the router must be contiguous fp32 [", count, ", ", hidden, "], got ", router.sizes());
+    const int64_t* kind = &kinds[kProductsPerLayer * l];
+    for (int64_t e = 0; e < count; ++e)
+      TORCH_CHECK(product_rows(moe.gate_ups(i)[e], kind[2]) == gate_up && product_rows(moe.downs(i)[e], kind[3]) == hidden,
+                  "layer ", l, ", expert ", e, ": gate/up must have ", gate_up, " output rows and down ", hidden);
+  }
+}
+
 void check_step(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& signed_sin,
                 at::TensorList weights, at::TensorList k_pools, at::TensorList v_pools, const at::Tensor& slots,
-                at::IntArrayRef kinds, int64_t heads, const std::optional<at::Tensor>& final_norm) {
+                at::IntArrayRef kinds, int64_t heads, const std::optional<at::Tensor>& final_norm, const Moe& moe) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "expected contiguous fp32 hidden states [rows, hidden], got ", x.sizes(), " ", x.scalar_type());
   const int64_t layers = static_cast<int64_t>(k_pools.size()), rows = x.size(0);
@@ -388,8 +444,10 @@ void check_step(const at::Tensor& x, const at::Tensor& positions, const at::Tens
                 k_pools[l].is_contiguous() && v_pools[l].is_contiguous(),
                 "layer ", l, ": every K and V pool must be contiguous and of one shape and dtype");
     for (int64_t i : {0, 3}) check_norm(weights[kWeightsPerLayer * l + i], x.size(1), "a layer's");
-    check_product_rows(weights, kinds, l, x.size(1), (heads + 2 * pool.size(2)) * pool_head_dim(pool));
+    check_product_rows(weights, kinds, l, x.size(1), (heads + 2 * pool.size(2)) * pool_head_dim(pool),
+                       dense_gate_up_rows(weights, kinds, moe), moe.index_of(l) >= 0);
   }
+  check_moe(weights, kinds, moe, layers, x.size(1));
   if (final_norm) check_norm(*final_norm, x.size(1), "the final");
 }
 
@@ -436,6 +494,80 @@ struct Buffers {
         activated(at::empty({s.rows, intermediate}, x.options())) {}
 };
 
+// A MoE layer's working rows: router logits, the rows an expert runs on, its gate/up, activation and output.
+struct MoeBuffers {
+  at::Tensor logits, rows, gate_up, activated, out;
+
+  MoeBuffers(const at::Tensor& x, int64_t experts, int64_t gate_up_rows)
+      : logits(at::empty({x.size(0), experts}, x.options())),
+        rows(at::empty_like(x)),
+        gate_up(at::empty({x.size(0), gate_up_rows}, x.options())),
+        activated(at::empty({x.size(0), gate_up_rows / 2}, x.options())),
+        out(at::empty_like(x)) {}
+};
+
+// Each row's top-k experts (`chosen`) and weights from its router logits: a softmax over all experts in fp32, the
+// k largest (the lower expert first among equals), renormalised to sum to 1 where asked (model/moe.py's `route`).
+void route_rows(const at::Tensor& logits, int64_t top_k, bool renormalize, std::vector<int64_t>& chosen,
+                std::vector<float>& weight) {
+  const int64_t rows = logits.size(0), experts = logits.size(1);
+  const float* src = logits.data_ptr<float>();
+  chosen.resize(rows * top_k), weight.resize(rows * top_k);
+  std::vector<float> probs(experts);
+  std::vector<int64_t> order(experts);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* l = src + r * experts;
+    const float peak = *std::max_element(l, l + experts);
+    float sum = 0.f;
+    for (int64_t e = 0; e < experts; ++e) sum += probs[e] = std::exp(l[e] - peak);
+    for (int64_t e = 0; e < experts; ++e) probs[e] /= sum;
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + top_k, order.end(),
+                      [&](int64_t a, int64_t b) { return probs[a] > probs[b] || (probs[a] == probs[b] && a < b); });
+    float total = 0.f;
+    for (int64_t j = 0; j < top_k; ++j) total += probs[order[j]];
+    for (int64_t j = 0; j < top_k; ++j) {
+      chosen[r * top_k + j] = order[j];
+      weight[r * top_k + j] = renormalize ? probs[order[j]] / total : probs[order[j]];
+    }
+  }
+}
+
+// The MoE MLP of `normed` into `out`: per row the weighted sum of its chosen experts' gated MLPs. Each chosen
+// expert runs its two products once, on every row that chose it (its weights read once a step), experts in
+// order and rows in order within one, as model/moe.py's grouped product adds them. Returns the experts that ran.
+int64_t moe_mlp(const at::Tensor& normed, const at::Tensor& router, const at::Tensor* gate_ups,
+                const at::Tensor* downs, const int64_t* kind, const Moe& moe, bool gelu, MoeBuffers& b,
+                at::Tensor& out) {
+  const int64_t hidden = normed.size(1), experts = router.size(0);
+  timed(kProducts, [&] { fp32_linear_into(normed, router, b.logits); });
+  static thread_local std::vector<int64_t> chosen, group;
+  static thread_local std::vector<float> weight, group_weight;
+  route_rows(b.logits, moe.top_k, moe.renormalize, chosen, weight);
+  out.zero_();
+  int64_t ran = 0;
+  for (int64_t e = 0; e < experts; ++e) {
+    group.clear(), group_weight.clear();
+    for (size_t i = 0; i < chosen.size(); ++i)
+      if (chosen[i] == e) group.push_back(static_cast<int64_t>(i) / moe.top_k), group_weight.push_back(weight[i]);
+    if (group.empty()) continue;
+    ++ran;
+    const int64_t n = static_cast<int64_t>(group.size());
+    at::Tensor rows = b.rows.narrow(0, 0, n), gate_up = b.gate_up.narrow(0, 0, n);
+    at::Tensor activated = b.activated.narrow(0, 0, n), expert_out = b.out.narrow(0, 0, n);
+    for (int64_t i = 0; i < n; ++i)
+      std::memcpy(rows.data_ptr<float>() + i * hidden, normed.data_ptr<float>() + group[i] * hidden, hidden * 4);
+    timed(kProducts, [&] { product(rows, gate_ups[e], kind[2], gate_up); });
+    timed(kSiluUp, [&] { gelu ? gelu_times_up(gate_up, activated) : silu_times_up(gate_up, activated); });
+    timed(kProducts, [&] { product(activated, downs[e], kind[3], expert_out); });
+    float* o = out.data_ptr<float>();
+    const float* y = expert_out.data_ptr<float>();
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < hidden; ++j) o[group[i] * hidden + j] += y[i * hidden + j] * group_weight[i];
+  }
+  return ran;
+}
+
 // A layer's family pieces (Piece's order; null: absent), its rotary tables and the MLP's activation.
 struct LayerPieces {
   const float* piece[kPiecesPerLayer] = {};
@@ -480,20 +612,26 @@ const at::Tensor& maybe_norm(const at::Tensor& x, const float* norm, float eps, 
 // lookup in Python was two indexing calls a step); local_rope: the `local_layers`' own pair, or none.
 // pieces: none, or per layer its Piece tensors (empty where absent); gelu: GeGLU, not SwiGLU; softcap: attention
 // scores capped through tanh (Gemma 2; 0: none); window: sliding-window attention over that many keys (0: none).
-// tp: under tensor parallelism the O and down products' outputs are all-reduced before their bias and norm.
+// moe: the mixture-of-experts layers (Moe: their router in weight slot 4); touched: where given, each MoE layer's
+// count of experts that ran. tp: under tensor parallelism the O and down products' outputs are all-reduced before their bias and norm.
 at::Tensor run_layers(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos,
                       const at::Tensor& signed_sin, at::TensorList weights, at::TensorList k_pools,
                       at::TensorList v_pools, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
                       const at::Tensor& context_lens, at::IntArrayRef kinds, int64_t heads, double eps,
                       double scale, const std::optional<at::Tensor>& final_norm, at::TensorList pieces,
                       at::TensorList local_rope, at::IntArrayRef local_layers, bool gelu, double softcap,
-                      int64_t window, const TPRanks& tp) {
-  check_step(x, positions, cos, signed_sin, weights, k_pools, v_pools, slot_mapping, kinds, heads, final_norm);
+                      int64_t window, const Moe& moe, const std::optional<at::Tensor>& touched, const TPRanks& tp) {
+  check_step(x, positions, cos, signed_sin, weights, k_pools, v_pools, slot_mapping, kinds, heads, final_norm, moe);
+  TORCH_CHECK(!touched || (touched->scalar_type() == at::kLong && touched->is_contiguous() &&
+                           touched->numel() == static_cast<int64_t>(moe.layers.size())),
+              "touched must be contiguous int64 [MoE layers], got ", touched ? touched->sizes() : at::IntArrayRef{});
   const Shape s{x.size(0), heads, k_pools[0].size(2), pool_head_dim(k_pools[0])};
   check_pieces(pieces, local_rope, local_layers, static_cast<int64_t>(k_pools.size()), cos, x.size(1), s);
   const int64_t* slots = slot_mapping.data_ptr<int64_t>();
   const int64_t* position = positions.data_ptr<int64_t>();
-  Buffers b(x, s, product_rows(weights[4], kinds[2]) / 2);  // gate/up: 2I rows (check_step)
+  Buffers b(x, s, dense_gate_up_rows(weights, kinds, moe) / 2);  // gate/up: 2I rows (check_step)
+  std::optional<MoeBuffers> moe_buffers;
+  if (!moe.layers.empty()) moe_buffers.emplace(x, moe.per_layer(), expert_gate_up_rows(kinds, moe));
   // every layer's pools have one shape (check_step): the tables and lengths are checked against them once
   check_decode_attention(b.queries, k_pools[0], v_pools[0], block_tables, context_lens);
   at::Tensor hidden = x.clone();  // the residual stream, updated in place
@@ -520,9 +658,16 @@ at::Tensor run_layers(const at::Tensor& x, const at::Tensor& positions, const at
       add_into(hidden, maybe_norm(b.projected, p.piece[kAttnOutNorm], eps, b.normed));
       rms_norm(hidden, w[3], eps, b.normed);
     });
-    timed(kProducts, [&] { product(b.normed, w[4], kind[2], b.gate_up); });
-    timed(kSiluUp, [&] { p.gelu ? gelu_times_up(b.gate_up, b.activated) : silu_times_up(b.gate_up, b.activated); });
-    timed(kProducts, [&] { product(b.activated, w[5], kind[3], b.projected); });
+    const int64_t moe_index = moe.index_of(static_cast<int64_t>(l));
+    if (moe_index >= 0) {
+      const int64_t ran = moe_mlp(b.normed, w[4], moe.gate_ups(moe_index), moe.downs(moe_index), kind, moe, p.gelu,
+                                  *moe_buffers, b.projected);
+      if (touched) touched->data_ptr<int64_t>()[moe_index] = ran;
+    } else {
+      timed(kProducts, [&] { product(b.normed, w[4], kind[2], b.gate_up); });
+      timed(kSiluUp, [&] { p.gelu ? gelu_times_up(b.gate_up, b.activated) : silu_times_up(b.gate_up, b.activated); });
+      timed(kProducts, [&] { product(b.activated, w[5], kind[3], b.projected); });
+    }
     tp.all_reduce(b.projected);
     timed(kNormsResiduals, [&] { add_into(hidden, maybe_norm(b.projected, p.piece[kMlpOutNorm], eps, b.normed)); });
   }
@@ -539,12 +684,15 @@ at::Tensor decode_layers(const at::Tensor& x, const at::Tensor& positions, const
                          const at::Tensor& context_lens, at::IntArrayRef kinds, int64_t heads, double eps,
                          double scale, const std::optional<at::Tensor>& final_norm, at::TensorList pieces,
                          at::TensorList local_rope, at::IntArrayRef local_layers, bool gelu, double softcap,
-                         int64_t window, const std::optional<at::Tensor>& tp_shm, int64_t tp_rank, int64_t tp_world) {
+                         int64_t window, at::TensorList experts, at::IntArrayRef moe_layers, int64_t top_k,
+                         bool renormalize, const std::optional<at::Tensor>& touched,
+                         const std::optional<at::Tensor>& tp_shm, int64_t tp_rank, int64_t tp_world) {
   at::Tensor out;
   timed(kWholeCall, [&] {
     out = run_layers(x, positions, cos, signed_sin, weights, k_pools, v_pools, slot_mapping, block_tables,
                      context_lens, kinds, heads, eps, scale, final_norm, pieces, local_rope, local_layers, gelu,
-                     softcap, window, TPRanks{tp_shm, tp_rank, tp_world});
+                     softcap, window, Moe{moe_layers, experts, top_k, renormalize}, touched,
+                     TPRanks{tp_shm, tp_rank, tp_world});
   });
   if (timing_parts.load(std::memory_order_relaxed)) ++timed_calls;
   return out;
@@ -556,7 +704,8 @@ TORCH_LIBRARY_FRAGMENT(minivllm_native, m) {
   m.def("decode_layers(Tensor x, Tensor positions, Tensor cos, Tensor signed_sin, Tensor[] weights, Tensor[] k_pools, "
         "Tensor[] v_pools, Tensor slot_mapping, Tensor block_tables, Tensor context_lens, int[] kinds, "
         "int heads, float eps, float scale, Tensor? final_norm, Tensor[] pieces, Tensor[] local_rope, "
-        "int[] local_layers, bool gelu, float softcap, int window, Tensor? tp_shm, int tp_rank, int tp_world) -> Tensor");
+        "int[] local_layers, bool gelu, float softcap, int window, Tensor[] experts, int[] moe_layers, int top_k, "
+        "bool renormalize, Tensor(a!)? touched, Tensor? tp_shm, int tp_rank, int tp_world) -> Tensor");
   m.def("decode_part_timing(bool on) -> ()", &decode_part_timing);
   m.def("decode_part_times() -> float[]", &decode_part_times);
 }

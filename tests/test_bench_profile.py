@@ -45,3 +45,19 @@ def test_each_round_times_its_steps_after_a_reading_and_its_untimed_warm_up(tiny
         first + 17,
         first + 18,
     ]
+
+
+def test_every_native_product_op_counts_as_a_product():
+    """Each linear operator the native kernels register (`*_linear` in their sources) is in the profile's
+    product category: one left out showed a K-quant model's products as "other operators"."""
+    import re
+    from pathlib import Path
+
+    sources = Path(profile.__file__).parents[1] / "kernels" / "cpu"
+    defined = {
+        f"minivllm_native::{name}"
+        for path in sources.glob("*.cpp")
+        for name in re.findall(r'm\.def\("(\w+_linear)\(', path.read_text())
+    }
+    assert "minivllm_native::kquant_linear" in defined and len(defined) >= 6
+    assert defined <= set(profile.CATEGORIES["GEMM (linear layers, LM head)"])

@@ -10,6 +10,7 @@ through a GGUF file written with gguf-py from the same weights (stacked expert t
 from __future__ import annotations
 
 import copy
+import random
 
 import numpy as np
 import pytest
@@ -28,6 +29,7 @@ from test_model_families import (
     save_tiny,
 )
 
+from engine_utils import make_engine, random_decode_works
 from minivllm.loader import load_model
 from minivllm.model.moe import Expert, SparseMoE, grouped_experts, route
 
@@ -133,6 +135,26 @@ def test_native_moe_steps_report_experts_touched(pair):
     layers = len(loaded.config.moe_layers)
     counts = [e.experts_touched for e in log.of(ev.StepFinished)]
     assert all(TOP_K * layers <= c <= EXPERTS * layers for c in counts), counts
+
+
+def test_malformed_moe_arguments_are_named_before_anything_runs(pair):
+    """A top-k beyond the experts, or an expert weight missing, is an error that names it, raised before the
+    call writes any K/V."""
+    name, _, loaded = pair
+    engine = make_engine(loaded, max_num_seqs=4, num_blocks=32)
+    works = random_decode_works(random.Random(4), 2, 32, max_width=2, vocab=loaded.config.vocab_size)
+    pools = [pool.clone() for pool in (*engine.kv_cache.k, *engine.kv_cache.v)]
+    with native_step_on(loaded):
+        step = loaded.model.native_step
+        step.top_k = EXPERTS + 1
+        with pytest.raises(RuntimeError, match=f"top_k must be within 1..{EXPERTS}, got {EXPERTS + 1}"):
+            engine.runner.execute(works, [])
+        step.top_k, whole = TOP_K, step.experts[0]
+        step.experts[0] = whole[1:]
+        with pytest.raises(RuntimeError, match="2 x E weights per MoE layer"):
+            engine.runner.execute(works, [])
+        step.experts[0] = whole
+    assert all(torch.equal(a, b) for a, b in zip(pools, (*engine.kv_cache.k, *engine.kv_cache.v)))
 
 
 @pytest.mark.parametrize("ours", [True, False], ids=["our-fp32-kernel", "mkl"])

@@ -28,6 +28,7 @@ CATEGORIES = {
         "aten::_weight_int4pack_mm",
         *(f"minivllm_native::{w}_{a}_linear" for w in ("q4", "i8") for a in ("q8", "q8x2", "f32")),
         "minivllm_native::f32_linear",
+        "minivllm_native::kquant_linear",
     ),
     "native decode step: every layer, products included": ("minivllm_native::decode_layers",),
     "attention: K/V gather through block tables": ("aten::index", "aten::index_select"),

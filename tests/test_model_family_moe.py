@@ -137,6 +137,36 @@ def test_native_moe_steps_report_experts_touched(pair):
     assert all(TOP_K * layers <= c <= EXPERTS * layers for c in counts), counts
 
 
+def test_native_expert_product_equals_the_python_one(pair):
+    """Where our kernels run every expert's products, the block is one C++ call (`moe_experts`): its output and
+    experts-touched count equal the Python grouped product's within float rounding (MKL's products there, ours
+    here; the router and SiLU round in their own last bits)."""
+    from minivllm.kernels.cpu import native
+    from minivllm.model.packed_linear import PackedLinear
+
+    if native.available() is not None:
+        pytest.skip(f"the native kernels are not built here: {native.available()}")
+    name, _, loaded = pair
+    block = next(layer.mlp for layer in loaded.model.layers if isinstance(layer.mlp, SparseMoE))
+    x = torch.randn(37, loaded.config.hidden_size, generator=torch.Generator().manual_seed(1))
+    products = [m for m in block.modules() if isinstance(m, PackedLinear)]
+    before = [m.native for m in products]
+    try:
+        for m in products:
+            m.native = False
+        assert block.native_experts(x) is None
+        python_out, python_touched = block(x), block.touched
+        for m in products:
+            m.native = True
+        assert block.native_experts(x) is not None
+        native_out = block(x)
+    finally:
+        for m, was in zip(products, before):
+            m.native = was
+    assert block.touched == python_touched > TOP_K
+    torch.testing.assert_close(native_out, python_out, atol=1e-5, rtol=0)
+
+
 def test_malformed_moe_arguments_are_named_before_anything_runs(pair):
     """A top-k beyond the experts, or an expert weight missing, is an error that names it, raised before the
     call writes any K/V."""

@@ -10,7 +10,10 @@ row chose runs its gate|up and down products once, on all of its rows together (
 once a step, however many rows chose it), and the weighted results are added back onto their rows.
 Experts no row chose are not read at all. The loop is over the active experts, never over tokens.
 Each expert's products are ordinary linear modules (PackedLinear, or QuantLinear once its weights are
-quantized: a GGUF's stacked expert tensors are sliced per expert at load).
+quantized: a GGUF's stacked expert tensors are sliced per expert at load). Where our kernels run every
+expert's products (fp32 rows on a CPU), the whole block is one C++ call (`moe_experts`, decode_step.cpp: the
+native decode step's own MoE code): a prefill chunk of 32 tokens touched ~110 experts a layer, each ~10 small
+operators from Python here.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minivllm.kernels.cpu import native
+from minivllm.model.native_products import native_weight, product_kind
 from minivllm.model.packed_linear import PackedLinear
 
 
@@ -75,8 +80,38 @@ class SparseMoE(nn.Module):
         self.experts = nn.ModuleList(Expert(hidden, intermediate) for _ in range(num_experts))
         self.top_k, self.renormalize = top_k, renormalize
         self.touched = 0
+        self._native: dict[tuple, tuple | None] = {}  # native_experts' answers (kernel plans are fixed at load)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        experts = self.native_experts(x)
+        if experts is not None:
+            out, self.touched = torch.ops.minivllm_native.moe_experts(
+                x.contiguous(), self.gate.weight, *experts, self.top_k, self.renormalize, False
+            )
+            return out
         weights, chosen = route(self.gate(x), self.top_k, self.renormalize)
         out, self.touched = grouped_experts(x, weights, chosen, self.experts)
         return out
+
+    def native_experts(self, x: torch.Tensor) -> tuple | None:
+        """(gate/up weights, down weights, their kinds) where our kernels run every expert's products alike at
+        x's row count and x is fp32 on a CPU, as are the router's weights; else None."""
+        if x.device.type != "cpu" or x.dtype != torch.float32 or self.gate.weight.dtype != torch.float32:
+            return None
+        kinds = self._kinds(self.experts[0], x.shape[0])
+        key = (x.shape[0], kinds)
+        if key not in self._native:
+            self._native[key] = self._find_native(x.shape[0], kinds)
+        return self._native[key]
+
+    @staticmethod
+    def _kinds(expert: Expert, rows: int) -> tuple[int | None, int | None]:
+        return product_kind(expert.gate_up_proj, rows), product_kind(expert.down_proj, rows)
+
+    def _find_native(self, rows: int, kinds: tuple) -> tuple | None:
+        if None in kinds or native.available() is not None:
+            return None
+        alike = all(self._kinds(e, rows) == kinds for e in self.experts)
+        gate_ups = [native_weight(e.gate_up_proj) for e in self.experts]
+        downs = [native_weight(e.down_proj) for e in self.experts]
+        return (gate_ups, downs, list(kinds)) if alike and None not in (*gate_ups, *downs) else None

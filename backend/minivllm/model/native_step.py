@@ -30,16 +30,9 @@ from minivllm.console import progress
 from minivllm.kernels.cpu import native
 from minivllm.model.attention import AttentionMetadata, KVCache, reads_pool_natively
 from minivllm.model.moe import SparseMoE
-from minivllm.model.packed_linear import PackedLinear
+from minivllm.model.native_products import native_weight, product_kind
 from minivllm.model.rope import RotaryEmbedding
-from minivllm.quant.linear import QuantLinear
-from minivllm.quant.matmul_paths import Int4Native, KQuantNative
 
-# A product's kind, as decode_step.cpp numbers them: a 4-bit weight on our kernel by activation precision,
-# an fp32 weight on our fp32 kernel, or a GGUF K-quant weight on ours by activation precision
-Q4_KINDS = {"int8": 0, "int8x2": 1, "fp32": 2}
-FP32_KIND = 3
-KQUANT_KINDS = {"int8": 4, "int8x2": 5, "fp32": 6}
 WEIGHTS_PER_LAYER = 6  # input norm, QKV, O, post-attention norm, gate/up, down: decode_step.cpp's order
 PRODUCTS_PER_LAYER = 4
 PIECES = ("qkv_bias", "o_bias", "q_norm", "k_norm", "attn_out_norm", "mlp_out_norm")  # decode_step.cpp's order
@@ -90,20 +83,6 @@ def experts_alike(layer: torch.nn.Module, rows: int) -> bool:
     experts = layer.mlp.experts if isinstance(layer.mlp, SparseMoE) else ()
     first = [product_kind(p, rows) for p in (experts[0].gate_up_proj, experts[0].down_proj)] if experts else []
     return all([product_kind(e.gate_up_proj, rows), product_kind(e.down_proj, rows)] == first for e in experts)
-
-
-def product_kind(product: torch.nn.Module, rows: int) -> int | None:
-    """How the native step runs this product at `rows` rows, as the eager step would; None when no
-    native kernel would (torch's kernels, MKL)."""
-    if isinstance(product, QuantLinear):
-        kernel = product.kernel_for(rows)
-        acts = kernel.name.split("/")[-1]
-        if isinstance(kernel, KQuantNative):
-            return KQUANT_KINDS.get(acts)
-        return Q4_KINDS.get(acts) if isinstance(kernel, Int4Native) else None
-    if isinstance(product, PackedLinear) and product.native:
-        return FP32_KIND
-    return None
 
 
 def product_kinds(layers, rows: int) -> list[int] | None:
@@ -247,14 +226,4 @@ def native_blocker(model: torch.nn.Module) -> str | None:
     moe = [layer.mlp for layer in model.layers if isinstance(layer.mlp, SparseMoE)]
     if any(m.gate.weight.dtype != torch.float32 for m in moe):
         return "a mixture-of-experts router not in fp32"
-    return None
-
-
-def native_weight(product: torch.nn.Module) -> torch.Tensor | None:
-    """The weight as our kernels read it: a 4-bit product's packed rows (its native candidates share
-    them), an fp32 product's weight where our fp32 kernel serves it; else None."""
-    if isinstance(product, QuantLinear):
-        return next((k.packed for k in product.candidates if isinstance(k, (Int4Native, KQuantNative))), None)
-    if isinstance(product, PackedLinear) and product.native:
-        return product.weight.detach()
     return None

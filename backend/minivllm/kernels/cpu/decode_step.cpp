@@ -28,6 +28,7 @@
 #include <cstring>
 #include <numeric>
 #include <optional>
+#include <tuple>
 #include <vector>
 
 #include "common.h"
@@ -537,19 +538,19 @@ void route_rows(const at::Tensor& logits, int64_t top_k, bool renormalize, std::
 // expert runs its two products once, on every row that chose it (its weights read once a step), experts in
 // order and rows in order within one, as model/moe.py's grouped product adds them. Returns the experts that ran.
 int64_t moe_mlp(const at::Tensor& normed, const at::Tensor& router, const at::Tensor* gate_ups,
-                const at::Tensor* downs, const int64_t* kind, const Moe& moe, bool gelu, MoeBuffers& b,
-                at::Tensor& out) {
+                const at::Tensor* downs, const int64_t* kind, int64_t top_k, bool renormalize, bool gelu,
+                MoeBuffers& b, at::Tensor& out) {
   const int64_t hidden = normed.size(1), experts = router.size(0);
   timed(kProducts, [&] { fp32_linear_into(normed, router, b.logits); });
   static thread_local std::vector<int64_t> chosen, group;
   static thread_local std::vector<float> weight, group_weight;
-  route_rows(b.logits, moe.top_k, moe.renormalize, chosen, weight);
+  route_rows(b.logits, top_k, renormalize, chosen, weight);
   out.zero_();
   int64_t ran = 0;
   for (int64_t e = 0; e < experts; ++e) {
     group.clear(), group_weight.clear();
     for (size_t i = 0; i < chosen.size(); ++i)
-      if (chosen[i] == e) group.push_back(static_cast<int64_t>(i) / moe.top_k), group_weight.push_back(weight[i]);
+      if (chosen[i] == e) group.push_back(static_cast<int64_t>(i) / top_k), group_weight.push_back(weight[i]);
     if (group.empty()) continue;
     ++ran;
     const int64_t n = static_cast<int64_t>(group.size());
@@ -660,8 +661,8 @@ at::Tensor run_layers(const at::Tensor& x, const at::Tensor& positions, const at
     });
     const int64_t moe_index = moe.index_of(static_cast<int64_t>(l));
     if (moe_index >= 0) {
-      const int64_t ran = moe_mlp(b.normed, w[4], moe.gate_ups(moe_index), moe.downs(moe_index), kind, moe, p.gelu,
-                                  *moe_buffers, b.projected);
+      const int64_t ran = moe_mlp(b.normed, w[4], moe.gate_ups(moe_index), moe.downs(moe_index), kind, moe.top_k,
+                                  moe.renormalize, p.gelu, *moe_buffers, b.projected);
       if (touched) touched->data_ptr<int64_t>()[moe_index] = ran;
     } else {
       timed(kProducts, [&] { product(b.normed, w[4], kind[2], b.gate_up); });
@@ -698,9 +699,35 @@ at::Tensor decode_layers(const at::Tensor& x, const at::Tensor& positions, const
   return out;
 }
 
+// A MoE layer's MLP alone (model/moe.py's eager layers, prefill chunks included): x [rows, hidden] ->
+// (the weighted sum of each row's chosen experts, how many experts ran); the experts' products of kinds
+// `kinds` (gate/up, down: ProductKind), the router on our fp32 kernel.
+std::tuple<at::Tensor, int64_t> moe_experts(const at::Tensor& x, const at::Tensor& router, at::TensorList gate_ups,
+                                            at::TensorList downs, at::IntArrayRef kinds, int64_t top_k,
+                                            bool renormalize, bool gelu) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.size(0) > 0,
+              "expected contiguous fp32 rows [rows, hidden], got ", x.sizes(), " ", x.scalar_type());
+  TORCH_CHECK(kinds.size() == 2 && gate_ups.size() == downs.size(), "kinds: gate/up and down; one down per gate/up");
+  for (int64_t kind : kinds) TORCH_CHECK(kind >= kQ4Int8 && kind <= kKQuantFp32, "unknown product kind ", kind);
+  std::vector<at::Tensor> experts(gate_ups.begin(), gate_ups.end());
+  experts.insert(experts.end(), downs.begin(), downs.end());
+  const int64_t layer_kinds[kProductsPerLayer] = {0, 0, kinds[0], kinds[1]};
+  const at::Tensor no_weight;
+  const std::vector<at::Tensor> weights = {no_weight, no_weight, no_weight, no_weight, router, no_weight};
+  const int64_t layer[] = {0};
+  const Moe moe{layer, experts, top_k, renormalize};
+  check_moe(weights, layer_kinds, moe, 1, x.size(1));
+  MoeBuffers b(x, moe.per_layer(), expert_gate_up_rows(layer_kinds, moe));
+  at::Tensor out = at::empty_like(x);
+  const int64_t ran = moe_mlp(x, router, moe.gate_ups(0), moe.downs(0), layer_kinds, top_k, renormalize, gelu, b, out);
+  return {out, ran};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(minivllm_native, m) {
+  m.def("moe_experts(Tensor x, Tensor router, Tensor[] gate_ups, Tensor[] downs, int[] kinds, int top_k, "
+        "bool renormalize, bool gelu) -> (Tensor, int)");
   m.def("decode_layers(Tensor x, Tensor positions, Tensor cos, Tensor signed_sin, Tensor[] weights, Tensor[] k_pools, "
         "Tensor[] v_pools, Tensor slot_mapping, Tensor block_tables, Tensor context_lens, int[] kinds, "
         "int heads, float eps, float scale, Tensor? final_norm, Tensor[] pieces, Tensor[] local_rope, "
@@ -710,4 +737,7 @@ TORCH_LIBRARY_FRAGMENT(minivllm_native, m) {
   m.def("decode_part_times() -> float[]", &decode_part_times);
 }
 
-TORCH_LIBRARY_IMPL(minivllm_native, CPU, m) { m.impl("decode_layers", &decode_layers); }
+TORCH_LIBRARY_IMPL(minivllm_native, CPU, m) {
+  m.impl("decode_layers", &decode_layers);
+  m.impl("moe_experts", &moe_experts);
+}

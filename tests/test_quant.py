@@ -13,6 +13,7 @@ from minivllm.quant import chooser, matmul_paths
 from minivllm.quant.chooser import choose_kernels
 from minivllm.quant.formats import (
     Int4Weight,
+    Int8Weight,
     QuantizationError,
     concat_rows,
     quantize_int4,
@@ -431,3 +432,24 @@ def test_torchs_packed_copies_are_built_only_when_used():
         bf16(x)
         if weight is w4:  # one packed copy serves both activation dtypes
             assert bf16.packed is exact.packed
+
+
+@pytest.mark.skipif(native.available() is not None, reason="the native kernels are not built here")
+def test_native_int8_kernels_read_a_q8_0_weights_own_scales():
+    """Scales per block of 32 (GGUF Q8_0) are the native kernels' own layout: they read the weight's tensor, not a
+    copy (~0.1 GiB at 1B parameters), and a coarser group repeats its scale into a new one."""
+    q = torch.randint(-127, 128, (64, 128), dtype=torch.int8)
+    per_block = Int8Weight(q, torch.rand(64, 4) + 0.1, 32)
+    kernels = [
+        k
+        for k in matmul_paths.candidates(per_block, torch.device("cpu"), torch.float32)
+        if k.name.startswith("int8avx2")
+    ]
+    assert kernels and all(k.scale.data_ptr() == per_block.scale.data_ptr() for k in kernels)
+    coarse = Int8Weight(q, torch.rand(64, 2) + 0.1, 64)
+    native_kernel = next(
+        k for k in matmul_paths.candidates(coarse, torch.device("cpu"), torch.float32) if k.name.startswith("int8avx2")
+    )
+    assert native_kernel.scale.shape == (64, 4) and torch.equal(native_kernel.scale[:, ::2], coarse.scale)
+    x = torch.randn(3, 128)
+    torch.testing.assert_close(kernels[-1](x), x @ per_block.dequantize().T, atol=1e-3, rtol=1e-4)

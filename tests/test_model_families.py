@@ -224,28 +224,39 @@ def hf_with_rounded_weights(hf):
 
 
 @contextlib.contextmanager
+def fp32_kernel(module: torch.nn.Module, ours: bool):
+    """Every fp32 product in `module` on our fp32 kernel (`ours`) or MKL for the duration, whichever won the
+    timing at load."""
+    from minivllm.model.packed_linear import PackedLinear
+
+    products = [m for m in module.modules() if isinstance(m, PackedLinear)]
+    before = [m.native for m in products]
+    try:
+        for m in products:
+            m.native = ours
+        yield
+    finally:
+        for m, native in zip(products, before):
+            m.native = native
+
+
+@contextlib.contextmanager
 def native_step_on(loaded):
     """The model's native decode step for the duration, every product on our fp32 kernel (whichever won the
     timing at load); yields the row counts of the step's calls."""
     from minivllm.model.native_step import NativeDecodeStep
-    from minivllm.model.packed_linear import PackedLinear
 
-    products = [m for m in loaded.model.modules() if isinstance(m, PackedLinear)]
-    before = [m.native for m in products]
     calls: list[int] = []
     real = torch.ops.minivllm_native.decode_layers
-    try:
-        for m in products:
-            m.native = True
-        loaded.model.native_step = NativeDecodeStep.for_model(loaded.model)
-        assert loaded.model.native_step is not None, f"{loaded.config.family}: no native step"
-        torch.ops.minivllm_native.decode_layers = lambda *a: calls.append(a[0].shape[0]) or real(*a)
-        yield calls
-    finally:
-        torch.ops.minivllm_native.decode_layers = real
-        loaded.model.native_step = None
-        for m, native in zip(products, before):
-            m.native = native
+    with fp32_kernel(loaded.model, ours=True):
+        try:
+            loaded.model.native_step = NativeDecodeStep.for_model(loaded.model)
+            assert loaded.model.native_step is not None, f"{loaded.config.family}: no native step"
+            torch.ops.minivllm_native.decode_layers = lambda *a: calls.append(a[0].shape[0]) or real(*a)
+            yield calls
+        finally:
+            torch.ops.minivllm_native.decode_layers = real
+            loaded.model.native_step = None
 
 
 def assert_native_step_matches(loaded, hf, name: str, prompts=PROMPTS) -> None:

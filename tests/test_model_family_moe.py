@@ -22,6 +22,7 @@ from test_model_families import (
     assert_native_step_matches,
     assert_parity,
     finish_gguf,
+    fp32_kernel,
     greedy_through_engine,
     hf_greedy,
     native_step_on,
@@ -142,27 +143,18 @@ def test_native_expert_product_equals_the_python_one(pair):
     experts-touched count equal the Python grouped product's within float rounding (MKL's products there, ours
     here; the router and SiLU round in their own last bits)."""
     from minivllm.kernels.cpu import native
-    from minivllm.model.packed_linear import PackedLinear
 
     if native.available() is not None:
         pytest.skip(f"the native kernels are not built here: {native.available()}")
     name, _, loaded = pair
     block = next(layer.mlp for layer in loaded.model.layers if isinstance(layer.mlp, SparseMoE))
     x = torch.randn(37, loaded.config.hidden_size, generator=torch.Generator().manual_seed(1))
-    products = [m for m in block.modules() if isinstance(m, PackedLinear)]
-    before = [m.native for m in products]
-    try:
-        for m in products:
-            m.native = False
+    with fp32_kernel(block, ours=False):
         assert block.native_experts(x) is None
         python_out, python_touched = block(x), block.touched
-        for m in products:
-            m.native = True
+    with fp32_kernel(block, ours=True):
         assert block.native_experts(x) is not None
         native_out = block(x)
-    finally:
-        for m, was in zip(products, before):
-            m.native = was
     assert block.touched == python_touched > TOP_K
     torch.testing.assert_close(native_out, python_out, atol=1e-5, rtol=0)
 
@@ -192,25 +184,19 @@ def test_moe_models_get_no_compiled_step_and_run_eagerly_only_without_a_native_s
     """No compiled step or CUDA graph serves MoE layers (data-dependent expert groups): the native step takes
     the decode steps where its kernels run the products, else one line says the steps run eagerly."""
     from minivllm.model.compiled import use_compilation
-    from minivllm.model.packed_linear import PackedLinear
 
     name, _, loaded = pair
-    products = [m for m in loaded.model.modules() if isinstance(m, PackedLinear)]
-    before = [m.native for m in products]
-    try:
-        for m in products:
-            m.native = ours
+    with fp32_kernel(loaded.model, ours):
         capsys.readouterr()
-        use_compilation(loaded.model, "cpu", enforce_eager=False)
-        lines = [line for line in capsys.readouterr().err.splitlines() if "run eagerly" in line]
-        assert (loaded.model.native_step is not None) == ours
-        assert len(lines) == (0 if ours else 1) and all("mixture-of-experts" in line for line in lines)
-        assert not loaded.model.may_compile and not loaded.model.may_capture
-        assert "mixture-of-experts" in loaded.model.compilation()
-    finally:
-        loaded.model.native_step = None
-        for m, native in zip(products, before):
-            m.native = native
+        try:
+            use_compilation(loaded.model, "cpu", enforce_eager=False)
+            lines = [line for line in capsys.readouterr().err.splitlines() if "run eagerly" in line]
+            assert (loaded.model.native_step is not None) == ours
+            assert len(lines) == (0 if ours else 1) and all("mixture-of-experts" in line for line in lines)
+            assert not loaded.model.may_compile and not loaded.model.may_capture
+            assert "mixture-of-experts" in loaded.model.compilation()
+        finally:
+            loaded.model.native_step = None
 
 
 def test_int4_experts_are_quantized_linears(tmp_path, embedded_tokenizer):

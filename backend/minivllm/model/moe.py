@@ -80,7 +80,7 @@ class SparseMoE(nn.Module):
         self.experts = nn.ModuleList(Expert(hidden, intermediate) for _ in range(num_experts))
         self.top_k, self.renormalize = top_k, renormalize
         self.touched = 0
-        self._native: dict[tuple, tuple | None] = {}  # native_experts' answers (kernel plans are fixed at load)
+        self._native: dict[tuple, tuple | None] = {}  # native_plan's answers
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         experts = self.native_experts(x)
@@ -94,14 +94,18 @@ class SparseMoE(nn.Module):
         return out
 
     def native_experts(self, x: torch.Tensor) -> tuple | None:
-        """(gate/up weights, down weights, their kinds) where our kernels run every expert's products alike at
-        x's row count and x is fp32 on a CPU, as are the router's weights; else None."""
+        """`native_plan` at x's row count where x is fp32 on a CPU, as are the router's weights; else None."""
         if x.device.type != "cpu" or x.dtype != torch.float32 or self.gate.weight.dtype != torch.float32:
             return None
-        kinds = self._kinds(self.experts[0], x.shape[0])
-        key = (x.shape[0], kinds)
+        return self.native_plan(x.shape[0])
+
+    def native_plan(self, rows: int) -> tuple[list, list, list[int]] | None:
+        """(every expert's gate/up weight, every down weight, their two kinds) as our kernels run them at `rows`
+        rows, where those run every expert's products alike (one kind each in the C++ call); else None."""
+        kinds = self._kinds(self.experts[0], rows)
+        key = (rows, kinds)  # the first expert's kinds: kernel plans are fixed at load, its `native` flag may move
         if key not in self._native:
-            self._native[key] = self._find_native(x.shape[0], kinds)
+            self._native[key] = self._find_native(rows, kinds)
         return self._native[key]
 
     @staticmethod

@@ -60,35 +60,26 @@ def layer_norms(layer: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def products(layer: torch.nn.Module) -> tuple[torch.nn.Module, ...]:
-    """A decoder layer's weight products, in the order the native step takes them; a MoE layer's gate/up and
-    down are its experts' (each expert's, which run alike: `experts_alike`)."""
-    mlp = layer.mlp
-    if isinstance(mlp, SparseMoE):
-        mlp = mlp.experts[0]
-    return layer.self_attn.qkv_proj, layer.self_attn.o_proj, mlp.gate_up_proj, mlp.down_proj
+    """A decoder layer's weight products, in the order the native step takes them; a MoE layer's MLP products
+    are its experts' (`SparseMoE.native_plan`)."""
+    attention = (layer.self_attn.qkv_proj, layer.self_attn.o_proj)
+    return attention if isinstance(layer.mlp, SparseMoE) else (*attention, layer.mlp.gate_up_proj, layer.mlp.down_proj)
 
 
-def expert_products(layer: torch.nn.Module) -> tuple[torch.nn.Module, ...]:
-    """A MoE layer's every expert's gate/up, then every expert's down (decode_step.cpp's order); none for a
-    dense layer."""
-    if not isinstance(layer.mlp, SparseMoE):
-        return ()
-    experts = layer.mlp.experts
-    return (*(e.gate_up_proj for e in experts), *(e.down_proj for e in experts))
-
-
-def experts_alike(layer: torch.nn.Module, rows: int) -> bool:
-    """Whether every expert of the layer runs its products as the first one does at `rows` rows (one kind per
-    layer and product in the call)."""
-    experts = layer.mlp.experts if isinstance(layer.mlp, SparseMoE) else ()
-    first = [product_kind(p, rows) for p in (experts[0].gate_up_proj, experts[0].down_proj)] if experts else []
-    return all([product_kind(e.gate_up_proj, rows), product_kind(e.down_proj, rows)] == first for e in experts)
+def layer_kinds(layer: torch.nn.Module, rows: int) -> list[int | None]:
+    """A layer's four product kinds at `rows` rows: a MoE layer's last two are its experts' (None where our
+    kernels do not run them all alike)."""
+    kinds = [product_kind(p, rows) for p in products(layer)]
+    if isinstance(layer.mlp, SparseMoE):
+        plan = layer.mlp.native_plan(rows)
+        kinds += plan[2] if plan is not None else [None, None]
+    return kinds
 
 
 def product_kinds(layers, rows: int) -> list[int] | None:
     """Per layer and product, its kind at `rows` rows; None when any product there is not native."""
-    kinds = [product_kind(product, rows) for layer in layers for product in products(layer)]
-    return None if None in kinds or not all(experts_alike(layer, rows) for layer in layers) else kinds
+    kinds = [kind for layer in layers for kind in layer_kinds(layer, rows)]
+    return None if None in kinds else kinds
 
 
 class NativeDecodeStep:
@@ -113,23 +104,19 @@ class NativeDecodeStep:
         self.tp = getattr(model, "tp", None)  # its shared segment, read at each call (set once the ranks meet)
         self._kinds: dict[int, list[int] | None] = {}  # by row count; kernel plans are fixed once chosen
         self.moe_layers = [i for i, layer in enumerate(self.layers) if isinstance(layer.mlp, SparseMoE)]
-        self.experts = [tuple(native_weight(p) for p in expert_products(self.layers[i])) for i in self.moe_layers]
+        plans = [self.layers[i].mlp.native_plan(1) for i in self.moe_layers]  # for_model: none is None
+        self.experts = [(*gate_ups, *downs) for gate_ups, downs, _ in plans]
         moe = self.layers[self.moe_layers[0]].mlp if self.moe_layers else None
         self.top_k, self.renormalize = (moe.top_k, moe.renormalize) if moe else (1, False)
 
     @staticmethod
     def _layer_weights(layer) -> tuple[torch.Tensor, ...]:
-        qkv, o, gate_up, down = (native_weight(p) for p in products(layer))
         if isinstance(layer.mlp, SparseMoE):  # the router where the gate/up goes; the experts go apart
-            gate_up, down = layer.mlp.gate.weight.detach().float().contiguous(), NO_PIECE
-        return (
-            layer.input_layernorm.weight.detach(),
-            qkv,
-            o,
-            layer.post_attention_layernorm.weight.detach(),
-            gate_up,
-            down,
-        )
+            mlp = (layer.mlp.gate.weight.detach(), NO_PIECE)
+        else:
+            mlp = (native_weight(layer.mlp.gate_up_proj), native_weight(layer.mlp.down_proj))
+        qkv, o = native_weight(layer.self_attn.qkv_proj), native_weight(layer.self_attn.o_proj)
+        return layer.input_layernorm.weight.detach(), qkv, o, layer.post_attention_layernorm.weight.detach(), *mlp
 
     @staticmethod
     def for_model(model: torch.nn.Module) -> NativeDecodeStep | None:
@@ -143,7 +130,9 @@ class NativeDecodeStep:
             return None
         if any(norm.eps != model.norm.eps for layer in model.layers for norm in layer_norms(layer)):
             return None  # one eps for every norm in the call
-        if any(native_weight(p) is None for layer in model.layers for p in (*products(layer), *expert_products(layer))):
+        if any(native_weight(p) is None for layer in model.layers for p in products(layer)):
+            return None
+        if any(m.native_plan(1) is None for m in model.layers.modules() if isinstance(m, SparseMoE)):
             return None
         return NativeDecodeStep(model)
 

@@ -59,6 +59,8 @@ void product(const at::Tensor& x, const at::Tensor& w, int64_t kind, at::Tensor&
   }
 }
 
+void check_kind(int64_t kind) { TORCH_CHECK(kind >= kQ4Int8 && kind <= kKQuantFp32, "unknown product kind ", kind); }
+
 // A product weight's output rows: a K-quant weight's from its header (one flat tensor), else its first dimension.
 int64_t product_rows(const at::Tensor& w, int64_t kind) {
   if (kind >= kKQuantInt8) return kquant_rows(w);
@@ -367,6 +369,13 @@ void check_pieces(at::TensorList pieces, at::TensorList local_rope, at::IntArray
 // weights in `experts`, E gate/up weights then E down weights, layer after layer; each row's top_k experts,
 // their weights renormalised to sum to 1 where asked. A MoE layer's weight slot 4 holds its router (fp32
 // [E, hidden], run on our fp32 kernel), slot 5 nothing, and its kinds 2 and 3 are its experts' gate/up and down.
+// One MoE layer's experts: `count` gate/up weights and as many down weights, and their products' kinds.
+struct MoeExperts {
+  const at::Tensor* gate_ups;
+  const at::Tensor* downs;
+  int64_t count, gate_up_kind, down_kind;
+};
+
 struct Moe {
   at::IntArrayRef layers;
   at::TensorList experts;
@@ -378,8 +387,11 @@ struct Moe {
     const auto at = std::find(layers.begin(), layers.end(), layer);
     return at == layers.end() ? -1 : at - layers.begin();
   }
-  const at::Tensor* gate_ups(int64_t index) const { return &experts[2 * per_layer() * index]; }
-  const at::Tensor* downs(int64_t index) const { return gate_ups(index) + per_layer(); }
+  // the experts of the `index`th MoE layer, whose kinds are `kind` (its four products' kinds)
+  MoeExperts of(int64_t index, const int64_t* kind) const {
+    const at::Tensor* gate_ups = &experts[2 * per_layer() * index];
+    return {gate_ups, gate_ups + per_layer(), per_layer(), kind[2], kind[3]};
+  }
 };
 
 // The dense layers' gate/up output rows (the first dense layer's; 0 where every layer is MoE).
@@ -390,30 +402,43 @@ int64_t dense_gate_up_rows(at::TensorList weights, at::IntArrayRef kinds, const 
 }
 
 // The experts' gate/up output rows (2I, shared by every expert of every MoE layer).
-int64_t expert_gate_up_rows(at::IntArrayRef kinds, const Moe& moe) {
-  return moe.layers.empty() ? 0 : product_rows(moe.gate_ups(0)[0], kinds[kProductsPerLayer * moe.layers[0] + 2]);
+int64_t expert_gate_up_rows(const MoeExperts& e) { return product_rows(e.gate_ups[0], e.gate_up_kind); }
+
+// The same for a step's MoE layers (their first one's: check_moe holds the others to it).
+int64_t expert_gate_up_rows(const Moe& moe, at::IntArrayRef kinds) {
+  return expert_gate_up_rows(moe.of(0, &kinds[kProductsPerLayer * moe.layers[0]]));
 }
 
+// A MoE layer's router (contiguous fp32 [E, hidden]) and experts: every gate/up `gate_up` rows (even), every down
+// `hidden`, and top_k within the E experts.
+void check_moe_layer(const at::Tensor& router, const MoeExperts& e, int64_t hidden, int64_t gate_up, int64_t top_k,
+                     int64_t layer) {
+  TORCH_CHECK(e.count >= 1 && top_k >= 1 && top_k <= e.count, "top_k must be within 1..", e.count, ", got ", top_k);
+  TORCH_CHECK(gate_up > 0 && gate_up % 2 == 0, "an expert's gate/up must have an even number of output rows");
+  TORCH_CHECK(router.dim() == 2 && router.size(0) == e.count && router.size(1) == hidden &&
+                  router.scalar_type() == at::kFloat && router.is_contiguous(),
+              "layer ", layer, ": the router must be contiguous fp32 [", e.count, ", ", hidden, "], got ",
+              router.sizes());
+  for (int64_t i = 0; i < e.count; ++i)
+    TORCH_CHECK(product_rows(e.gate_ups[i], e.gate_up_kind) == gate_up && product_rows(e.downs[i], e.down_kind) == hidden,
+                "layer ", layer, ", expert ", i, ": gate/up must have ", gate_up, " output rows and down ", hidden);
+}
+
+// The MoE layers: their experts' count and order, and each layer's router and experts (one gate/up size for all:
+// the buffers are shared).
 void check_moe(at::TensorList weights, at::IntArrayRef kinds, const Moe& moe, int64_t layers, int64_t hidden) {
   TORCH_CHECK(!moe.layers.empty() || moe.experts.empty(), "experts given without MoE layers");
   if (moe.layers.empty()) return;
-  const int64_t count = moe.per_layer(), gate_up = expert_gate_up_rows(kinds, moe);
+  const int64_t count = moe.per_layer();
   TORCH_CHECK(count >= 1 && static_cast<int64_t>(moe.experts.size()) == 2 * count * static_cast<int64_t>(moe.layers.size()),
               "experts: 2 x E weights per MoE layer, got ", moe.experts.size(), " for ", moe.layers.size(), " layers");
-  TORCH_CHECK(moe.top_k >= 1 && moe.top_k <= count, "top_k must be within 1..", count, ", got ", moe.top_k);
-  TORCH_CHECK(gate_up > 0 && gate_up % 2 == 0, "an expert's gate/up must have an even number of output rows");
+  const int64_t gate_up = expert_gate_up_rows(moe, kinds);
   for (size_t i = 0; i < moe.layers.size(); ++i) {
     const int64_t l = moe.layers[i];
     TORCH_CHECK(l >= 0 && l < layers && (i == 0 || l > moe.layers[i - 1]), "MoE layers must ascend within the ",
                 layers, " layers, got ", l);
-    const at::Tensor& router = weights[kWeightsPerLayer * l + 4];
-    TORCH_CHECK(router.dim() == 2 && router.size(0) == count && router.size(1) == hidden &&
-                    router.scalar_type() == at::kFloat && router.is_contiguous(),
-                "layer ", l, ": the router must be contiguous fp32 [", count, ", ", hidden, "], got ", router.sizes());
-    const int64_t* kind = &kinds[kProductsPerLayer * l];
-    for (int64_t e = 0; e < count; ++e)
-      TORCH_CHECK(product_rows(moe.gate_ups(i)[e], kind[2]) == gate_up && product_rows(moe.downs(i)[e], kind[3]) == hidden,
-                  "layer ", l, ", expert ", e, ": gate/up must have ", gate_up, " output rows and down ", hidden);
+    check_moe_layer(weights[kWeightsPerLayer * l + 4], moe.of(static_cast<int64_t>(i), &kinds[kProductsPerLayer * l]),
+                    hidden, gate_up, moe.top_k, l);
   }
 }
 
@@ -435,18 +460,19 @@ void check_step(const at::Tensor& x, const at::Tensor& positions, const at::Tens
               " query heads a multiple of the KV heads and an even head dim, got ", pool.sizes());
   TORCH_CHECK(pool.scalar_type() != at::kChar || pool_head_dim(pool) <= kMaxQuantizedDim,
               "an int8 KV pool's head dim must be at most ", kMaxQuantizedDim, ", got ", pool_head_dim(pool));
-  for (int64_t kind : kinds) TORCH_CHECK(kind >= kQ4Int8 && kind <= kKQuantFp32, "unknown product kind ", kind);
+  for (int64_t kind : kinds) check_kind(kind);
   check_tables(cos, signed_sin, pool_head_dim(pool), "the");
   check_indices(positions, rows, cos.size(0), "position", "rotary tables'", "positions");
   check_indices(slots, rows, pool.size(0) * pool.size(1), "slot", "pool's", "slots");
+  const int64_t gate_up = dense_gate_up_rows(weights, kinds, moe);
   for (int64_t l = 0; l < layers; ++l) {
     TORCH_CHECK(k_pools[l].sizes() == pool.sizes() && v_pools[l].sizes() == pool.sizes() &&
                 k_pools[l].scalar_type() == pool.scalar_type() && v_pools[l].scalar_type() == pool.scalar_type() &&
                 k_pools[l].is_contiguous() && v_pools[l].is_contiguous(),
                 "layer ", l, ": every K and V pool must be contiguous and of one shape and dtype");
     for (int64_t i : {0, 3}) check_norm(weights[kWeightsPerLayer * l + i], x.size(1), "a layer's");
-    check_product_rows(weights, kinds, l, x.size(1), (heads + 2 * pool.size(2)) * pool_head_dim(pool),
-                       dense_gate_up_rows(weights, kinds, moe), moe.index_of(l) >= 0);
+    check_product_rows(weights, kinds, l, x.size(1), (heads + 2 * pool.size(2)) * pool_head_dim(pool), gate_up,
+                       moe.index_of(l) >= 0);
   }
   check_moe(weights, kinds, moe, layers, x.size(1));
   if (final_norm) check_norm(*final_norm, x.size(1), "the final");
@@ -537,34 +563,39 @@ void route_rows(const at::Tensor& logits, int64_t top_k, bool renormalize, std::
 // The MoE MLP of `normed` into `out`: per row the weighted sum of its chosen experts' gated MLPs. Each chosen
 // expert runs its two products once, on every row that chose it (its weights read once a step), experts in
 // order and rows in order within one, as model/moe.py's grouped product adds them. Returns the experts that ran.
-int64_t moe_mlp(const at::Tensor& normed, const at::Tensor& router, const at::Tensor* gate_ups,
-                const at::Tensor* downs, const int64_t* kind, int64_t top_k, bool renormalize, bool gelu,
-                MoeBuffers& b, at::Tensor& out) {
-  const int64_t hidden = normed.size(1), experts = router.size(0);
+int64_t moe_mlp(const at::Tensor& normed, const at::Tensor& router, const MoeExperts& experts, int64_t top_k,
+                bool renormalize, bool gelu, MoeBuffers& b, at::Tensor& out) {
+  const int64_t hidden = normed.size(1);
   timed(kProducts, [&] { fp32_linear_into(normed, router, b.logits); });
-  static thread_local std::vector<int64_t> chosen, group;
-  static thread_local std::vector<float> weight, group_weight;
+  static thread_local std::vector<int64_t> chosen, starts, next, slots;
+  static thread_local std::vector<float> weight;
   route_rows(b.logits, top_k, renormalize, chosen, weight);
+  // the (row, slot) choices grouped by expert, rows ascending within one: a counting sort
+  starts.assign(experts.count + 1, 0);
+  for (int64_t e : chosen) ++starts[e + 1];
+  std::partial_sum(starts.begin(), starts.end(), starts.begin());
+  next.assign(starts.begin(), starts.end() - 1);
+  slots.resize(chosen.size());
+  for (size_t i = 0; i < chosen.size(); ++i) slots[next[chosen[i]]++] = static_cast<int64_t>(i);
   out.zero_();
+  float* o = out.data_ptr<float>();
+  const float* x = normed.data_ptr<float>();
   int64_t ran = 0;
-  for (int64_t e = 0; e < experts; ++e) {
-    group.clear(), group_weight.clear();
-    for (size_t i = 0; i < chosen.size(); ++i)
-      if (chosen[i] == e) group.push_back(static_cast<int64_t>(i) / top_k), group_weight.push_back(weight[i]);
-    if (group.empty()) continue;
+  for (int64_t e = 0; e < experts.count; ++e) {
+    const int64_t* group = slots.data() + starts[e];
+    const int64_t n = starts[e + 1] - starts[e];
+    if (n == 0) continue;
     ++ran;
-    const int64_t n = static_cast<int64_t>(group.size());
     at::Tensor rows = b.rows.narrow(0, 0, n), gate_up = b.gate_up.narrow(0, 0, n);
     at::Tensor activated = b.activated.narrow(0, 0, n), expert_out = b.out.narrow(0, 0, n);
     for (int64_t i = 0; i < n; ++i)
-      std::memcpy(rows.data_ptr<float>() + i * hidden, normed.data_ptr<float>() + group[i] * hidden, hidden * 4);
-    timed(kProducts, [&] { product(rows, gate_ups[e], kind[2], gate_up); });
+      std::memcpy(rows.data_ptr<float>() + i * hidden, x + group[i] / top_k * hidden, hidden * 4);
+    timed(kProducts, [&] { product(rows, experts.gate_ups[e], experts.gate_up_kind, gate_up); });
     timed(kSiluUp, [&] { gelu ? gelu_times_up(gate_up, activated) : silu_times_up(gate_up, activated); });
-    timed(kProducts, [&] { product(activated, downs[e], kind[3], expert_out); });
-    float* o = out.data_ptr<float>();
+    timed(kProducts, [&] { product(activated, experts.downs[e], experts.down_kind, expert_out); });
     const float* y = expert_out.data_ptr<float>();
     for (int64_t i = 0; i < n; ++i)
-      for (int64_t j = 0; j < hidden; ++j) o[group[i] * hidden + j] += y[i * hidden + j] * group_weight[i];
+      for (int64_t j = 0; j < hidden; ++j) o[group[i] / top_k * hidden + j] += y[i * hidden + j] * weight[group[i]];
   }
   return ran;
 }
@@ -632,7 +663,7 @@ at::Tensor run_layers(const at::Tensor& x, const at::Tensor& positions, const at
   const int64_t* position = positions.data_ptr<int64_t>();
   Buffers b(x, s, dense_gate_up_rows(weights, kinds, moe) / 2);  // gate/up: 2I rows (check_step)
   std::optional<MoeBuffers> moe_buffers;
-  if (!moe.layers.empty()) moe_buffers.emplace(x, moe.per_layer(), expert_gate_up_rows(kinds, moe));
+  if (!moe.layers.empty()) moe_buffers.emplace(x, moe.per_layer(), expert_gate_up_rows(moe, kinds));
   // every layer's pools have one shape (check_step): the tables and lengths are checked against them once
   check_decode_attention(b.queries, k_pools[0], v_pools[0], block_tables, context_lens);
   at::Tensor hidden = x.clone();  // the residual stream, updated in place
@@ -661,8 +692,8 @@ at::Tensor run_layers(const at::Tensor& x, const at::Tensor& positions, const at
     });
     const int64_t moe_index = moe.index_of(static_cast<int64_t>(l));
     if (moe_index >= 0) {
-      const int64_t ran = moe_mlp(b.normed, w[4], moe.gate_ups(moe_index), moe.downs(moe_index), kind, moe.top_k,
-                                  moe.renormalize, p.gelu, *moe_buffers, b.projected);
+      const int64_t ran = moe_mlp(b.normed, w[4], moe.of(moe_index, kind), moe.top_k, moe.renormalize, p.gelu,
+                                  *moe_buffers, b.projected);
       if (touched) touched->data_ptr<int64_t>()[moe_index] = ran;
     } else {
       timed(kProducts, [&] { product(b.normed, w[4], kind[2], b.gate_up); });
@@ -707,19 +738,15 @@ std::tuple<at::Tensor, int64_t> moe_experts(const at::Tensor& x, const at::Tenso
                                             bool renormalize, bool gelu) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.size(0) > 0,
               "expected contiguous fp32 rows [rows, hidden], got ", x.sizes(), " ", x.scalar_type());
-  TORCH_CHECK(kinds.size() == 2 && gate_ups.size() == downs.size(), "kinds: gate/up and down; one down per gate/up");
-  for (int64_t kind : kinds) TORCH_CHECK(kind >= kQ4Int8 && kind <= kKQuantFp32, "unknown product kind ", kind);
-  std::vector<at::Tensor> experts(gate_ups.begin(), gate_ups.end());
-  experts.insert(experts.end(), downs.begin(), downs.end());
-  const int64_t layer_kinds[kProductsPerLayer] = {0, 0, kinds[0], kinds[1]};
-  const at::Tensor no_weight;
-  const std::vector<at::Tensor> weights = {no_weight, no_weight, no_weight, no_weight, router, no_weight};
-  const int64_t layer[] = {0};
-  const Moe moe{layer, experts, top_k, renormalize};
-  check_moe(weights, layer_kinds, moe, 1, x.size(1));
-  MoeBuffers b(x, moe.per_layer(), expert_gate_up_rows(layer_kinds, moe));
+  TORCH_CHECK(kinds.size() == 2 && !gate_ups.empty() && gate_ups.size() == downs.size(),
+              "kinds: gate/up and down; one down per gate/up");
+  for (int64_t kind : kinds) check_kind(kind);
+  const MoeExperts experts{gate_ups.data(), downs.data(), static_cast<int64_t>(gate_ups.size()), kinds[0], kinds[1]};
+  const int64_t gate_up = expert_gate_up_rows(experts);
+  check_moe_layer(router, experts, x.size(1), gate_up, top_k, 0);
+  MoeBuffers b(x, experts.count, gate_up);
   at::Tensor out = at::empty_like(x);
-  const int64_t ran = moe_mlp(x, router, moe.gate_ups(0), moe.downs(0), layer_kinds, top_k, renormalize, gelu, b, out);
+  const int64_t ran = moe_mlp(x, router, experts, top_k, renormalize, gelu, b, out);
   return {out, ran};
 }
 

@@ -406,6 +406,11 @@ struct KPart {
   int type;
 };
 
+// Whether every part's rows come in groups of eight: tasks then split the features in whole groups.
+bool all_in_groups(const std::vector<KPart>& parts) {
+  return std::all_of(parts.begin(), parts.end(), [](const KPart& p) { return p.rows % kGroupRows == 0; });
+}
+
 // The weight's parts, read from its header and checked against its size for K inputs.
 std::vector<KPart> parts_of(const at::Tensor& w, int64_t k) {
   TORCH_CHECK(w.scalar_type() == at::kByte && w.is_contiguous() && w.dim() == 1 && w.numel() >= kHeaderBytes,
@@ -427,9 +432,7 @@ std::vector<KPart> parts_of(const at::Tensor& w, int64_t k) {
   }
   TORCH_CHECK(offset == w.numel(), "K-quant weight of ", w.numel(), " bytes; its header and K=", k, " say ", offset);
   // tasks split a weight with grouped parts in whole groups: every part's rows must come in them
-  const auto in_groups = [](const KPart& p) { return p.rows % kGroupRows == 0; };
-  const auto grouped = [](const KPart& p) { return p.type >= kQ4Kx8; };
-  TORCH_CHECK(std::all_of(parts.begin(), parts.end(), in_groups) || std::none_of(parts.begin(), parts.end(), grouped),
+  TORCH_CHECK(all_in_groups(parts) || std::none_of(parts.begin(), parts.end(), [](const KPart& p) { return p.type >= kQ4Kx8; }),
               "a weight with grouped parts must have every part's rows in groups of ", kGroupRows);
   return parts;
 }
@@ -469,8 +472,7 @@ void minivllm_native::kquant_linear_into(const at::Tensor& x, const at::Tensor& 
   const FActs f = acts == 2 ? block_sums(x) : FActs{};
   const KActs a = acts == 2 ? KActs{} : quantize_rows(x, acts == 1);
   // Tasks split the features in whole groups of eight where every part has them: a grouped part is never cut.
-  const bool grouped = std::all_of(parts.begin(), parts.end(), [](const KPart& p) { return p.rows % kGroupRows == 0; });
-  const int64_t unit = grouped ? kGroupRows : 1;
+  const int64_t unit = all_in_groups(parts) ? kGroupRows : 1;
   at::parallel_for(0, n / unit, kFeatureGrain / unit, [&](int64_t first_unit, int64_t last_unit) {
     const int64_t begin = first_unit * unit, end = last_unit * unit;
     for (const KPart& p : parts) {

@@ -51,6 +51,9 @@ struct QuantizedActivations {
   int64_t sum_stride = 0;                   // blocks rounded up to 8, zeros after
   const float* block_scale_ptr = nullptr;   // 4-bit weights: fp32 [M, sum_stride]: x ~= scale * q per block, zeros
                                             // after (the 4-bit loop multiplies eight at a time by d)
+  const int16_t* wide_ptr = nullptr;        // `wide` instead of q and r: int16 [M, row_bytes], each value's whole code
+                                            // (128 q + r when split) in input order; the pair scales then in the
+                                            // wide loop's lanes (wide_lanes)
 };
 
 inline int64_t round_up8(int64_t n) { return (n + 7) / 8 * 8; }
@@ -59,6 +62,7 @@ constexpr int32_t kSplitUnit = 128;  // int8x2: x = d / 128 * (128 * q + r); the
 
 struct BlockCodes {
   __m256i q, rest;     // int8 codes in input order (rest: split only)
+  __m256i wide[2];     // `wide` only: int16 codes in input order, 128 q + rest (split) or q
   float amax;
   int32_t total;       // sum of unit * q + rest (split) or of q
   __m128i lane_total;  // `lanes` only: the same per product lane of the pair layout (elements 4j..4j+3, 16+4j..16+4j+3)
@@ -76,7 +80,7 @@ inline __m128i lane_totals(const __m256i (&v)[4]) {
 // One block of 32 activations: x ~= amax / 127 * q (+ rest / 128). Vectorized (one scalar pass cost 4 ns a
 // value, ~10% of a 32-row step), with the scalar arithmetic's exact results: max is exact, the products
 // round alike, and cvtps2dq rounds to nearest even as nearbyint does in the default rounding mode.
-inline BlockCodes quantize_block(const float* v, bool split, bool lanes) {
+inline BlockCodes quantize_block(const float* v, bool split, bool lanes, bool wide) {
   __m256 x[4];
   for (int j = 0; j < 4; ++j) x[j] = _mm256_loadu_ps(v + 8 * j);
   const __m256 sign = _mm256_set1_ps(-0.f);
@@ -97,8 +101,14 @@ inline BlockCodes quantize_block(const float* v, bool split, bool lanes) {
       rest_total = _mm256_add_epi32(rest_total, rest[j]);
     }
   }
-  BlockCodes codes{pack_bytes(q), _mm256_setzero_si256(), amax, hsum_epi32(q_total),
+  BlockCodes codes{pack_bytes(q), _mm256_setzero_si256(), {}, amax, hsum_epi32(q_total),
                    lanes ? lane_totals(q) : _mm_setzero_si128()};
+  if (wide)
+    for (int h = 0; h < 2; ++h) {  // whole codes within int16 (|128 q + r| < 2^14); packs interleave 128-bit halves
+      const __m256i c0 = split ? _mm256_add_epi32(_mm256_slli_epi32(q[2 * h], 7), rest[2 * h]) : q[2 * h];
+      const __m256i c1 = split ? _mm256_add_epi32(_mm256_slli_epi32(q[2 * h + 1], 7), rest[2 * h + 1]) : q[2 * h + 1];
+      codes.wide[h] = _mm256_permute4x64_epi64(_mm256_packs_epi32(c0, c1), 0xD8);
+    }
   if (split) {
     codes.rest = pack_bytes(rest), codes.total = kSplitUnit * codes.total + hsum_epi32(rest_total);
     if (lanes) codes.lane_total = _mm_add_epi32(_mm_slli_epi32(codes.lane_total, 7), lane_totals(rest));
@@ -117,17 +127,20 @@ inline BlockCodes quantize_block(const float* v, bool split, bool lanes) {
 // (per block: the scale, and scale x the codes' sum for Q4_1's minimum); each kernel's only.
 // `offsets` (int8 weights): also each lane's code sum x 128, what the int8 kernel's unsigned weights
 // (w + 128) add (VNNI).
-QuantizedActivations quantize_rows(const at::Tensor& x, bool split, bool int8_weights, bool offsets) {
+// `wide` (int8 weights): int16 whole codes instead of q and r, for the AVX2 loop that multiplies int16 pairs.
+QuantizedActivations quantize_rows(const at::Tensor& x, bool split, bool int8_weights, bool offsets, bool wide = false) {
   const int64_t rows = x.size(0), k = x.size(1), blocks = k / kBlock, pairs = (blocks + 1) / 2;
   const int64_t row_bytes = pairs * kPair, sum_stride = round_up8(blocks);
-  const int64_t q_floats = rows * row_bytes / 4;  // whole 64-byte lines: every row starts on one
-  const int64_t r_floats = split ? q_floats : 0;
+  wide = wide && int8_weights;
+  const int64_t q_floats = rows * row_bytes / 4 * (wide ? 2 : 1);  // whole 64-byte lines: every row starts on one
+  const int64_t r_floats = split && !wide ? q_floats : 0;
   static thread_local std::vector<float> scratch;
   const int64_t lanes = int8_weights ? rows * pairs * 8 : 0, per_block = int8_weights ? 0 : rows * sum_stride;
   offsets = offsets && int8_weights;
   float* base = aligned_scratch(scratch, q_floats + r_floats + lanes * (offsets ? 2 : 1) + 2 * per_block);
-  int8_t* q = reinterpret_cast<int8_t*>(base);
-  int8_t* remainder = split ? reinterpret_cast<int8_t*>(base + q_floats) : nullptr;
+  int8_t* q = wide ? nullptr : reinterpret_cast<int8_t*>(base);
+  int8_t* remainder = r_floats ? reinterpret_cast<int8_t*>(base + q_floats) : nullptr;
+  int16_t* whole = wide ? reinterpret_cast<int16_t*>(base) : nullptr;
   float* scales = base + q_floats + r_floats;
   float* pair_scale = int8_weights ? scales : nullptr;
   float* sum = int8_weights ? nullptr : scales;
@@ -137,10 +150,12 @@ QuantizedActivations quantize_rows(const at::Tensor& x, bool split, bool int8_we
     if (sum)
       for (float* per : {sum, block_scale}) std::fill(per + r * sum_stride + blocks, per + (r + 1) * sum_stride, 0.f);
     if (blocks % 2) {  // the last pair's missing second block: zero codes, zero scales
+      if (whole) std::fill_n(whole + (r + 1) * row_bytes - kBlock, kBlock, 0);
       for (int8_t* part : {q, remainder})
         if (part) for (int half = 0; half < 2; ++half) std::fill_n(part + (r + 1) * row_bytes - kPair + 16 + half * kBlock, 16, 0);
-      if (pair_scale) std::fill_n(pair_scale + (r + 1) * pairs * 8 - 4, 4, 0.f);
-      if (offset) std::fill_n(offset + (r + 1) * pairs * 8 - 4, 4, 0);
+      // the whole pair's lanes (the wide layout interleaves the blocks'); block 0 writes its own after this
+      if (pair_scale) std::fill_n(pair_scale + (r + 1) * pairs * 8 - 8, 8, 0.f);
+      if (offset) std::fill_n(offset + (r + 1) * pairs * 8 - 8, 8, 0);
     }
   }
   const float* src = x.data_ptr<float>();
@@ -148,22 +163,30 @@ QuantizedActivations quantize_rows(const at::Tensor& x, bool split, bool int8_we
   at::parallel_for(0, rows * blocks, 64, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {  // i: block b of row `row`
       const int64_t row = i / blocks, b = i % blocks;
-      const BlockCodes codes = quantize_block(src + i * kBlock, split, offset != nullptr);
+      const BlockCodes codes = quantize_block(src + i * kBlock, split, offset != nullptr, wide);
       const int64_t low = row * row_bytes + (b / 2) * kPair + (b % 2) * 16;  // elements 0..15; 16..31 a half-pair on
-      store_halves(q + low, codes.q);
-      if (split) store_halves(remainder + low, codes.rest);
+      if (wide) {
+        for (int h = 0; h < 2; ++h)
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(whole + row * row_bytes + b * kBlock + 16 * h), codes.wide[h]);
+      } else {
+        store_halves(q + low, codes.q);
+        if (split) store_halves(remainder + low, codes.rest);
+      }
       const float d_unit = codes.amax / 127.f / static_cast<float>(unit);
-      const int64_t lane = row * pairs * 8 + (b / 2) * 8 + (b % 2) * 4;
-      if (pair_scale) {
-        std::fill_n(pair_scale + lane, 4, d_unit);
+      const int64_t lane = row * pairs * 8 + (b / 2) * 8;
+      if (wide) {
+        for (int j : {0, 1, 4, 5}) pair_scale[lane + j + 2 * (b % 2)] = d_unit;
+      } else if (pair_scale) {
+        std::fill_n(pair_scale + lane + (b % 2) * 4, 4, d_unit);
       } else {
         sum[row * sum_stride + b] = d_unit * static_cast<float>(codes.total);
         block_scale[row * sum_stride + b] = d_unit;
       }
-      if (offset) _mm_storeu_si128(reinterpret_cast<__m128i*>(offset + lane), _mm_slli_epi32(codes.lane_total, 7));
+      if (offset)
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(offset + lane + (b % 2) * 4), _mm_slli_epi32(codes.lane_total, 7));
     }
   });
-  return QuantizedActivations{q, remainder, pair_scale, sum, offset, row_bytes, pairs * 8, sum_stride, block_scale};
+  return QuantizedActivations{q, remainder, pair_scale, sum, offset, row_bytes, pairs * 8, sum_stride, block_scale, whole};
 }
 
 namespace avx2 {
@@ -227,14 +250,14 @@ at::Tensor i8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
   const int64_t rows = x.size(0), blocks = x.size(1) / kBlock, n = w.size(0);
   const bool grouped = check_i8_weight(w, w_scale, x.size(1));
   const bool vnni_on = use_vnni_kernels;
-  const QuantizedActivations a = quantize_rows(x, SPLIT, /*int8_weights=*/true, /*offsets=*/vnni_on);
+  const QuantizedActivations a = quantize_rows(x, SPLIT, /*int8_weights=*/true, /*offsets=*/vnni_on, /*wide=*/!vnni_on);
   at::Tensor out = at::empty({rows, n}, x.options());
   const int8_t* weights = w.data_ptr<int8_t>();
   const float* scales = w_scale.data_ptr<float>();
   float* o = out.data_ptr<float>();
   at::parallel_for(0, n, kFeatureGrain, [&](int64_t begin, int64_t end) {
-    auto features = grouped ? (vnni_on ? vnni::i8_features<true, SPLIT> : avx2::i8_features<true, SPLIT>)
-                            : (vnni_on ? vnni::i8_features<false, SPLIT> : avx2::i8_features<false, SPLIT>);
+    auto features = grouped ? (vnni_on ? vnni::i8_features<true, SPLIT> : avx2::i8_features<true, SPLIT, true>)
+                            : (vnni_on ? vnni::i8_features<false, SPLIT> : avx2::i8_features<false, SPLIT, true>);
     features(weights, scales, blocks, a, rows, o, n, begin, end);
   });
   return out;

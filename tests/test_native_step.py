@@ -31,8 +31,9 @@ from minivllm.engine.factory import create_engine
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.kernels.cpu import native
 from minivllm.loader import load_model
-from minivllm.model.native_step import WEIGHTS_PER_LAYER, NativeDecodeStep, product_kinds
+from minivllm.model.native_step import NO_PIECE, PIECES, SCALES, WEIGHTS_PER_LAYER, NativeDecodeStep, product_kinds
 from minivllm.model.packed_linear import PackedLinear
+from minivllm.quant.linear import QuantLinear
 from minivllm.quant.matmul_paths import Kernel
 from minivllm.quant.policy import QuantConfig
 from minivllm.sampling.params import SamplingParams
@@ -321,6 +322,63 @@ def test_fp32_native_logits_match_eager_within_1e_4_for_every_decode_shape(tiny_
         eager = _step(loaded, engine, None, works)
         torch.testing.assert_close(_step(loaded, engine, step, works), eager, atol=1e-4, rtol=0)
     assert native_calls == shapes
+
+
+def block_scaled_int8(kernel: str):
+    """A tiny model with int8 weights as GGUF Q8_0 holds them (a scale per block of 32, each its own) on our
+    `kernel`, its native step, and an engine."""
+    loaded = load_model("random:tiny", quantization=QuantConfig("int8", kernel=kernel), max_model_len=256)
+    generator = torch.Generator().manual_seed(7)
+    for layer in loaded.model.modules():
+        if isinstance(layer, QuantLinear) and "layers." in layer.name:
+            blocks = layer.in_features // 32
+            row = layer.candidates[0].scale.view(-1, 1)
+            scales = (row * (0.5 + torch.rand(row.shape[0], blocks, generator=generator))).contiguous()
+            for candidate in layer.candidates:
+                candidate.scale = scales
+    engine = make_engine(loaded, max_num_seqs=4, block_size=16, num_blocks=96)
+    return loaded, NativeDecodeStep.for_model(loaded.model), engine
+
+
+@pytest.fixture(scope="module", params=["int8x2", "fp32", "int8"])
+def tiny_int8(request):
+    return request.param, *block_scaled_int8(request.param)
+
+
+@pytest.mark.slow
+def test_int8_weights_run_natively_with_their_block_scales(tiny_int8, native_calls):
+    """Q8_0 files' layers: the int8 codes go in as the weight, the scales among the pieces; every decode shape
+    against the eager layers (fp32 activations within 1e-4: the same products' bits)."""
+    kernel, loaded, step, engine = tiny_int8
+    kind = {"int8": 7, "int8x2": 8, "fp32": 9}[kernel]
+    assert step is not None and step.kinds(1) == [kind] * 4 * len(loaded.model.layers)
+    rng = random.Random(9)
+    shapes = [1, 3, 4]
+    for rows in shapes:
+        works = random_decode_works(rng, rows, engine.block_manager.num_blocks, max_width=6)
+        eager = _step(loaded, engine, None, works)
+        native_logits = _step(loaded, engine, step, works)
+        if kernel == "fp32":
+            torch.testing.assert_close(native_logits, eager, atol=1e-4, rtol=0)
+        else:
+            _assert_near(native_logits, eager)
+    assert native_calls == shapes
+
+
+def test_an_int8_weights_scales_are_checked_before_anything_is_written(tiny_q4):
+    loaded, step, engine = block_scaled_int8("int8x2")
+    works = random_decode_works(random.Random(10), 2, engine.block_manager.num_blocks, max_width=4)
+    pools = [pool.clone() for pool in (*engine.kv_cache.k, *engine.kv_cache.v)]
+    per_layer = len(PIECES)
+    for index, replacement, message in [
+        (per_layer + SCALES + 2, NO_PIECE, "layer 1: product 2's int8 weight needs its scales"),
+        (SCALES + 1, step.pieces[SCALES + 1][:1], "one per output row or one per block of 32"),
+    ]:
+        bad = copy.copy(step)
+        bad.pieces = tuple(replacement if i == index else t for i, t in enumerate(step.pieces))
+        with pytest.raises(RuntimeError, match=message):
+            _step(loaded, engine, bad, works)
+    assert all(torch.equal(a, b) for a, b in zip(pools, (*engine.kv_cache.k, *engine.kv_cache.v)))
 
 
 @pytest.mark.slow

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minivllm.kernels.cpu import native
-from minivllm.model.native_products import native_weight, product_kind
+from minivllm.model.native_products import INT8_KINDS, native_weight, product_kind
 from minivllm.model.packed_linear import PackedLinear
 
 
@@ -113,8 +113,8 @@ class SparseMoE(nn.Module):
         return product_kind(expert.gate_up_proj, rows), product_kind(expert.down_proj, rows)
 
     def _find_native(self, rows: int, kinds: tuple) -> tuple | None:
-        if None in kinds or native.available() is not None:
-            return None
+        if None in kinds or native.available() is not None or any(k in INT8_KINDS.values() for k in kinds):
+            return None  # int8 experts: the C++ call has no place for their scales
         alike = all(self._kinds(e, rows) == kinds for e in self.experts)
         gate_ups = [native_weight(e.gate_up_proj) for e in self.experts]
         downs = [native_weight(e.down_proj) for e in self.experts]

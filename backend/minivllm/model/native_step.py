@@ -7,7 +7,7 @@ with norm, rotary, the K/V write, SiLU and residuals as small vector loops, all 
 call a step.
 
 Where: a CPU with our kernels built, fp32 activations, a pool the native attention reads, and every
-layer's four products on our kernels at the step's row count: 4-bit or GGUF K-quant weights (int8, int8x2 or
+layer's four products on our kernels at the step's row count: 4-bit, int8 or GGUF K-quant weights (int8, int8x2 or
 fp32 activations: the kernel plan's choice, looked up once per row count) or fp32 weights where our fp32
 kernel won at load (packed_linear.choose_fp32_kernel). Any other step (torch's kernels, MKL, a row
 count whose plan picks another kernel, CUDA) runs the compiled step (compiled.py) or eagerly. Only
@@ -30,12 +30,14 @@ from minivllm.console import progress
 from minivllm.kernels.cpu import native
 from minivllm.model.attention import AttentionMetadata, KVCache, reads_pool_natively
 from minivllm.model.moe import SparseMoE
-from minivllm.model.native_products import native_weight, product_kind
+from minivllm.model.native_products import native_scales, native_weight, product_kind
 from minivllm.model.rope import RotaryEmbedding
 
 WEIGHTS_PER_LAYER = 6  # input norm, QKV, O, post-attention norm, gate/up, down: decode_step.cpp's order
 PRODUCTS_PER_LAYER = 4
-PIECES = ("qkv_bias", "o_bias", "q_norm", "k_norm", "attn_out_norm", "mlp_out_norm")  # decode_step.cpp's order
+# decode_step.cpp's order: the family's pieces, then the products' int8 scales (which the int8 kernels take)
+PIECES = ("qkv_bias", "o_bias", "q_norm", "k_norm", "attn_out_norm", "mlp_out_norm", *(f"scales{i}" for i in range(4)))
+SCALES = PIECES.index("scales0")
 NO_PIECE = torch.empty(0)
 
 
@@ -47,9 +49,10 @@ def optional_norms(layer: torch.nn.Module) -> tuple[torch.nn.Module | None, ...]
 
 def pieces(layer: torch.nn.Module) -> tuple[torch.Tensor, ...]:
     """A layer's optional pieces in decode_step.cpp's `Piece` order (`PIECES`), an empty tensor where it has
-    none: the QKV bias, the O bias, then `optional_norms`' weights."""
+    none: the QKV bias, the O bias, `optional_norms`' weights, then each product's int8 scales."""
     norms = (None if n is None else n.weight for n in optional_norms(layer))
-    tensors = (layer.self_attn.qkv_bias, layer.self_attn.o_bias, *norms)
+    scales = [native_scales(p) for p in products(layer)]
+    tensors = (layer.self_attn.qkv_bias, layer.self_attn.o_bias, *norms, *scales, *[None] * (4 - len(scales)))
     return tuple(NO_PIECE if t is None else t.detach() for t in tensors)
 
 
@@ -138,8 +141,10 @@ class NativeDecodeStep:
 
     @property
     def product_bytes(self) -> int:
-        """Bytes of the layers' product weights, which every call reads once (the norms' aside)."""
-        return sum(w.nbytes for i, w in enumerate(self.weights) if i % WEIGHTS_PER_LAYER in (1, 2, 4, 5))
+        """Bytes of the layers' product weights (int8 scales included), which every call reads once (the norms'
+        aside)."""
+        products = sum(w.nbytes for i, w in enumerate(self.weights) if i % WEIGHTS_PER_LAYER in (1, 2, 4, 5))
+        return products + sum(t.nbytes for i, t in enumerate(self.pieces) if i % len(PIECES) >= SCALES)
 
     def kinds(self, rows: int) -> list[int] | None:
         if rows not in self._kinds:

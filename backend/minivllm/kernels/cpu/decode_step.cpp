@@ -10,7 +10,7 @@
 //
 // Why: at one sequence the weight products of a 4-bit step take ~4 ms, and everything around them took
 // another ~2.5 ms: inductor's wrapper calling ~12 kernels a layer from Python, each call's dispatch,
-// guards and allocations. Here the products are the same kernels (4-bit, GGUF K-quant or fp32 weights:
+// guards and allocations. Here the products are the same kernels (4-bit, int8, GGUF K-quant or fp32 weights:
 // q8_matmul.cpp, kquant_matmul.cpp, f32_matmul.cpp; attention: paged_attention.cpp) and the small operations
 // are a few vector loops each, called from C++: one Python call a step.
 //
@@ -40,30 +40,39 @@ using namespace minivllm_native;
 
 constexpr int64_t kWeightsPerLayer = 6;  // input norm, QKV, O, post-attention norm, gate/up, down
 constexpr int64_t kProductsPerLayer = 4;
-// A layer's optional pieces, in this order in `pieces` (an empty tensor: the layer has none).
-enum Piece : int64_t { kQkvBias, kOBias, kQNorm, kKNorm, kAttnOutNorm, kMlpOutNorm, kPiecesPerLayer };
-// How a product runs (the kernel plan's choice at the step's row count; model/native_step.py numbers them alike).
+// A layer's optional pieces, in this order in `pieces` (an empty tensor: the layer has none); the last four are
+// the scales of its four products' weights where those are int8 (the kernels take the two tensors).
+enum Piece : int64_t {
+  kQkvBias, kOBias, kQNorm, kKNorm, kAttnOutNorm, kMlpOutNorm, kFirstScale, kPiecesPerLayer = kFirstScale + kProductsPerLayer
+};
+// How a product runs (the kernel plan's choice at the step's row count; model/native_product.py numbers them alike).
 enum ProductKind : int64_t {
-  kQ4Int8 = 0, kQ4Int8x2 = 1, kQ4Fp32 = 2, kFp32 = 3, kKQuantInt8 = 4, kKQuantInt8x2 = 5, kKQuantFp32 = 6
+  kQ4Int8 = 0, kQ4Int8x2 = 1, kQ4Fp32 = 2, kFp32 = 3, kKQuantInt8 = 4, kKQuantInt8x2 = 5, kKQuantFp32 = 6,
+  kI8Int8 = 7, kI8Int8x2 = 8, kI8Fp32 = 9
 };
 
-// x @ w^T into `out` [rows, N].
-void product(const at::Tensor& x, const at::Tensor& w, int64_t kind, at::Tensor& out) {
+bool takes_scales(int64_t kind) { return kind >= kI8Int8; }
+
+// x @ w^T into `out` [rows, N]; `scale`: an int8 weight's scales (takes_scales).
+void product(const at::Tensor& x, const at::Tensor& w, int64_t kind, at::Tensor& out, const at::Tensor* scale = nullptr) {
+  TORCH_CHECK(!takes_scales(kind) || scale, "an int8 weight's product needs its scales");
   switch (kind) {
     case kQ4Int8: return q4_int8_linear_into(x, w, false, out);
     case kQ4Int8x2: return q4_int8_linear_into(x, w, true, out);
     case kQ4Fp32: return q4_fp32_linear_into(x, w, out);
     case kFp32: return fp32_linear_into(x, w, out);
     case kKQuantInt8: case kKQuantInt8x2: case kKQuantFp32: return kquant_linear_into(x, w, kind - kKQuantInt8, out);
+    case kI8Int8: case kI8Int8x2: return i8_int8_linear_into(x, w, *scale, kind == kI8Int8x2, out);
+    case kI8Fp32: return i8_fp32_linear_into(x, w, *scale, out);
     default: TORCH_CHECK(false, "unknown product kind ", kind);
   }
 }
 
-void check_kind(int64_t kind) { TORCH_CHECK(kind >= kQ4Int8 && kind <= kKQuantFp32, "unknown product kind ", kind); }
+void check_kind(int64_t kind) { TORCH_CHECK(kind >= kQ4Int8 && kind <= kI8Fp32, "unknown product kind ", kind); }
 
 // A product weight's output rows: a K-quant weight's from its header (one flat tensor), else its first dimension.
 int64_t product_rows(const at::Tensor& w, int64_t kind) {
-  if (kind >= kKQuantInt8) return kquant_rows(w);
+  if (kind >= kKQuantInt8 && kind <= kKQuantFp32) return kquant_rows(w);
   return w.dim() == 2 ? w.size(0) : -1;
 }
 
@@ -342,15 +351,17 @@ void check_tables(const at::Tensor& cos, const at::Tensor& signed_sin, int64_t d
                 "the head dim ", dim, ", got ", t->sizes(), " and ", cos.sizes());
 }
 
-// The optional pieces: none, or per layer kPiecesPerLayer tensors, each empty or contiguous fp32 of its size;
-// the local layers' indices, with the local tables (of the global ones' shape) where any layer is local.
+// The optional pieces: none, or per layer kPiecesPerLayer tensors, each empty or contiguous fp32 of its size (the
+// scales: check_scales); the local layers' indices, with the local tables (of the global ones' shape) where any
+// layer is local.
 void check_pieces(at::TensorList pieces, at::TensorList local_rope, at::IntArrayRef local_layers, int64_t layers,
                   const at::Tensor& cos, int64_t hidden, const Shape& s) {
   TORCH_CHECK(pieces.empty() || static_cast<int64_t>(pieces.size()) == kPiecesPerLayer * layers,
               "pieces: none or ", kPiecesPerLayer, " per layer (empty tensors where absent), got ", pieces.size());
-  const int64_t sizes[kPiecesPerLayer] = {s.width(), hidden, s.dim, s.dim, hidden, hidden};
+  const int64_t sizes[kFirstScale] = {s.width(), hidden, s.dim, s.dim, hidden, hidden};
   for (size_t i = 0; i < pieces.size(); ++i) {
     const at::Tensor& t = pieces[i];
+    if (i % kPiecesPerLayer >= kFirstScale) continue;
     TORCH_CHECK(t.numel() == 0 || (t.scalar_type() == at::kFloat && t.is_contiguous() &&
                                    t.numel() == sizes[i % kPiecesPerLayer]),
                 "layer ", i / kPiecesPerLayer, ": piece ", i % kPiecesPerLayer, " must be empty or contiguous fp32 [",
@@ -414,6 +425,8 @@ int64_t expert_gate_up_rows(const Moe& moe, at::IntArrayRef kinds) {
 void check_moe_layer(const at::Tensor& router, const MoeExperts& e, int64_t hidden, int64_t gate_up, int64_t top_k,
                      int64_t layer) {
   TORCH_CHECK(e.count >= 1 && top_k >= 1 && top_k <= e.count, "top_k must be within 1..", e.count, ", got ", top_k);
+  TORCH_CHECK(!takes_scales(e.gate_up_kind) && !takes_scales(e.down_kind),
+              "layer ", layer, ": int8 experts are not run here (no place for their scales)");
   TORCH_CHECK(gate_up > 0 && gate_up % 2 == 0, "an expert's gate/up must have an even number of output rows");
   TORCH_CHECK(router.dim() == 2 && router.size(0) == e.count && router.size(1) == hidden &&
                   router.scalar_type() == at::kFloat && router.is_contiguous(),
@@ -440,6 +453,22 @@ void check_moe(at::TensorList weights, at::IntArrayRef kinds, const Moe& moe, in
     check_moe_layer(weights[kWeightsPerLayer * l + 4], moe.of(static_cast<int64_t>(i), &kinds[kProductsPerLayer * l]),
                     hidden, gate_up, moe.top_k, l);
   }
+}
+
+// Each product of an int8 weight (takes_scales) has its scales among the pieces, per row or per block of its
+// input size (check_i8_weight); every other product has none. A MoE layer's MLP products are its experts' (never
+// int8: check_moe_layer).
+void check_scales(at::TensorList weights, at::IntArrayRef kinds, at::TensorList pieces, const Moe& moe, int64_t layers,
+                  int64_t hidden, const Shape& s, int64_t gate_up) {
+  const int64_t slots[kProductsPerLayer] = {1, 2, 4, 5}, inputs[kProductsPerLayer] = {hidden, s.heads * s.dim, hidden, gate_up / 2};
+  for (int64_t l = 0; l < layers; ++l)
+    for (int64_t i = 0; i < (moe.index_of(l) >= 0 ? 2 : kProductsPerLayer); ++i) {
+      const at::Tensor* scale = pieces.empty() ? nullptr : &pieces[kPiecesPerLayer * l + kFirstScale + i];
+      const bool given = scale && scale->numel() > 0;
+      TORCH_CHECK(given == takes_scales(kinds[kProductsPerLayer * l + i]), "layer ", l, ": product ", i,
+                  given ? " has scales but not an int8 weight" : "'s int8 weight needs its scales among the pieces");
+      if (given) check_i8_weight(weights[kWeightsPerLayer * l + slots[i]], *scale, inputs[i]);
+    }
 }
 
 void check_step(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& signed_sin,
@@ -602,7 +631,8 @@ int64_t moe_mlp(const at::Tensor& normed, const at::Tensor& router, const MoeExp
 
 // A layer's family pieces (Piece's order; null: absent), its rotary tables and the MLP's activation.
 struct LayerPieces {
-  const float* piece[kPiecesPerLayer] = {};
+  const float* piece[kFirstScale] = {};
+  const at::Tensor* scale[kProductsPerLayer] = {};  // the products' int8 scales (null: not int8)
   QkvPrep prep;
   bool gelu;
 };
@@ -610,8 +640,11 @@ struct LayerPieces {
 LayerPieces layer_pieces(at::TensorList pieces, int64_t layer, const at::Tensor& cos, const at::Tensor& signed_sin,
                          float eps, bool gelu) {
   LayerPieces p{};
-  if (!pieces.empty())
-    for (int64_t i = 0; i < kPiecesPerLayer; ++i) p.piece[i] = optional_floats(pieces[kPiecesPerLayer * layer + i]);
+  if (!pieces.empty()) {
+    const at::Tensor* own = &pieces[kPiecesPerLayer * layer];
+    for (int64_t i = 0; i < kFirstScale; ++i) p.piece[i] = optional_floats(own[i]);
+    for (int64_t i = 0; i < kProductsPerLayer; ++i) p.scale[i] = own[kFirstScale + i].numel() ? &own[kFirstScale + i] : nullptr;
+  }
   p.prep = {p.piece[kQkvBias], p.piece[kQNorm], p.piece[kKNorm], cos.data_ptr<float>(), signed_sin.data_ptr<float>(),
             cos.size(1), eps};
   p.gelu = gelu;
@@ -642,7 +675,7 @@ const at::Tensor& maybe_norm(const at::Tensor& x, const float* norm, float eps, 
 // their kernels take them; kinds: per layer and product, its ProductKind.
 // cos / signed_sin: the model's whole rotary tables [positions, rot], read at each row's position (a
 // lookup in Python was two indexing calls a step); local_rope: the `local_layers`' own pair, or none.
-// pieces: none, or per layer its Piece tensors (empty where absent); gelu: GeGLU, not SwiGLU; softcap: attention
+// pieces: none, or per layer its Piece tensors (empty where absent; int8 weights' scales among them); gelu: GeGLU, not SwiGLU; softcap: attention
 // scores capped through tanh (Gemma 2; 0: none); window: sliding-window attention over that many keys (0: none).
 // moe: the mixture-of-experts layers (Moe: their router in weight slot 4); touched: where given, each MoE layer's
 // count of experts that ran. tp: under tensor parallelism the O and down products' outputs are all-reduced before their bias and norm.
@@ -659,6 +692,8 @@ at::Tensor run_layers(const at::Tensor& x, const at::Tensor& positions, const at
               "touched must be contiguous int64 [MoE layers], got ", touched ? touched->sizes() : at::IntArrayRef{});
   const Shape s{x.size(0), heads, k_pools[0].size(2), pool_head_dim(k_pools[0])};
   check_pieces(pieces, local_rope, local_layers, static_cast<int64_t>(k_pools.size()), cos, x.size(1), s);
+  check_scales(weights, kinds, pieces, moe, static_cast<int64_t>(k_pools.size()), x.size(1), s,
+               dense_gate_up_rows(weights, kinds, moe));
   const int64_t* slots = slot_mapping.data_ptr<int64_t>();
   const int64_t* position = positions.data_ptr<int64_t>();
   Buffers b(x, s, dense_gate_up_rows(weights, kinds, moe) / 2);  // gate/up: 2I rows (check_step)
@@ -675,7 +710,7 @@ at::Tensor run_layers(const at::Tensor& x, const at::Tensor& positions, const at
     const LayerPieces p = layer_pieces(pieces, static_cast<int64_t>(l), local ? local_rope[0] : cos,
                                        local ? local_rope[1] : signed_sin, static_cast<float>(eps), gelu);
     timed(kNormsResiduals, [&] { rms_norm(hidden, w[0], eps, b.normed); });
-    timed(kProducts, [&] { product(b.normed, w[1], kind[0], b.qkv); });
+    timed(kProducts, [&] { product(b.normed, w[1], kind[0], b.qkv, p.scale[0]); });
     timed(kRotaryStore, [&] { prepare_and_store(b.qkv, p.prep, k_pools[l], v_pools[l], position, slots, s); });
     timed(kAttention, [&] {
       if (quantized) hadamard_heads(b.qkv.data_ptr<float>(), s.rows, s.width(), s.heads, s.dim);
@@ -683,7 +718,7 @@ at::Tensor run_layers(const at::Tensor& x, const at::Tensor& positions, const at
                                   softcap, window);
       if (quantized) hadamard_heads(b.attention.data_ptr<float>(), s.rows, s.heads * s.dim, s.heads, s.dim);
     });
-    timed(kProducts, [&] { product(b.attention_rows, w[2], kind[1], b.projected); });
+    timed(kProducts, [&] { product(b.attention_rows, w[2], kind[1], b.projected, p.scale[1]); });
     tp.all_reduce(b.projected);
     timed(kNormsResiduals, [&] {
       if (p.piece[kOBias]) add_bias(b.projected, p.piece[kOBias]);
@@ -696,9 +731,9 @@ at::Tensor run_layers(const at::Tensor& x, const at::Tensor& positions, const at
                                   *moe_buffers, b.projected);
       if (touched) touched->data_ptr<int64_t>()[moe_index] = ran;
     } else {
-      timed(kProducts, [&] { product(b.normed, w[4], kind[2], b.gate_up); });
+      timed(kProducts, [&] { product(b.normed, w[4], kind[2], b.gate_up, p.scale[2]); });
       timed(kSiluUp, [&] { p.gelu ? gelu_times_up(b.gate_up, b.activated) : silu_times_up(b.gate_up, b.activated); });
-      timed(kProducts, [&] { product(b.activated, w[5], kind[3], b.projected); });
+      timed(kProducts, [&] { product(b.activated, w[5], kind[3], b.projected, p.scale[3]); });
     }
     tp.all_reduce(b.projected);
     timed(kNormsResiduals, [&] { add_into(hidden, maybe_norm(b.projected, p.piece[kMlpOutNorm], eps, b.normed)); });

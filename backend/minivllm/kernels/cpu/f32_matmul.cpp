@@ -193,12 +193,18 @@ at::Tensor q4_f32_linear(const at::Tensor& x, const at::Tensor& w) {
   return linear(x, rows, w.size(0));
 }
 
-at::Tensor i8_f32_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scale) {
+void i8_f32_into(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scale, at::Tensor& out) {
   check_activations(x, kBlock);
   const int64_t blocks = x.size(1) / kBlock;
   if (check_i8_weight(w, w_scale, x.size(1)))
-    return linear(x, I8Rows<true>{w.data_ptr<int8_t>(), blocks, w_scale.data_ptr<float>()}, w.size(0));
-  return linear(x, I8Rows<false>{w.data_ptr<int8_t>(), blocks, w_scale.data_ptr<float>()}, w.size(0));
+    return linear_into(x, I8Rows<true>{w.data_ptr<int8_t>(), blocks, w_scale.data_ptr<float>()}, w.size(0), out);
+  linear_into(x, I8Rows<false>{w.data_ptr<int8_t>(), blocks, w_scale.data_ptr<float>()}, w.size(0), out);
+}
+
+at::Tensor i8_f32_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scale) {
+  at::Tensor out = at::empty({x.size(0), w.size(0)}, x.options());
+  i8_f32_into(x, w, w_scale, out);
+  return out;
 }
 
 // An fp32 weight's rows for x, the inputs checked.
@@ -219,6 +225,11 @@ at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& w) {
 void minivllm_native::q4_fp32_linear_into(const at::Tensor& x, const at::Tensor& w, at::Tensor& out) {
   const Q4Rows rows = q4_rows(x, w);
   linear_into(x, rows, w.size(0), out);
+}
+
+void minivllm_native::i8_fp32_linear_into(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scale,
+                                          at::Tensor& out) {
+  i8_f32_into(x, w, w_scale, out);
 }
 
 void minivllm_native::fp32_linear_into(const at::Tensor& x, const at::Tensor& w, at::Tensor& out) {

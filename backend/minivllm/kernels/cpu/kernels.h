@@ -14,6 +14,12 @@ void q4_int8_linear_into(const at::Tensor& x, const at::Tensor& w, bool split, a
 // x [rows, K] fp32 @ a 4-bit weight^T with fp32 activations, the weights dequantized in registers (f32_matmul.cpp).
 void q4_fp32_linear_into(const at::Tensor& x, const at::Tensor& w, at::Tensor& out);
 
+// x [rows, K] fp32 @ an int8 weight [N, K]^T with fp32 scales per row [N] or per block of 32 [N, K/32] (GGUF's
+// Q8_0): activations quantized per block to int8 (or int8x2: `split`), or fp32 (f32_matmul.cpp).
+void i8_int8_linear_into(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scale, bool split,
+                         at::Tensor& out);
+void i8_fp32_linear_into(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scale, at::Tensor& out);
+
 // x [rows, K] fp32 @ a K-quant weight^T (kquant_matmul.cpp): `w` a uint8 header (the parts' GGUF types and rows)
 // and then each part's super-blocks; `acts` 0 int8, 1 int8x2, 2 fp32. `kquant_rows`: its output rows.
 void kquant_linear_into(const at::Tensor& x, const at::Tensor& w, int64_t acts, at::Tensor& out);

@@ -244,14 +244,15 @@ at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& w) {
   return out;
 }
 
+// x @ w^T into out (checked here).
 template <bool SPLIT>
-at::Tensor i8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scale) {
+void i8_run(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scale, at::Tensor& out) {
   check_activations(x, kBlock);
   const int64_t rows = x.size(0), blocks = x.size(1) / kBlock, n = w.size(0);
   const bool grouped = check_i8_weight(w, w_scale, x.size(1));
+  check_output(out, rows, n);
   const bool vnni_on = use_vnni_kernels;
   const QuantizedActivations a = quantize_rows(x, SPLIT, /*int8_weights=*/true, /*offsets=*/vnni_on, /*wide=*/!vnni_on);
-  at::Tensor out = at::empty({rows, n}, x.options());
   const int8_t* weights = w.data_ptr<int8_t>();
   const float* scales = w_scale.data_ptr<float>();
   float* o = out.data_ptr<float>();
@@ -260,6 +261,12 @@ at::Tensor i8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
                             : (vnni_on ? vnni::i8_features<false, SPLIT> : avx2::i8_features<false, SPLIT, true>);
     features(weights, scales, blocks, a, rows, o, n, begin, end);
   });
+}
+
+template <bool SPLIT>
+at::Tensor i8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scale) {
+  at::Tensor out = at::empty({x.size(0), w.size(0)}, x.options());
+  i8_run<SPLIT>(x, w, w_scale, out);
   return out;
 }
 
@@ -271,6 +278,11 @@ void minivllm_native::q4_int8_linear_into(const at::Tensor& x, const at::Tensor&
   check_q4(x, w);
   check_output(out, x.size(0), w.size(0));
   split ? q4_run<true>(x, w, out) : q4_run<false>(x, w, out);
+}
+
+void minivllm_native::i8_int8_linear_into(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scale,
+                                          bool split, at::Tensor& out) {
+  split ? i8_run<true>(x, w, w_scale, out) : i8_run<false>(x, w, w_scale, out);
 }
 
 TORCH_LIBRARY(minivllm_native, m) {  // the fp32-activation kernels add to it (f32_matmul.cpp)

@@ -324,25 +324,25 @@ def test_fp32_native_logits_match_eager_within_1e_4_for_every_decode_shape(tiny_
     assert native_calls == shapes
 
 
-def block_scaled_int8(kernel: str):
-    """A tiny model with int8 weights as GGUF Q8_0 holds them (a scale per block of 32, each its own) on our
-    `kernel`, its native step, and an engine."""
+def block_scaled_int8(kernel: str, dtype: torch.dtype = torch.float16):
+    """A tiny model with int8 weights as GGUF Q8_0 holds them (a scale per block of 32, each its own, in `dtype`)
+    on our `kernel`, its native step, and an engine."""
     loaded = load_model("random:tiny", quantization=QuantConfig("int8", kernel=kernel), max_model_len=256)
     generator = torch.Generator().manual_seed(7)
     for layer in loaded.model.modules():
         if isinstance(layer, QuantLinear) and "layers." in layer.name:
             blocks = layer.in_features // 32
             row = layer.candidates[0].scale.view(-1, 1)
-            scales = (row * (0.5 + torch.rand(row.shape[0], blocks, generator=generator))).contiguous()
+            scales = (row * (0.5 + torch.rand(row.shape[0], blocks, generator=generator))).to(dtype).contiguous()
             for candidate in layer.candidates:
                 candidate.scale = scales
     engine = make_engine(loaded, max_num_seqs=4, block_size=16, num_blocks=96)
     return loaded, NativeDecodeStep.for_model(loaded.model), engine
 
 
-@pytest.fixture(scope="module", params=["int8x2", "fp32", "int8"])
+@pytest.fixture(scope="module", params=[("int8x2", torch.float16), ("fp32", torch.float16), ("int8x2", torch.float32)])
 def tiny_int8(request):
-    return request.param, *block_scaled_int8(request.param)
+    return request.param[0], *block_scaled_int8(*request.param)
 
 
 @pytest.mark.slow
@@ -372,7 +372,7 @@ def test_an_int8_weights_scales_are_checked_before_anything_is_written(tiny_q4):
     per_layer = len(PIECES)
     for index, replacement, message in [
         (per_layer + SCALES + 2, NO_PIECE, "layer 1: product 2's int8 weight needs its scales"),
-        (SCALES + 1, step.pieces[SCALES + 1][:1], "one per output row or one per block of 32"),
+        (SCALES + 1, step.pieces[SCALES + 1][:1], "one per output row \\(fp32\\) or one per block of 32"),
     ]:
         bad = copy.copy(step)
         bad.pieces = tuple(replacement if i == index else t for i, t in enumerate(step.pieces))

@@ -453,3 +453,19 @@ def test_native_int8_kernels_read_a_q8_0_weights_own_scales():
     assert native_kernel.scale.shape == (64, 4) and torch.equal(native_kernel.scale[:, ::2], coarse.scale)
     x = torch.randn(3, 128)
     torch.testing.assert_close(kernels[-1](x), x @ per_block.dequantize().T, atol=1e-3, rtol=1e-4)
+
+
+@pytest.mark.skipif(native.available() is not None, reason="the native kernels are not built here")
+@pytest.mark.parametrize("k", [128, 224])  # 224: seven blocks, a group of eight's tail
+def test_fp16_block_scales_give_the_bits_of_the_same_scales_in_fp32(k):
+    """GGUF Q8_0 stores its scales in fp16: the kernels and the embedding lookup read them there (half the bytes),
+    with the results of those values in fp32."""
+    q = torch.randint(-127, 128, (40, k), dtype=torch.int8)
+    half = (torch.rand(40, k // 32) * 0.01 + 1e-4).half()
+    x = torch.randn(5, k)
+    for acts in ("int8", "int8x2", "fp32"):
+        kernel = matmul_paths.Int8Native
+        assert torch.equal(kernel(q, half, acts)(x), kernel(q, half.float(), acts)(x)), acts
+    ids = torch.tensor([3, 0, 39, 3])
+    assert torch.equal(native.int8_embedding(ids, q, half), native.int8_embedding(ids, q, half.float()))
+    assert torch.equal(native.int8_embedding(ids, q, half), Int8Weight(q, half, 32).dequantize()[ids])

@@ -189,7 +189,7 @@ def q4_1_blocks(raw: np.ndarray, rows: int, cols: int) -> Int4Weight:
 def q8_0_blocks(raw: np.ndarray, rows: int, cols: int) -> Int8Weight:
     blocks = raw.reshape(rows, cols // GROUP, Q8_0_BYTES)
     q = torch.from_numpy(blocks[..., 2:].copy().view(np.int8)).reshape(rows, cols)
-    return Int8Weight(q, torch.from_numpy(_leading_d(blocks).astype(np.float32)), GROUP)
+    return Int8Weight(q, torch.from_numpy(_leading_d(blocks)), GROUP)  # the file's fp16 scales: half the bytes of fp32
 
 
 def _leading_d(blocks: np.ndarray) -> np.ndarray:

@@ -90,7 +90,7 @@ class Int4Weight:
 @dataclass
 class Int8Weight:
     q: torch.Tensor  # int8 [N, K]
-    scale: torch.Tensor  # float32 [N, K // group]
+    scale: torch.Tensor  # [N, K // group]: float32, or float16 as GGUF's Q8_0 holds them
     group_size: int
     bits = 8
 

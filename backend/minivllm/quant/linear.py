@@ -84,7 +84,7 @@ class QuantEmbedding(nn.Module):
         self.looks_up_natively = (
             self.q.device.type == "cpu"
             and dtype == torch.float32
-            and self.scale.dtype == torch.float32
+            and self.scale.dtype in (torch.float32, torch.float16)
             and self.q.is_contiguous()
             and self.scale.is_contiguous()
             and native.available() is None

@@ -175,14 +175,14 @@ class Int4Native(_NativeKernel):
 
 
 class Int8Native(_NativeKernel):
-    """Our int8 kernel with activations in `acts`. `scale`: [N] (per channel) or [N, K/32] (per block,
-    e.g. GGUF Q8_0 as stored: no re-rounding)."""
+    """Our int8 kernel with activations in `acts`. `scale`: fp32 [N] (per channel) or [N, K/32] (per block,
+    fp32 or fp16, e.g. GGUF Q8_0 as stored: no re-rounding, no copy)."""
 
     PREFIX = "int8avx2"
     OPS = {"int8": native.i8_q8_linear, "int8x2": native.i8_q8x2_linear, "fp32": native.i8_f32_linear}
 
     def __init__(self, q: torch.Tensor, scale: torch.Tensor, acts: str = "int8"):
-        self.q, self.scale = q, scale.float().contiguous()
+        self.q, self.scale = q, scale.contiguous()
         self._use(acts)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -261,8 +261,9 @@ def _native_int8_scales(weight: Int8Weight) -> torch.Tensor | None:
         return weight.scale[:, 0].float().contiguous()
     if weight.group_size % native.BLOCK:
         return None
-    if weight.group_size == native.BLOCK:  # the weight's own scales, not a copy (Q8_0: ~0.1 GiB at 1B)
-        return weight.scale.float().contiguous()
+    if weight.group_size == native.BLOCK:  # the weight's own scales (fp16 or fp32), not a copy (Q8_0: ~0.1 GiB at 1B)
+        scale = weight.scale if weight.scale.dtype in (torch.float16, torch.float32) else weight.scale.float()
+        return scale.contiguous()
     return weight.scale.float().repeat_interleave(weight.group_size // native.BLOCK, dim=1).contiguous()
 
 

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 #include <type_traits>
 
@@ -196,16 +197,38 @@ inline void check_q4_weight(const at::Tensor& w, int64_t blocks) {
               "q4 weight must be uint8 [N, K/32*20], got ", w.sizes());
 }
 
-// An int8 weight [N, K] with fp32 scales [N] (per row) or [N, K/32] (per block of 32, GGUF's Q8_0).
-// Returns whether the scales are per block.
+// An int8 weight [N, K] with scales [N] (per row, fp32) or [N, K/32] (per block of 32, fp32 or fp16: GGUF's Q8_0
+// holds fp16). Returns whether the scales are per block.
 inline bool check_i8_weight(const at::Tensor& w, const at::Tensor& w_scale, int64_t k) {
   TORCH_CHECK(w.scalar_type() == at::kChar && w.is_contiguous() && w.size(1) == k,
               "i8 weight must be int8 [N, K], got ", w.sizes());
   const int64_t n = w.size(0), blocks = k / kBlock;
-  TORCH_CHECK(w_scale.scalar_type() == at::kFloat && w_scale.is_contiguous() &&
-              (w_scale.numel() == n || w_scale.numel() == n * blocks),
-              "contiguous fp32 scales, one per output row or one per block of 32, got ", w_scale.sizes());
-  return w_scale.numel() == n * blocks && blocks != 1;
+  const bool half = w_scale.scalar_type() == at::kHalf;
+  TORCH_CHECK((half || w_scale.scalar_type() == at::kFloat) && w_scale.is_contiguous() &&
+              ((!half && w_scale.numel() == n) || w_scale.numel() == n * blocks),
+              "contiguous scales, one per output row (fp32) or one per block of 32 (fp32 or fp16), got ",
+              w_scale.sizes(), " ", w_scale.scalar_type());
+  return half || (w_scale.numel() == n * blocks && blocks != 1);
+}
+
+// f(grouped, scales) for an int8 weight's scales (check_i8_weight): per row (fp32), or per block in fp32 or fp16.
+template <typename F>
+void with_i8_scales(const at::Tensor& w_scale, bool grouped, F&& f) {
+  if (!grouped) return f(std::false_type{}, w_scale.data_ptr<float>());
+  if (w_scale.scalar_type() == at::kHalf) return f(std::true_type{}, w_scale.data_ptr<at::Half>());
+  f(std::true_type{}, w_scale.data_ptr<float>());
+}
+
+inline float scale_at(const float* s) { return *s; }
+inline float scale_at(const at::Half* s) { return static_cast<float>(*s); }
+
+// Eight per-block scales as floats; a short tail (n < 8) zero-padded.
+inline __m256 scales8(const float* s, int64_t n) { return floats8(s, n); }
+inline __m256 scales8(const at::Half* s, int64_t n) {
+  if (n == 8) return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
+  alignas(16) uint16_t tail[8] = {};  // a row's last group only
+  std::memcpy(tail, s, n * sizeof(uint16_t));
+  return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(tail)));
 }
 
 }  // namespace minivllm_native

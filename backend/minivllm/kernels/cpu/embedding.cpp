@@ -24,16 +24,17 @@ void scale_row(const int8_t* q, float scale, float* out, int64_t n) {
   for (; i < n; ++i) out[i] = static_cast<float>(q[i]) * scale;
 }
 
-// ids (int64, any shape) -> fp32 [*ids.shape, hidden]; q int8 [vocab, hidden], scale fp32 [vocab, groups]
+// ids (int64, any shape) -> fp32 [*ids.shape, hidden]; q int8 [vocab, hidden], scale fp32 or fp16 [vocab, groups]
 // (groups dividing hidden: one scale per row, or per group of hidden / groups values).
 at::Tensor int8_embedding(const at::Tensor& ids, const at::Tensor& q, const at::Tensor& scale) {
   TORCH_CHECK(ids.scalar_type() == at::kLong, "token ids must be int64, got ", ids.scalar_type());
   TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kChar && q.is_contiguous(),
               "the table must be contiguous int8 [vocab, hidden], got ", q.sizes(), " ", q.scalar_type());
   const int64_t vocab = q.size(0), hidden = q.size(1);
-  TORCH_CHECK(scale.dim() == 2 && scale.scalar_type() == at::kFloat && scale.is_contiguous() &&
-                  scale.size(0) == vocab && scale.size(1) > 0 && hidden % scale.size(1) == 0,
-              "scales must be contiguous fp32 [", vocab, ", groups dividing ", hidden, "], got ", scale.sizes());
+  TORCH_CHECK(scale.dim() == 2 && (scale.scalar_type() == at::kFloat || scale.scalar_type() == at::kHalf) &&
+                  scale.is_contiguous() && scale.size(0) == vocab && scale.size(1) > 0 && hidden % scale.size(1) == 0,
+              "scales must be contiguous fp32 or fp16 [", vocab, ", groups dividing ", hidden, "], got ", scale.sizes(),
+              " ", scale.scalar_type());
   const at::Tensor flat = ids.contiguous().view(-1);
   const int64_t* id = flat.data_ptr<int64_t>();
   const int64_t count = flat.numel(), groups = scale.size(1), group = hidden / groups;
@@ -43,12 +44,15 @@ at::Tensor int8_embedding(const at::Tensor& ids, const at::Tensor& q, const at::
   shape.push_back(hidden);
   at::Tensor out = at::empty(shape, q.options().dtype(at::kFloat));
   const int8_t* values = q.data_ptr<int8_t>();
-  const float* scales = scale.data_ptr<float>();
   float* dst = out.data_ptr<float>();
-  over_rows(count, hidden, [&](int64_t t) {
-    for (int64_t g = 0; g < groups; ++g)
-      scale_row(values + id[t] * hidden + g * group, scales[id[t] * groups + g], dst + t * hidden + g * group, group);
-  });
+  auto look_up = [&](const auto* scales) {
+    over_rows(count, hidden, [&](int64_t t) {
+      for (int64_t g = 0; g < groups; ++g)
+        scale_row(values + id[t] * hidden + g * group, scale_at(scales + id[t] * groups + g), dst + t * hidden + g * group,
+                  group);
+    });
+  };
+  scale.scalar_type() == at::kHalf ? look_up(scale.data_ptr<at::Half>()) : look_up(scale.data_ptr<float>());
   return out;
 }
 

@@ -67,13 +67,13 @@ struct Q4Rows {
 
 // An int8 weight in input order: w = scale * q, the scale one per row (applied to the sum) or, GROUPED,
 // one per block of 32 (GGUF's Q8_0; applied to the weights, exactly: an fp16 scale times an int8 fits fp32).
-template <bool GROUPED>
+template <bool GROUPED, typename S>
 struct I8Rows {
   static constexpr bool kStreams = false;
   static constexpr int64_t kSpan = 0;
   const int8_t* base;
   int64_t blocks;
-  const float* scale;
+  const S* scale;  // fp32, or (GROUPED) fp16
 
   int64_t scratch_floats() const { return 0; }
   void bind(float*) {}
@@ -83,9 +83,9 @@ struct I8Rows {
     const __m256 q = _mm256_cvtepi32_ps(
         _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + b * kBlock + v * 8))));
     if constexpr (!GROUPED) return q;
-    return _mm256_mul_ps(q, _mm256_broadcast_ss(scale + feature * blocks + b));
+    return _mm256_mul_ps(q, _mm256_set1_ps(scale_at(scale + feature * blocks + b)));
   }
-  float finish(int64_t feature, float sum) const { return GROUPED ? sum : scale[feature] * sum; }
+  float finish(int64_t feature, float sum) const { return GROUPED ? sum : scale_at(scale + feature) * sum; }
 };
 
 // A plain fp32 weight [N, K] (the fp32 model's linears where this kernel beats MKL: model/packed_linear.py).
@@ -196,9 +196,10 @@ at::Tensor q4_f32_linear(const at::Tensor& x, const at::Tensor& w) {
 void i8_f32_into(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scale, at::Tensor& out) {
   check_activations(x, kBlock);
   const int64_t blocks = x.size(1) / kBlock;
-  if (check_i8_weight(w, w_scale, x.size(1)))
-    return linear_into(x, I8Rows<true>{w.data_ptr<int8_t>(), blocks, w_scale.data_ptr<float>()}, w.size(0), out);
-  linear_into(x, I8Rows<false>{w.data_ptr<int8_t>(), blocks, w_scale.data_ptr<float>()}, w.size(0), out);
+  with_i8_scales(w_scale, check_i8_weight(w, w_scale, x.size(1)), [&](auto per_block, const auto* scales) {
+    using S = std::remove_cv_t<std::remove_pointer_t<decltype(scales)>>;
+    linear_into(x, I8Rows<decltype(per_block)::value, S>{w.data_ptr<int8_t>(), blocks, scales}, w.size(0), out);
+  });
 }
 
 at::Tensor i8_f32_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scale) {

@@ -254,12 +254,14 @@ void i8_run(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scale,
   const bool vnni_on = use_vnni_kernels;
   const QuantizedActivations a = quantize_rows(x, SPLIT, /*int8_weights=*/true, /*offsets=*/vnni_on, /*wide=*/!vnni_on);
   const int8_t* weights = w.data_ptr<int8_t>();
-  const float* scales = w_scale.data_ptr<float>();
   float* o = out.data_ptr<float>();
-  at::parallel_for(0, n, kFeatureGrain, [&](int64_t begin, int64_t end) {
-    auto features = grouped ? (vnni_on ? vnni::i8_features<true, SPLIT> : avx2::i8_features<true, SPLIT, true>)
-                            : (vnni_on ? vnni::i8_features<false, SPLIT> : avx2::i8_features<false, SPLIT, true>);
-    features(weights, scales, blocks, a, rows, o, n, begin, end);
+  with_i8_scales(w_scale, grouped, [&](auto per_block, const auto* scales) {
+    constexpr bool kGrouped = decltype(per_block)::value;
+    using S = std::remove_cv_t<std::remove_pointer_t<decltype(scales)>>;
+    auto features = vnni_on ? vnni::i8_features<kGrouped, SPLIT, false, S> : avx2::i8_features<kGrouped, SPLIT, true, S>;
+    at::parallel_for(0, n, kFeatureGrain, [&](int64_t begin, int64_t end) {
+      features(weights, scales, blocks, a, rows, o, n, begin, end);
+    });
   });
 }
 

@@ -45,7 +45,7 @@ constexpr int64_t kProductsPerLayer = 4;
 enum Piece : int64_t {
   kQkvBias, kOBias, kQNorm, kKNorm, kAttnOutNorm, kMlpOutNorm, kFirstScale, kPiecesPerLayer = kFirstScale + kProductsPerLayer
 };
-// How a product runs (the kernel plan's choice at the step's row count; model/native_product.py numbers them alike).
+// How a product runs (the kernel plan's choice at the step's row count; model/native_products.py numbers them alike).
 enum ProductKind : int64_t {
   kQ4Int8 = 0, kQ4Int8x2 = 1, kQ4Fp32 = 2, kFp32 = 3, kKQuantInt8 = 4, kKQuantInt8x2 = 5, kKQuantFp32 = 6,
   kI8Int8 = 7, kI8Int8x2 = 8, kI8Fp32 = 9

@@ -19,7 +19,7 @@ from minivllm.engine.scoring import forward_prefills
 from minivllm.kernels.cpu import native
 from minivllm.loader import gguf_loader, load_model
 from minivllm.model.native_step import NativeDecodeStep
-from minivllm.quant import matmul_paths
+from minivllm.quant import kquant_groups, matmul_paths
 from minivllm.quant.formats import KQUANT_BYTES, KQuantWeight, concat_rows
 from minivllm.quant.linear import QuantLinear
 from minivllm.quant.policy import QuantConfig
@@ -168,7 +168,7 @@ def test_a_weight_whose_header_does_not_fit_its_bytes_is_refused_with_the_reason
 
 def header_types(packed: torch.Tensor) -> list[str]:
     fields = packed[:64].view(torch.int32).tolist()
-    return [matmul_paths.KQUANT_KERNEL_TYPES[fields[2 + 2 * i]] for i in range(fields[1])]
+    return [kquant_groups.KERNEL_TYPES[fields[2 + 2 * i]] for i in range(fields[1])]
 
 
 @needs_avx2
@@ -176,6 +176,7 @@ def test_rows_in_eights_are_regrouped_with_the_same_numbers_and_others_kept_as_t
     """K-quant parts are regrouped by eight rows (four codes of eight rows a vector) when every part's rows
     come in eights; the regrouped bytes hold the file's numbers: the fp32 loop, which puts the file's layout
     back, matches gguf-py's product, and a weight with a part in other counts keeps the file's layout."""
+    assert native.available() is None  # loads the operators
     grouped = concat_rows([weight("Q4_K", 16, 512, 1)[0], weight("Q6_K", 8, 512, 2)[0], weight("Q5_K", 8, 512, 3)[0]])
     assert header_types(matmul_paths.pack_kquant(grouped)) == ["Q4_Kx8", "Q6_Kx8", "Q5_Kx8"]
     kept = concat_rows([weight("Q4_K", 16, 512, 1)[0], weight("Q6_K", 12, 512, 2)[0]])
@@ -190,6 +191,12 @@ def test_rows_in_eights_are_regrouped_with_the_same_numbers_and_others_kept_as_t
     damaged = torch.cat([fields.view(torch.uint8), packed[64 : 64 + 12 * 148]])
     with pytest.raises(RuntimeError, match="groups? of 8 rows"):
         native.kquant_linear(torch.randn(1, 256), damaged, 12, 0)
+    # the load-time regrouping refuses rows not in eights and an output of the wrong size, with the reason
+    rows = torch.from_numpy(random_blocks("Q4_K", 12, 256))
+    with pytest.raises(RuntimeError, match="N in eights"):
+        native.kquant_regroup(rows, 3, torch.empty(12 * 148, dtype=torch.uint8))
+    with pytest.raises(RuntimeError, match="out must be contiguous uint8 of 1184 bytes"):
+        native.kquant_regroup(rows[:8], 3, torch.empty(1000, dtype=torch.uint8))
 
 
 # ---- a Llama GGUF of K-quant linears, through the loader ------------------------------------------------

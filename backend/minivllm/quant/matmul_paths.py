@@ -42,7 +42,6 @@ from minivllm.arith import ceil_div
 from minivllm.kernels.cpu import native
 from minivllm.quant import kquant_groups
 from minivllm.quant.formats import (
-    KQUANT_TYPES,
     Int4Weight,
     Int8Weight,
     KQuantWeight,
@@ -194,7 +193,6 @@ class Int8Native(_NativeKernel):
 
 KQUANT_MAGIC = 0x4B515731  # native/kquant_matmul.cpp's header: its kMagic
 KQUANT_HEADER_BYTES = 64
-KQUANT_KERNEL_TYPES = (*KQUANT_TYPES, *kquant_groups.GROUPED_TYPES)  # kquant_matmul.cpp's KType numbering
 
 
 def pack_kquant(weight: KQuantWeight) -> torch.Tensor:
@@ -203,8 +201,9 @@ def pack_kquant(weight: KQuantWeight) -> torch.Tensor:
     or regrouped by eight rows (kquant_groups) when every part's rows come in eights.
     One tensor per weight, whatever its parts: the decode step passes it like any other weight."""
     kinds = kquant_groups.kernel_kinds(weight.parts)
+    numbers = [kquant_groups.KERNEL_TYPES.index(kind) for kind in kinds]
     fields = [KQUANT_MAGIC, len(kinds)] + [
-        v for kind, (_, data) in zip(kinds, weight.parts) for v in (KQUANT_KERNEL_TYPES.index(kind), data.shape[0])
+        v for number, (_, data) in zip(numbers, weight.parts) for v in (number, data.shape[0])
     ]
     if len(fields) * 4 > KQUANT_HEADER_BYTES:
         raise ValueError(f"a K-quant weight of {len(kinds)} parts: at most {KQUANT_HEADER_BYTES // 8 - 1}")

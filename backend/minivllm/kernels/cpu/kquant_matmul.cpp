@@ -374,6 +374,86 @@ void ungroup6(const uint8_t* group, int64_t supers, uint8_t* rows_out) {
   }
 }
 
+// The inverse of ungroup: eight Q4_K / Q5_K rows in the file's layout (`rows_in`: 8 rows of supers * 144 or
+// 176 bytes) as one group (`group`, its super-blocks of 1,184 or 1,440 bytes). Scales and mins unpack as
+// llama.cpp's get_scale_min_k4 does.
+template <int TYPE>
+void group_rows(const uint8_t* rows_in, int64_t supers, uint8_t* group) {
+  constexpr int kFileType = TYPE == kQ5Kx8 ? kQ5K : kQ4K;
+  constexpr int64_t kNibblesAt = TYPE == kQ5Kx8 ? 48 : 16;
+  for (int64_t s = 0; s < supers; ++s) {
+    uint8_t* dst = group + s * group_super_bytes(TYPE);
+    if constexpr (TYPE == kQ5Kx8) std::memset(dst + kGroupFifthAt, 0, 8 * 32);
+    for (int64_t r = 0; r < kGroupRows; ++r) {
+      const uint8_t* src = rows_in + (r * supers + s) * kSuperBytes[kFileType];
+      std::memcpy(dst + 2 * r, src, 2);
+      std::memcpy(dst + 16 + 2 * r, src + 2, 2);
+      const uint8_t* p = src + 4;  // 12 bytes of 6-bit scales and mins
+      for (int j = 0; j < 4; ++j) {
+        dst[32 + 8 * j + r] = p[j] & 63;
+        dst[96 + 8 * j + r] = p[j + 4] & 63;
+        dst[32 + 8 * (j + 4) + r] = static_cast<uint8_t>((p[j + 8] & 0x0F) | ((p[j] >> 6) << 4));
+        dst[96 + 8 * (j + 4) + r] = static_cast<uint8_t>((p[j + 8] >> 4) | ((p[j + 4] >> 6) << 4));
+      }
+      for (int64_t chunk = 0; chunk < 32; ++chunk)  // (pair i, four bytes g) = (chunk / 8, chunk % 8)
+        std::memcpy(dst + kGroupCodesAt + 32 * chunk + 4 * r, src + kNibblesAt + 32 * (chunk / 8) + 4 * (chunk % 8), 4);
+      if constexpr (TYPE == kQ5Kx8)  // the file's bit j of byte l to bit l / 4 of sub-block j's byte l % 4
+        for (int l = 0; l < 32; ++l)
+          for (int j = 0; j < 8; ++j)
+            dst[kGroupFifthAt + 32 * j + 4 * r + l % 4] |= static_cast<uint8_t>(((src[16 + l] >> j) & 1) << (l / 4));
+    }
+  }
+}
+
+// The inverse of ungroup6: eight Q6_K rows in the file's layout as one kQ6Kx8 group.
+void group6_rows(const uint8_t* rows_in, int64_t supers, uint8_t* group) {
+  for (int64_t s = 0; s < supers; ++s) {
+    uint8_t* dst = group + s * group_super_bytes(kQ6Kx8);
+    std::memset(dst + kGroup6CodesAt, 0, 16 * 96);
+    for (int64_t r = 0; r < kGroupRows; ++r) {
+      const uint8_t* src = rows_in + (r * supers + s) * kSuperBytes[kQ6K];
+      std::memcpy(dst + 2 * r, src + 208, 2);
+      for (int g = 0; g < 16; ++g) {
+        dst[16 + 8 * g + r] = src[192 + g];
+        uint8_t* quad = dst + kGroup6CodesAt + 96 * g;
+        for (int c = 0; c < 4; ++c)
+          for (int k = 0; k < 4; ++k) {
+            const int e = 16 * g + 4 * c + k, half = e / 128, l = e % 128, i = l / 32, ll = l % 32;
+            const int low = (src[64 * half + (i % 2) * 32 + ll] >> (i / 2 * 4)) & 15;
+            const int high = (src[128 + 32 * half + ll] >> (2 * i)) & 3;
+            quad[(c / 2) * 32 + 4 * r + k] |= static_cast<uint8_t>(low << (c % 2 ? 4 : 0));
+            quad[64 + 4 * r + k] |= static_cast<uint8_t>(high << (2 * c));
+          }
+      }
+    }
+  }
+}
+
+// A part's rows in the file's layout ([N, supers * file bytes], N in eights) regrouped into `out` as grouped
+// type `type` (kQ4Kx8, kQ6Kx8 or kQ5Kx8), groups in parallel: at load, once per weight.
+void kquant_regroup(const at::Tensor& rows, int64_t type, const at::Tensor& out) {
+  TORCH_CHECK(type >= kQ4Kx8 && type <= kQ5Kx8, "kquant_regroup makes a grouped type (3, 4 or 5), got ", type);
+  const int file_type = type == kQ4Kx8 ? kQ4K : type == kQ5Kx8 ? kQ5K : kQ6K;
+  TORCH_CHECK(rows.scalar_type() == at::kByte && rows.dim() == 2 && rows.is_contiguous() &&
+                  rows.size(0) % kGroupRows == 0 && rows.size(1) % kSuperBytes[file_type] == 0,
+              "kquant_regroup: rows must be contiguous uint8 [N in eights, super-blocks of ", kSuperBytes[file_type],
+              " bytes], got ", rows.sizes());
+  const int64_t supers = rows.size(1) / kSuperBytes[file_type], groups = rows.size(0) / kGroupRows;
+  TORCH_CHECK(out.scalar_type() == at::kByte && out.is_contiguous() && out.numel() == groups * supers * group_super_bytes(type),
+              "kquant_regroup: out must be contiguous uint8 of ", groups * supers * group_super_bytes(type), " bytes");
+  const uint8_t* src = rows.data_ptr<uint8_t>();
+  uint8_t* dst = out.data_ptr<uint8_t>();
+  at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) {
+      const uint8_t* in = src + g * kGroupRows * supers * kSuperBytes[file_type];
+      uint8_t* group = dst + g * supers * group_super_bytes(type);
+      if (type == kQ6Kx8) group6_rows(in, supers, group);
+      else if (type == kQ4Kx8) group_rows<kQ4Kx8>(in, supers, group);
+      else group_rows<kQ5Kx8>(in, supers, group);
+    }
+  });
+}
+
 template <int TYPE>
 void kf_grouped_features(const uint8_t* weights, int64_t supers, const FActs& a, int64_t rows, float* out, int64_t n,
                          int64_t begin, int64_t end) {
@@ -493,6 +573,10 @@ void minivllm_native::kquant_linear_into(const at::Tensor& x, const at::Tensor& 
 
 TORCH_LIBRARY_FRAGMENT(minivllm_native, m) {
   m.def("kquant_linear(Tensor x, Tensor w, int n, int acts) -> Tensor");
+  m.def("kquant_regroup(Tensor rows, int type, Tensor(a!) out) -> ()");
 }
 
-TORCH_LIBRARY_IMPL(minivllm_native, CPU, m) { m.impl("kquant_linear", &kquant_linear); }
+TORCH_LIBRARY_IMPL(minivllm_native, CPU, m) {
+  m.impl("kquant_linear", &kquant_linear);
+  m.impl("kquant_regroup", &kquant_regroup);
+}

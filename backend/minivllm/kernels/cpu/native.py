@@ -167,6 +167,12 @@ def kquant_linear(x: torch.Tensor, packed: torch.Tensor, n: int, acts: int) -> t
     return torch.ops.minivllm_native.kquant_linear(x, packed, n, acts)
 
 
+def kquant_regroup(rows: torch.Tensor, kind: int, out: torch.Tensor) -> None:
+    """A K-quant part's rows in the file's layout ([N in eights, row bytes]) regrouped by eight into `out` as
+    grouped kind `kind` (`kquant_groups.KERNEL_TYPES`' index)."""
+    torch.ops.minivllm_native.kquant_regroup(rows, kind, out)
+
+
 def int8_embedding(ids: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """Rows of an int8 table [vocab, hidden] times their scales [vocab, groups], as fp32 [*ids.shape, hidden]."""
     return torch.ops.minivllm_native.int8_embedding(ids, q, scale)

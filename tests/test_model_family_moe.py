@@ -494,3 +494,45 @@ def test_random_qwen3_30b_a3b_shape_is_consistent():
     assert shape("model.layers.1.mlp.gate.weight") == (128, 2048)
     assert shape("model.layers.1.mlp.experts.127.down_proj.weight") == (2048, 768)
     assert sum(math.prod(shape(n)) for n in names) == cfg.num_parameters
+
+
+def test_q8_0_experts_run_on_our_int8_kernels_inside_the_native_calls(gguf_pair, embedded_path):
+    """Q8_0 experts in the C++ calls, their fp16 block scales passed beside their codes: the block's one call
+    (`moe_experts`) equals the Python grouped product (the same int8 kernels, expert by expert), the native
+    decode step runs every decode step with the eager layers' greedy tokens, and an expert's missing scales are
+    named before the step writes any K/V."""
+    from minivllm.kernels.cpu import native
+    from minivllm.model.native_products import INT8_KINDS
+
+    if native.available() is not None:
+        pytest.skip(f"the native kernels are not built here: {native.available()}")
+    hf, directory = gguf_pair
+    path = directory / "qwen3moe-q8_0-native.gguf"
+    write_qwen3moe_gguf(hf, path, embedded_path, experts=q8_0)
+    loaded = load_model(str(path), dtype="float32", device="cpu")
+    block = loaded.model.layers[0].mlp
+    x = torch.randn(37, loaded.config.hidden_size, generator=torch.Generator().manual_seed(2))
+    with fp32_kernel(block, ours=True), torch.no_grad():
+        plan = block.native_experts(x)
+        assert plan is not None and set(plan.kinds) <= set(INT8_KINDS.values()), plan and plan.kinds
+        assert all(s.dtype == torch.float16 and s.numel() for s in (*plan.gate_up_scales, *plan.down_scales))
+        native_out, native_touched = block(x), block.touched
+        python_out, python_touched = grouped_experts(x, *route(block.gate(x), TOP_K, True), block.experts)
+    assert native_touched == python_touched > TOP_K
+    torch.testing.assert_close(native_out, python_out, atol=1e-5, rtol=0)
+
+    eager, _ = greedy_through_engine(loaded, PROMPTS)
+    with native_step_on(loaded) as calls:
+        tokens, _ = greedy_through_engine(loaded, PROMPTS)
+        assert len(calls) >= 31, f"only {len(calls)} native decode steps"
+        engine = make_engine(loaded, max_num_seqs=4, num_blocks=32)
+        works = random_decode_works(random.Random(4), 2, 32, max_width=2, vocab=loaded.config.vocab_size)
+        pools = [pool.clone() for pool in (*engine.kv_cache.k, *engine.kv_cache.v)]
+        step = loaded.model.native_step
+        whole = step.expert_scales[1]
+        step.expert_scales[1] = (torch.empty(0), *whole[1:])
+        with pytest.raises(RuntimeError, match="layer 1, expert 0: gate/up's int8 weight needs its scales"):
+            engine.runner.execute(works, [])
+        step.expert_scales[1] = whole
+    assert tokens == eager, "native greedy tokens differ from the eager layers'"
+    assert all(torch.equal(a, b) for a, b in zip(pools, (*engine.kv_cache.k, *engine.kv_cache.v)))

@@ -18,13 +18,35 @@ operators from Python here.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from minivllm.kernels.cpu import native
-from minivllm.model.native_products import INT8_KINDS, native_weight, product_kind
+from minivllm.model.native_products import native_scales, native_weight, product_kind
 from minivllm.model.packed_linear import PackedLinear
+
+
+class NativeExperts(NamedTuple):
+    """A MoE block's experts as the C++ call takes them: every gate/up weight, every down weight, their int8
+    scales (an empty tensor where a weight is not int8), and the two products' kinds."""
+
+    gate_ups: list[torch.Tensor]
+    downs: list[torch.Tensor]
+    gate_up_scales: list[torch.Tensor]
+    down_scales: list[torch.Tensor]
+    kinds: list[int]
+
+
+NO_SCALES = torch.empty(0)
+
+
+def expert_scales(product: nn.Module) -> torch.Tensor:
+    """An expert product's int8 scales, which our kernels take beside its codes; an empty tensor where none."""
+    scales = native_scales(product)
+    return NO_SCALES if scales is None else scales
 
 
 class Expert(nn.Module):
@@ -83,25 +105,34 @@ class SparseMoE(nn.Module):
         self._native: dict[tuple, tuple | None] = {}  # native_plan's answers
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        experts = self.native_experts(x)
-        if experts is not None:
+        plan = self.native_experts(x)
+        if plan is not None:
             out, self.touched = torch.ops.minivllm_native.moe_experts(
-                x.contiguous(), self.gate.weight, *experts, self.top_k, self.renormalize, False
+                x.contiguous(),
+                self.gate.weight,
+                plan.gate_ups,
+                plan.downs,
+                plan.gate_up_scales,
+                plan.down_scales,
+                plan.kinds,
+                self.top_k,
+                self.renormalize,
+                False,
             )
             return out
         weights, chosen = route(self.gate(x), self.top_k, self.renormalize)
         out, self.touched = grouped_experts(x, weights, chosen, self.experts)
         return out
 
-    def native_experts(self, x: torch.Tensor) -> tuple | None:
+    def native_experts(self, x: torch.Tensor) -> NativeExperts | None:
         """`native_plan` at x's row count where x is fp32 on a CPU, as are the router's weights; else None."""
         if x.device.type != "cpu" or x.dtype != torch.float32 or self.gate.weight.dtype != torch.float32:
             return None
         return self.native_plan(x.shape[0])
 
-    def native_plan(self, rows: int) -> tuple[list, list, list[int]] | None:
-        """(every expert's gate/up weight, every down weight, their two kinds) as our kernels run them at `rows`
-        rows, where those run every expert's products alike (one kind each in the C++ call); else None."""
+    def native_plan(self, rows: int) -> NativeExperts | None:
+        """Every expert's weights as our kernels run them at `rows` rows, where those run every expert's products
+        alike (one kind each in the C++ call); else None."""
         kinds = self._kinds(self.experts[0], rows)
         key = (rows, kinds)  # the first expert's kinds: kernel plans are fixed at load, its `native` flag may move
         if key not in self._native:
@@ -112,10 +143,14 @@ class SparseMoE(nn.Module):
     def _kinds(expert: Expert, rows: int) -> tuple[int | None, int | None]:
         return product_kind(expert.gate_up_proj, rows), product_kind(expert.down_proj, rows)
 
-    def _find_native(self, rows: int, kinds: tuple) -> tuple | None:
-        if None in kinds or native.available() is not None or any(k in INT8_KINDS.values() for k in kinds):
-            return None  # int8 experts: the C++ call has no place for their scales
+    def _find_native(self, rows: int, kinds: tuple) -> NativeExperts | None:
+        if None in kinds or native.available() is not None:
+            return None
         alike = all(self._kinds(e, rows) == kinds for e in self.experts)
         gate_ups = [native_weight(e.gate_up_proj) for e in self.experts]
         downs = [native_weight(e.down_proj) for e in self.experts]
-        return (gate_ups, downs, list(kinds)) if alike and None not in (*gate_ups, *downs) else None
+        if not alike or None in (*gate_ups, *downs):
+            return None
+        gate_up_scales = [expert_scales(e.gate_up_proj) for e in self.experts]
+        down_scales = [expert_scales(e.down_proj) for e in self.experts]
+        return NativeExperts(gate_ups, downs, gate_up_scales, down_scales, list(kinds))

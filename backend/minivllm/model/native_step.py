@@ -18,8 +18,8 @@ QKV bias, an O bias, Qwen3's and Gemma 3's Q/K norms, Gemma's norms on the atten
 with them Gemma's GeGLU, attention scale, soft-capped scores (Gemma 2) and local layers' rope tables, and
 Phi-3's partial rotary, and Mistral's sliding window (the attention reads from the window's first block).
 Mixture-of-experts layers (Qwen3-MoE, Mixtral) pass their router (on our fp32 kernel) where a dense layer's gate/up
-goes and their experts' weights in a list of their own: the call routes each row and runs every chosen expert's
-products once on the rows that chose it, and reports how many experts each layer ran.
+goes and their experts' weights in a list of their own (int8 experts' scales in another): the call routes each row
+and runs every chosen expert's products once on the rows that chose it, and reports how many experts each layer ran.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def layer_kinds(layer: torch.nn.Module, rows: int) -> list[int | None]:
     kinds = [product_kind(p, rows) for p in products(layer)]
     if isinstance(layer.mlp, SparseMoE):
         plan = layer.mlp.native_plan(rows)
-        kinds += plan[2] if plan is not None else [None, None]
+        kinds += plan.kinds if plan is not None else [None, None]
     return kinds
 
 
@@ -108,7 +108,8 @@ class NativeDecodeStep:
         self._kinds: dict[int, list[int] | None] = {}  # by row count; kernel plans are fixed once chosen
         self.moe_layers = [i for i, layer in enumerate(self.layers) if isinstance(layer.mlp, SparseMoE)]
         plans = [self.layers[i].mlp.native_plan(1) for i in self.moe_layers]  # for_model: none is None
-        self.experts = [(*gate_ups, *downs) for gate_ups, downs, _ in plans]
+        self.experts = [(*plan.gate_ups, *plan.downs) for plan in plans]
+        self.expert_scales = [(*plan.gate_up_scales, *plan.down_scales) for plan in plans]  # empty: not int8
         moe = self.layers[self.moe_layers[0]].mlp if self.moe_layers else None
         self.top_k, self.renormalize = (moe.top_k, moe.renormalize) if moe else (1, False)
 
@@ -193,6 +194,7 @@ class NativeDecodeStep:
             self.softcap,
             meta.window or 0,
             [w for experts in self.experts[: len(moe)] for w in experts],
+            [s for scales in self.expert_scales[: len(moe)] for s in scales],
             moe,
             self.top_k,
             self.renormalize,

@@ -380,16 +380,21 @@ void check_pieces(at::TensorList pieces, at::TensorList local_rope, at::IntArray
 // weights in `experts`, E gate/up weights then E down weights, layer after layer; each row's top_k experts,
 // their weights renormalised to sum to 1 where asked. A MoE layer's weight slot 4 holds its router (fp32
 // [E, hidden], run on our fp32 kernel), slot 5 nothing, and its kinds 2 and 3 are its experts' gate/up and down.
-// One MoE layer's experts: `count` gate/up weights and as many down weights, and their products' kinds.
+// `expert_scales`: none, or one per expert weight in the same order, empty where that product's weight is not
+// int8 (takes_scales).
+// One MoE layer's experts: `count` gate/up weights and as many down weights, their products' kinds, and their
+// int8 scales (null: none given).
 struct MoeExperts {
   const at::Tensor* gate_ups;
   const at::Tensor* downs;
   int64_t count, gate_up_kind, down_kind;
+  const at::Tensor* gate_up_scales = nullptr;
+  const at::Tensor* down_scales = nullptr;
 };
 
 struct Moe {
   at::IntArrayRef layers;
-  at::TensorList experts;
+  at::TensorList experts, expert_scales;
   int64_t top_k;
   bool renormalize;
 
@@ -400,8 +405,10 @@ struct Moe {
   }
   // the experts of the `index`th MoE layer, whose kinds are `kind` (its four products' kinds)
   MoeExperts of(int64_t index, const int64_t* kind) const {
-    const at::Tensor* gate_ups = &experts[2 * per_layer() * index];
-    return {gate_ups, gate_ups + per_layer(), per_layer(), kind[2], kind[3]};
+    const int64_t first = 2 * per_layer() * index;
+    const at::Tensor* scales = expert_scales.empty() ? nullptr : &expert_scales[first];
+    return {&experts[first], &experts[first + per_layer()], per_layer(), kind[2], kind[3], scales,
+            scales ? scales + per_layer() : nullptr};
   }
 };
 
@@ -420,21 +427,33 @@ int64_t expert_gate_up_rows(const Moe& moe, at::IntArrayRef kinds) {
   return expert_gate_up_rows(moe.of(0, &kinds[kProductsPerLayer * moe.layers[0]]));
 }
 
+// An expert product's int8 scales: given (non-empty) exactly where its kind takes them, and then its weight's.
+void check_expert_scales(const at::Tensor* scales, const at::Tensor& weight, int64_t kind, int64_t inputs,
+                         int64_t layer, int64_t expert, const char* which) {
+  const bool given = scales && scales->numel() > 0;
+  TORCH_CHECK(given == takes_scales(kind), "layer ", layer, ", expert ", expert, ": ", which,
+              given ? " has scales but not an int8 weight" : "'s int8 weight needs its scales");
+  if (given) check_i8_weight(weight, *scales, inputs);
+}
+
 // A MoE layer's router (contiguous fp32 [E, hidden]) and experts: every gate/up `gate_up` rows (even), every down
-// `hidden`, and top_k within the E experts.
+// `hidden`, int8 weights with their scales, and top_k within the E experts.
 void check_moe_layer(const at::Tensor& router, const MoeExperts& e, int64_t hidden, int64_t gate_up, int64_t top_k,
                      int64_t layer) {
   TORCH_CHECK(e.count >= 1 && top_k >= 1 && top_k <= e.count, "top_k must be within 1..", e.count, ", got ", top_k);
-  TORCH_CHECK(!takes_scales(e.gate_up_kind) && !takes_scales(e.down_kind),
-              "layer ", layer, ": int8 experts are not run here (no place for their scales)");
   TORCH_CHECK(gate_up > 0 && gate_up % 2 == 0, "an expert's gate/up must have an even number of output rows");
   TORCH_CHECK(router.dim() == 2 && router.size(0) == e.count && router.size(1) == hidden &&
                   router.scalar_type() == at::kFloat && router.is_contiguous(),
               "layer ", layer, ": the router must be contiguous fp32 [", e.count, ", ", hidden, "], got ",
               router.sizes());
-  for (int64_t i = 0; i < e.count; ++i)
+  for (int64_t i = 0; i < e.count; ++i) {
     TORCH_CHECK(product_rows(e.gate_ups[i], e.gate_up_kind) == gate_up && product_rows(e.downs[i], e.down_kind) == hidden,
                 "layer ", layer, ", expert ", i, ": gate/up must have ", gate_up, " output rows and down ", hidden);
+    check_expert_scales(e.gate_up_scales ? &e.gate_up_scales[i] : nullptr, e.gate_ups[i], e.gate_up_kind, hidden,
+                        layer, i, "gate/up");
+    check_expert_scales(e.down_scales ? &e.down_scales[i] : nullptr, e.downs[i], e.down_kind, gate_up / 2, layer, i,
+                        "down");
+  }
 }
 
 // The MoE layers: their experts' count and order, and each layer's router and experts (one gate/up size for all:
@@ -445,6 +464,8 @@ void check_moe(at::TensorList weights, at::IntArrayRef kinds, const Moe& moe, in
   const int64_t count = moe.per_layer();
   TORCH_CHECK(count >= 1 && static_cast<int64_t>(moe.experts.size()) == 2 * count * static_cast<int64_t>(moe.layers.size()),
               "experts: 2 x E weights per MoE layer, got ", moe.experts.size(), " for ", moe.layers.size(), " layers");
+  TORCH_CHECK(moe.expert_scales.empty() || moe.expert_scales.size() == moe.experts.size(),
+              "expert scales: none or one per expert weight (", moe.experts.size(), "), got ", moe.expert_scales.size());
   const int64_t gate_up = expert_gate_up_rows(moe, kinds);
   for (size_t i = 0; i < moe.layers.size(); ++i) {
     const int64_t l = moe.layers[i];
@@ -456,8 +477,8 @@ void check_moe(at::TensorList weights, at::IntArrayRef kinds, const Moe& moe, in
 }
 
 // Each product of an int8 weight (takes_scales) has its scales among the pieces, per row or per block of its
-// input size (check_i8_weight); every other product has none. A MoE layer's MLP products are its experts' (never
-// int8: check_moe_layer).
+// input size (check_i8_weight); every other product has none. A MoE layer's MLP products are its experts', whose
+// scales come apart (check_moe_layer).
 void check_scales(at::TensorList weights, at::IntArrayRef kinds, at::TensorList pieces, const Moe& moe, int64_t layers,
                   int64_t hidden, const Shape& s, int64_t gate_up) {
   const int64_t slots[kProductsPerLayer] = {1, 2, 4, 5}, inputs[kProductsPerLayer] = {hidden, s.heads * s.dim, hidden, gate_up / 2};
@@ -589,6 +610,11 @@ void route_rows(const at::Tensor& logits, int64_t top_k, bool renormalize, std::
   }
 }
 
+// Expert `e`'s int8 scales among `scales` (none: null, or empty where its weight is not int8).
+const at::Tensor* scale_of(const at::Tensor* scales, int64_t e) {
+  return scales && scales[e].numel() > 0 ? &scales[e] : nullptr;
+}
+
 // The MoE MLP of `normed` into `out`: per row the weighted sum of its chosen experts' gated MLPs. Each chosen
 // expert runs its two products once, on every row that chose it (its weights read once a step), experts in
 // order and rows in order within one, as model/moe.py's grouped product adds them. Returns the experts that ran.
@@ -619,9 +645,13 @@ int64_t moe_mlp(const at::Tensor& normed, const at::Tensor& router, const MoeExp
     at::Tensor activated = b.activated.narrow(0, 0, n), expert_out = b.out.narrow(0, 0, n);
     for (int64_t i = 0; i < n; ++i)
       std::memcpy(rows.data_ptr<float>() + i * hidden, x + group[i] / top_k * hidden, hidden * 4);
-    timed(kProducts, [&] { product(rows, experts.gate_ups[e], experts.gate_up_kind, gate_up); });
+    timed(kProducts, [&] {
+      product(rows, experts.gate_ups[e], experts.gate_up_kind, gate_up, scale_of(experts.gate_up_scales, e));
+    });
     timed(kSiluUp, [&] { gelu ? gelu_times_up(gate_up, activated) : silu_times_up(gate_up, activated); });
-    timed(kProducts, [&] { product(activated, experts.downs[e], experts.down_kind, expert_out); });
+    timed(kProducts, [&] {
+      product(activated, experts.downs[e], experts.down_kind, expert_out, scale_of(experts.down_scales, e));
+    });
     const float* y = expert_out.data_ptr<float>();
     for (int64_t i = 0; i < n; ++i)
       for (int64_t j = 0; j < hidden; ++j) o[group[i] / top_k * hidden + j] += y[i * hidden + j] * weight[group[i]];
@@ -751,14 +781,15 @@ at::Tensor decode_layers(const at::Tensor& x, const at::Tensor& positions, const
                          const at::Tensor& context_lens, at::IntArrayRef kinds, int64_t heads, double eps,
                          double scale, const std::optional<at::Tensor>& final_norm, at::TensorList pieces,
                          at::TensorList local_rope, at::IntArrayRef local_layers, bool gelu, double softcap,
-                         int64_t window, at::TensorList experts, at::IntArrayRef moe_layers, int64_t top_k,
+                         int64_t window, at::TensorList experts, at::TensorList expert_scales,
+                         at::IntArrayRef moe_layers, int64_t top_k,
                          bool renormalize, const std::optional<at::Tensor>& touched,
                          const std::optional<at::Tensor>& tp_shm, int64_t tp_rank, int64_t tp_world) {
   at::Tensor out;
   timed(kWholeCall, [&] {
     out = run_layers(x, positions, cos, signed_sin, weights, k_pools, v_pools, slot_mapping, block_tables,
                      context_lens, kinds, heads, eps, scale, final_norm, pieces, local_rope, local_layers, gelu,
-                     softcap, window, Moe{moe_layers, experts, top_k, renormalize}, touched,
+                     softcap, window, Moe{moe_layers, experts, expert_scales, top_k, renormalize}, touched,
                      TPRanks{tp_shm, tp_rank, tp_world});
   });
   if (timing_parts.load(std::memory_order_relaxed)) ++timed_calls;
@@ -767,16 +798,23 @@ at::Tensor decode_layers(const at::Tensor& x, const at::Tensor& positions, const
 
 // A MoE layer's MLP alone (model/moe.py's eager layers, prefill chunks included): x [rows, hidden] ->
 // (the weighted sum of each row's chosen experts, how many experts ran); the experts' products of kinds
-// `kinds` (gate/up, down: ProductKind), the router on our fp32 kernel.
+// `kinds` (gate/up, down: ProductKind), their int8 scales (none, or one per weight: empty where not int8), the
+// router on our fp32 kernel.
 std::tuple<at::Tensor, int64_t> moe_experts(const at::Tensor& x, const at::Tensor& router, at::TensorList gate_ups,
-                                            at::TensorList downs, at::IntArrayRef kinds, int64_t top_k,
+                                            at::TensorList downs, at::TensorList gate_up_scales,
+                                            at::TensorList down_scales, at::IntArrayRef kinds, int64_t top_k,
                                             bool renormalize, bool gelu) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.size(0) > 0,
               "expected contiguous fp32 rows [rows, hidden], got ", x.sizes(), " ", x.scalar_type());
   TORCH_CHECK(kinds.size() == 2 && !gate_ups.empty() && gate_ups.size() == downs.size(),
               "kinds: gate/up and down; one down per gate/up");
   for (int64_t kind : kinds) check_kind(kind);
-  const MoeExperts experts{gate_ups.data(), downs.data(), static_cast<int64_t>(gate_ups.size()), kinds[0], kinds[1]};
+  for (const at::TensorList& scales : {gate_up_scales, down_scales})
+    TORCH_CHECK(scales.empty() || scales.size() == gate_ups.size(), "expert scales: none or one per expert (",
+                gate_ups.size(), "), got ", scales.size());
+  const MoeExperts experts{gate_ups.data(), downs.data(), static_cast<int64_t>(gate_ups.size()), kinds[0], kinds[1],
+                           gate_up_scales.empty() ? nullptr : gate_up_scales.data(),
+                           down_scales.empty() ? nullptr : down_scales.data()};
   const int64_t gate_up = expert_gate_up_rows(experts);
   check_moe_layer(router, experts, x.size(1), gate_up, top_k, 0);
   MoeBuffers b(x, experts.count, gate_up);
@@ -788,12 +826,13 @@ std::tuple<at::Tensor, int64_t> moe_experts(const at::Tensor& x, const at::Tenso
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(minivllm_native, m) {
-  m.def("moe_experts(Tensor x, Tensor router, Tensor[] gate_ups, Tensor[] downs, int[] kinds, int top_k, "
-        "bool renormalize, bool gelu) -> (Tensor, int)");
+  m.def("moe_experts(Tensor x, Tensor router, Tensor[] gate_ups, Tensor[] downs, Tensor[] gate_up_scales, "
+        "Tensor[] down_scales, int[] kinds, int top_k, bool renormalize, bool gelu) -> (Tensor, int)");
   m.def("decode_layers(Tensor x, Tensor positions, Tensor cos, Tensor signed_sin, Tensor[] weights, Tensor[] k_pools, "
         "Tensor[] v_pools, Tensor slot_mapping, Tensor block_tables, Tensor context_lens, int[] kinds, "
         "int heads, float eps, float scale, Tensor? final_norm, Tensor[] pieces, Tensor[] local_rope, "
-        "int[] local_layers, bool gelu, float softcap, int window, Tensor[] experts, int[] moe_layers, int top_k, "
+        "int[] local_layers, bool gelu, float softcap, int window, Tensor[] experts, Tensor[] expert_scales, "
+        "int[] moe_layers, int top_k, "
         "bool renormalize, Tensor(a!)? touched, Tensor? tp_shm, int tp_rank, int tp_world) -> Tensor");
   m.def("decode_part_timing(bool on) -> ()", &decode_part_timing);
   m.def("decode_part_times() -> float[]", &decode_part_times);

@@ -536,3 +536,27 @@ def test_q8_0_experts_run_on_our_int8_kernels_inside_the_native_calls(gguf_pair,
         step.expert_scales[1] = whole
     assert tokens == eager, "native greedy tokens differ from the eager layers'"
     assert all(torch.equal(a, b) for a, b in zip(pools, (*engine.kv_cache.k, *engine.kv_cache.v)))
+
+
+def test_experts_run_at_once_give_the_bits_of_experts_run_in_turn(pair):
+    """With at least two active experts a thread, each thread takes whole experts (the kernels' loops then run on
+    that thread alone); one thread runs them in turn. Each output is one thread's whole sum either way: the same
+    bits, and the same experts touched."""
+    from minivllm.kernels.cpu import native
+
+    if native.available() is not None:
+        pytest.skip(f"the native kernels are not built here: {native.available()}")
+    _, _, loaded = pair
+    block = next(layer.mlp for layer in loaded.model.layers if isinstance(layer.mlp, SparseMoE))
+    x = torch.randn(16, loaded.config.hidden_size, generator=torch.Generator().manual_seed(3))
+    threads = torch.get_num_threads()
+    with fp32_kernel(block, ours=True), torch.no_grad():
+        try:
+            torch.set_num_threads(2)
+            at_once, touched = block(x), block.touched
+            torch.set_num_threads(1)
+            in_turn = block(x)
+        finally:
+            torch.set_num_threads(threads)
+    assert touched >= 4, f"only {touched} experts ran: the parallel path needs two a thread"
+    assert block.touched == touched and torch.equal(at_once, in_turn)

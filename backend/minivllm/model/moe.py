@@ -102,7 +102,7 @@ class SparseMoE(nn.Module):
         self.experts = nn.ModuleList(Expert(hidden, intermediate) for _ in range(num_experts))
         self.top_k, self.renormalize = top_k, renormalize
         self.touched = 0
-        self._native: dict[tuple, tuple | None] = {}  # native_plan's answers
+        self._native: dict[tuple, NativeExperts | None] = {}  # native_plan's answers
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         plan = self.native_experts(x)

@@ -371,6 +371,32 @@ def test_the_chooser_takes_the_precise_kernel_fastest_over_all_buckets_and_exact
     assert chooser._plan_from(head, layer) == [(64, precise)]
 
 
+def test_the_chooser_times_candidates_in_turns_so_a_busy_spell_does_not_pick_the_kernel(monkeypatch):
+    """A busy spell on the machine (another process on the cores) as long as three runs: timed one kernel after
+    another it would slow every run of the first, and the slower kernel would win. The candidates take turns and
+    each keeps its best run, so each gets at least one undisturbed run. A simulated clock: no real timing."""
+    from types import SimpleNamespace
+
+    cost = {"ours": 0.002, "theirs": 0.006}  # seconds a call, undisturbed
+    clock, calls = [0.0], []
+
+    class FakeKernel:
+        def __init__(self, name: str):
+            self.name = name
+
+        def __call__(self, x):
+            timed = len(calls) >= len(cost)  # after each kernel's warm-up call
+            busy = timed and len(calls) < len(cost) + 3  # the first three timed runs
+            clock[0] += cost[self.name] + (0.010 if busy else 0.0)
+            calls.append(self.name)
+
+    monkeypatch.setattr(chooser, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    layer = SimpleNamespace(candidates=[FakeKernel(name) for name in cost])
+    ms = chooser._time_in_turns([layer], list(cost), torch.zeros(1, 4))
+    assert calls == ["ours", "theirs"] * (1 + chooser.REPEATS)
+    assert ms == pytest.approx({"ours": 2.0, "theirs": 6.0})
+
+
 def test_forcing_an_unknown_kernel_lists_the_available_ones():
     layer = QuantLinear("l", random_int4(96, 64), CPU, torch.float32)
     with pytest.raises(ValueError, match="int4pack/bf16"):

@@ -105,26 +105,36 @@ def _time_group(members: list[QuantLinear], buckets) -> dict[int, dict[str, floa
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     for rows in buckets:
         x = torch.randn(rows, members[0].in_features, device=device, dtype=dtype)
-        timings[rows] = {n: _time(sample, n, x) for n in names if n in alive}
+        timings[rows] = _time_in_turns(sample, [n for n in names if n in alive], x)
         best = min(timings[rows].values())
         alive = {n for n, ms in timings[rows].items() if ms <= SLOW_CUTOFF * best}
     return timings
 
 
-def _time(sample: list[QuantLinear], name: str, x: torch.Tensor) -> float:
-    kernels = [next(k for k in layer.candidates if k.name == name) for layer in sample]
-    kernels[0](x)  # warm-up: a first call allocates and may select a oneDNN primitive
-    runs = []
+def _time_in_turns(sample: list[QuantLinear], names: list[str], x: torch.Tensor) -> dict[str, float]:
+    """Each kernel's best of REPEATS runs (ms a call), the kernels taking turns: a busy spell on the machine
+    slows one run of each kernel, not every run of one, and the best run is what a kernel costs undisturbed.
+    Timed one kernel after another (medians), a compiler running beside the load once made torch's int4 kernel
+    with emulated bf16 look faster than ours on an AVX2 box, a choice then kept for every later load."""
+    kernels = {name: [next(k for k in layer.candidates if k.name == name) for layer in sample] for name in names}
+    for calls in kernels.values():
+        calls[0](x)  # warm-up: a first call allocates and may select a oneDNN primitive
+    best = dict.fromkeys(names, math.inf)
     for _ in range(REPEATS):
-        if x.device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        for k in kernels:
-            k(x)
-        if x.device.type == "cuda":
-            torch.cuda.synchronize()
-        runs.append((time.perf_counter() - start) / len(kernels))
-    return statistics.median(runs) * 1e3
+        for name, calls in kernels.items():
+            best[name] = min(best[name], _seconds_a_call(calls, x))
+    return {name: seconds * 1e3 for name, seconds in best.items()}
+
+
+def _seconds_a_call(calls: list, x: torch.Tensor) -> float:
+    if x.device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for call in calls:
+        call(x)
+    if x.device.type == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - start) / len(calls)
 
 
 def _score(timings: dict[int, dict[str, float]], name: str) -> float:

@@ -25,13 +25,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from minivllm.kernels.cpu import native
-from minivllm.model.native_products import native_scales, native_weight, product_kind
+from minivllm.model.native_products import ABSENT, native_scales, native_weight, product_kind
 from minivllm.model.packed_linear import PackedLinear
 
 
 class NativeExperts(NamedTuple):
-    """A MoE block's experts as the C++ call takes them: every gate/up weight, every down weight, their int8
-    scales (an empty tensor where a weight is not int8), and the two products' kinds."""
+    """A MoE block's experts as the C++ call (`moe_experts`) takes them, in its argument order: every gate/up
+    weight, every down weight, their int8 scales (ABSENT where a weight is not int8), and the two products' kinds."""
 
     gate_ups: list[torch.Tensor]
     downs: list[torch.Tensor]
@@ -40,13 +40,10 @@ class NativeExperts(NamedTuple):
     kinds: list[int]
 
 
-NO_SCALES = torch.empty(0)
-
-
 def expert_scales(product: nn.Module) -> torch.Tensor:
-    """An expert product's int8 scales, which our kernels take beside its codes; an empty tensor where none."""
+    """An expert product's int8 scales, which our kernels take beside its codes; ABSENT where none."""
     scales = native_scales(product)
-    return NO_SCALES if scales is None else scales
+    return ABSENT if scales is None else scales
 
 
 class Expert(nn.Module):
@@ -108,16 +105,7 @@ class SparseMoE(nn.Module):
         plan = self.native_experts(x)
         if plan is not None:
             out, self.touched = torch.ops.minivllm_native.moe_experts(
-                x.contiguous(),
-                self.gate.weight,
-                plan.gate_ups,
-                plan.downs,
-                plan.gate_up_scales,
-                plan.down_scales,
-                plan.kinds,
-                self.top_k,
-                self.renormalize,
-                False,
+                x.contiguous(), self.gate.weight, *plan, self.top_k, self.renormalize, False
             )
             return out
         weights, chosen = route(self.gate(x), self.top_k, self.renormalize)

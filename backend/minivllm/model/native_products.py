@@ -18,6 +18,7 @@ FP32_KIND = 3
 KQUANT_KINDS = {"int8": 4, "int8x2": 5, "fp32": 6}
 INT8_KINDS = {"int8": 7, "int8x2": 8, "fp32": 9}
 NATIVE_KINDS = {Int4Native: Q4_KINDS, KQuantNative: KQUANT_KINDS, Int8Native: INT8_KINDS}
+ABSENT = torch.empty(0)  # an optional tensor the C++ calls take as not given (a piece, an expert's scales)
 
 
 def product_kind(product: torch.nn.Module, rows: int) -> int | None:

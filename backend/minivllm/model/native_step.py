@@ -30,7 +30,7 @@ from minivllm.console import progress
 from minivllm.kernels.cpu import native
 from minivllm.model.attention import AttentionMetadata, KVCache, reads_pool_natively
 from minivllm.model.moe import SparseMoE
-from minivllm.model.native_products import native_scales, native_weight, product_kind
+from minivllm.model.native_products import ABSENT, native_scales, native_weight, product_kind
 from minivllm.model.rope import RotaryEmbedding
 
 WEIGHTS_PER_LAYER = 6  # input norm, QKV, O, post-attention norm, gate/up, down: decode_step.cpp's order
@@ -38,7 +38,7 @@ PRODUCTS_PER_LAYER = 4
 # decode_step.cpp's order: the family's pieces, then the products' int8 scales (which the int8 kernels take)
 PIECES = ("qkv_bias", "o_bias", "q_norm", "k_norm", "attn_out_norm", "mlp_out_norm", *(f"scales{i}" for i in range(4)))
 SCALES = PIECES.index("scales0")
-NO_PIECE = torch.empty(0)
+NO_PIECE = ABSENT
 
 
 def optional_norms(layer: torch.nn.Module) -> tuple[torch.nn.Module | None, ...]:

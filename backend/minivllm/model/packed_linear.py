@@ -24,7 +24,7 @@ would.
 
 from __future__ import annotations
 
-import math
+import functools
 import os
 import time
 
@@ -169,18 +169,15 @@ def choose_fp32_kernel(layers: list[PackedLinear]) -> bool:
 
 def _time_ours_and_mkl(weights: list[torch.Tensor]) -> dict[int, dict[str, float]]:
     """ms for one pass over the weights: at one row against plain F.linear, at 8 rows against an
-    8-row packed copy, at a prefill chunk against plain F.linear. The two take turns and each keeps its best
-    pass: a busy spell on the machine slows one pass of each, not every pass of one (quant/chooser.py's rule)."""
+    8-row packed copy, at a prefill chunk against plain F.linear: each its best pass, the two taking turns
+    (choice_cache.best_in_turns)."""
     packed = {id(w): torch.ops.mkl._mkl_reorder_linear_weight(w, 8) for w in weights}
     mkl8 = lambda x, w: torch.ops.mkl._mkl_linear(x, packed[id(w)], w, None, 8)  # noqa: E731
     timings = {}
     for rows, mkl in ((1, F.linear), (8, mkl8), (PREFILL_ROWS, F.linear)):
         products = {"f32_linear": torch.ops.minivllm_native.f32_linear, "mkl": mkl}
-        best = dict.fromkeys(products, math.inf)
-        for _ in range(TIMING_PASSES):
-            for name, product in products.items():
-                best[name] = min(best[name], _time_products(weights, rows, product))
-        timings[rows] = {name: 1e3 * seconds for name, seconds in best.items()}
+        runs = {name: functools.partial(_time_products, weights, rows, p) for name, p in products.items()}
+        timings[rows] = {name: 1e3 * s for name, s in choice_cache.best_in_turns(runs, TIMING_PASSES).items()}
     return timings
 
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -71,6 +73,18 @@ def store(key: str, plan: list[tuple[int, str]], timings_ms: dict[int, dict[str,
         "timings_ms": {str(rows): t for rows, t in timings_ms.items()},
     }
     write_json_atomic(path(), entries)
+
+
+def best_in_turns(runs: dict[str, Callable[[], float]], rounds: int) -> dict[str, float]:
+    """Each candidate's fastest of `rounds` runs (a run returns its seconds), the candidates taking turns: a busy
+    spell on the machine slows one run of each, not every run of one, and the fastest run is what a candidate
+    costs undisturbed. Timed one after another (medians), a compiler running beside a load once made torch's int4
+    kernel with emulated bf16 look faster than ours on an AVX2 box, a choice then kept for every later load."""
+    best = dict.fromkeys(runs, math.inf)
+    for _ in range(rounds):
+        for name, run in runs.items():
+            best[name] = min(best[name], run())
+    return best
 
 
 def kept_or_timed(

@@ -16,6 +16,7 @@ logged and stays off the hot path.
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import time
@@ -112,18 +113,12 @@ def _time_group(members: list[QuantLinear], buckets) -> dict[int, dict[str, floa
 
 
 def _time_in_turns(sample: list[QuantLinear], names: list[str], x: torch.Tensor) -> dict[str, float]:
-    """Each kernel's best of REPEATS runs (ms a call), the kernels taking turns: a busy spell on the machine
-    slows one run of each kernel, not every run of one, and the best run is what a kernel costs undisturbed.
-    Timed one kernel after another (medians), a compiler running beside the load once made torch's int4 kernel
-    with emulated bf16 look faster than ours on an AVX2 box, a choice then kept for every later load."""
+    """Each kernel's best of REPEATS runs in ms a call, the kernels taking turns (choice_cache.best_in_turns)."""
     kernels = {name: [next(k for k in layer.candidates if k.name == name) for layer in sample] for name in names}
     for calls in kernels.values():
         calls[0](x)  # warm-up: a first call allocates and may select a oneDNN primitive
-    best = dict.fromkeys(names, math.inf)
-    for _ in range(REPEATS):
-        for name, calls in kernels.items():
-            best[name] = min(best[name], _seconds_a_call(calls, x))
-    return {name: seconds * 1e3 for name, seconds in best.items()}
+    runs = {name: functools.partial(_seconds_a_call, calls, x) for name, calls in kernels.items()}
+    return {name: seconds * 1e3 for name, seconds in choice_cache.best_in_turns(runs, REPEATS).items()}
 
 
 def _seconds_a_call(calls: list, x: torch.Tensor) -> float:

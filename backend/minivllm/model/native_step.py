@@ -38,7 +38,6 @@ PRODUCTS_PER_LAYER = 4
 # decode_step.cpp's order: the family's pieces, then the products' int8 scales (which the int8 kernels take)
 PIECES = ("qkv_bias", "o_bias", "q_norm", "k_norm", "attn_out_norm", "mlp_out_norm", *(f"scales{i}" for i in range(4)))
 SCALES = PIECES.index("scales0")
-NO_PIECE = ABSENT
 
 
 def optional_norms(layer: torch.nn.Module) -> tuple[torch.nn.Module | None, ...]:
@@ -53,7 +52,7 @@ def pieces(layer: torch.nn.Module) -> tuple[torch.Tensor, ...]:
     norms = (None if n is None else n.weight for n in optional_norms(layer))
     scales = [native_scales(p) for p in products(layer)]
     tensors = (layer.self_attn.qkv_bias, layer.self_attn.o_bias, *norms, *scales, *[None] * (4 - len(scales)))
-    return tuple(NO_PIECE if t is None else t.detach() for t in tensors)
+    return tuple(ABSENT if t is None else t.detach() for t in tensors)
 
 
 def layer_norms(layer: torch.nn.Module) -> list[torch.nn.Module]:
@@ -116,7 +115,7 @@ class NativeDecodeStep:
     @staticmethod
     def _layer_weights(layer) -> tuple[torch.Tensor, ...]:
         if isinstance(layer.mlp, SparseMoE):  # the router where the gate/up goes; the experts go apart
-            mlp = (layer.mlp.gate.weight.detach(), NO_PIECE)
+            mlp = (layer.mlp.gate.weight.detach(), ABSENT)
         else:
             mlp = (native_weight(layer.mlp.gate_up_proj), native_weight(layer.mlp.down_proj))
         qkv, o = native_weight(layer.self_attn.qkv_proj), native_weight(layer.self_attn.o_proj)

@@ -116,9 +116,8 @@ clean:
 	rm -rf $(VENV) $(GUIDELLM_VENV) frontend/node_modules frontend/dist
 
 # llama.cpp's llama-batched-bench next to mini-vllm (builds llama.cpp once into .cache/llamacpp/, ~10+ min on 2 cores).
-# MODEL: the embedded model (empty), a GGUF file, or a shape (`scripts/make_random_gguf.py --help` lists them: tinyllama-1.1b,
-# llama-3.2-3b, qwen2.5-1.5b, gemma-2-2b, qwen3-30b-a3b-2l, ...) written with random weights and quantized to QUANT by
-# llama.cpp's llama-quantize, once, into .cache/models/.
+# MODEL: the embedded model (empty), a GGUF file, or a shape (`scripts/make_random_gguf.py --help` lists them) written
+# with random weights and quantized to QUANT by llama.cpp's llama-quantize, once, into .cache/models/.
 MODEL ?=
 QUANT ?= Q4_K_M
 BENCH_ARGS ?=

@@ -69,7 +69,7 @@ def test_the_scheduler_says_how_many_experts_each_step_ran(page: Page, server: s
         ]  # type: ignore[union-attr]
         if len(touched) >= STEPS or time.monotonic() > deadline:
             break
-        time.sleep(0.05)
+        page.wait_for_timeout(50)  # lets Playwright take the socket's events in between
     assert all(MOE_LAYERS * TOP_K <= n <= MOE_LAYERS * EXPERTS for n in touched), touched
     # one sequence decoding: each layer ran exactly its row's top-k experts
     assert touched.count(MOE_LAYERS * TOP_K) >= 5, touched

@@ -397,6 +397,36 @@ def test_the_chooser_times_candidates_in_turns_so_a_busy_spell_does_not_pick_the
     assert ms == pytest.approx({"ours": 2.0, "theirs": 6.0})
 
 
+@pytest.mark.skipif(native.available() is not None, reason="our kernels are not built on this CPU (no AVX2)")
+def test_a_busy_spell_at_one_bucket_does_not_cut_the_precise_kernel(monkeypatch, caplog):
+    """Seen on a busy 2-core box: int8x2 timed 4.5x int8 at 8 rows once, the cut dropped it from every larger
+    bucket, and a 1.1B model's biggest layers ran int8 activations (kept for every later load). A cut now
+    needs a second timing of the bucket to agree. A simulated timing: no real clock."""
+    fast, precise = "int4avx2/int8", "int4avx2/int8x2"
+    undisturbed = {fast: 1.0, precise: 1.5}  # ms a row; every other candidate 20
+    spikes = [{precise: 5.0}]  # only the first timing at 8 rows is disturbed
+    timed = []
+
+    def fake_time_in_turns(sample, names, x):
+        rows = x.shape[0]
+        timed.append(rows)
+        spike = spikes.pop() if rows == 8 and spikes else {}
+        return {n: rows * spike.get(n, undisturbed.get(n, 20.0)) for n in names}
+
+    monkeypatch.setattr(chooser, "_time_in_turns", fake_time_in_turns)
+    layer = QuantLinear("l", random_int4(96, 64), CPU, torch.float32)
+    timings = chooser._time_group([layer], (1, 8, 64))
+    assert timed == [1, 1, 8, 8, 64]  # buckets 1 (a real cut) and 8 (a spike) timed twice
+    assert set(timings[8]) == set(timings[64]) == {fast, precise}  # the slow ones cut, once confirmed
+    assert timings[8][precise] == 8 * 1.5  # the undisturbed timing is the one kept
+    assert chooser._plan_from(timings, layer) == [(64, precise)]
+    with caplog.at_level("WARNING", logger="minivllm.quant.chooser"):
+        chooser._warn_if_imprecise("int4 [96x64]", [(64, precise)], layer)
+        assert not caplog.records
+        chooser._warn_if_imprecise("int4 [96x64]", [(64, fast)], layer)
+    assert "int4 [96x64]: no precise kernel" in caplog.text and "int4avx2/int8 runs it" in caplog.text
+
+
 def test_forcing_an_unknown_kernel_lists_the_available_ones():
     layer = QuantLinear("l", random_int4(96, 64), CPU, torch.float32)
     with pytest.raises(ValueError, match="int4pack/bf16"):

@@ -134,9 +134,9 @@ def test_the_eager_path_gives_the_coarse_phases(tiny_model):
         )
 
 
-def test_machine_rates_are_measured_once_per_process_and_kept_at_their_best(tmp_path, monkeypatch):
-    """A busy moment's reading (here 10 GB/s) must not stand for good: each process measures once, and the
-    machine keeps each rate's best reading."""
+def test_machine_rates_are_the_best_of_a_machines_first_readings(tmp_path, monkeypatch):
+    """A busy moment's reading (here 10 GB/s) must not stand for good, and measuring at every start would cost
+    every start a 128 MiB peak: the first READINGS starts measure, each keeping each rate's best, later ones read."""
     monkeypatch.setenv("MINIVLLM_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv(roofline.REMEASURE_ENV, raising=False)
     readings = [
@@ -144,6 +144,7 @@ def test_machine_rates_are_measured_once_per_process_and_kept_at_their_best(tmp_
         roofline.MachineRates(30.0, 90.0),
         roofline.MachineRates(12.0, 40.0),
     ]
+    assert len(readings) == roofline.READINGS
     measured = []
 
     def fake_measure(device):
@@ -152,19 +153,15 @@ def test_machine_rates_are_measured_once_per_process_and_kept_at_their_best(tmp_
 
     monkeypatch.setattr(roofline, "measure", fake_measure)
     kept = []
-    for _ in readings:
+    for _ in range(roofline.READINGS + 2):
         monkeypatch.setattr(roofline, "_in_process", {})  # a new process
         kept.append(roofline.machine_rates("cpu"))
-        assert roofline.machine_rates("cpu") == kept[-1]  # measured once in a process
-    assert len(measured) == 3
-    assert kept == [
-        roofline.MachineRates(10.0, 100.0),
-        roofline.MachineRates(30.0, 100.0),
-        roofline.MachineRates(30.0, 100.0),
-    ]
-    assert json.loads((tmp_path / "machine-rates.json").read_text()) == {
-        roofline._machine_key(torch.device("cpu")): {"bandwidth_gbs": 30.0, "peak_gflops": 100.0}
-    }
+        assert roofline.machine_rates("cpu") == kept[-1]  # measured at most once in a process
+    assert len(measured) == roofline.READINGS
+    best = roofline.MachineRates(30.0, 100.0)
+    assert kept == [roofline.MachineRates(10.0, 100.0), best, best, best, best]
+    entry = json.loads((tmp_path / "machine-rates.json").read_text())[roofline._machine_key(torch.device("cpu"))]
+    assert entry == {"bandwidth_gbs": 30.0, "peak_gflops": 100.0, "readings": roofline.READINGS}
 
 
 def test_a_real_measurement_is_short_and_positive():

@@ -1,11 +1,13 @@
 """This machine's two walls for a step: streaming bandwidth (bytes/s) and the products' peak rate (FLOP/s).
 
-Measured once per process (~0.1-0.2 s on a quiet CPU, ~1 s on a saturated one), before the engine serves,
-and kept at its best per machine in the cache folder beside the kernel choices, keyed like them by the CPU
-(model, capability, threads) or the GPU and torch's version: a reading taken in a busy moment is replaced by
-the next quieter one instead of standing for good (a 2-core box kept 20 GB/s where it streams 30-33, and the
-dashboard drew its memory floor 1.5x too slow). Engines built one after another in a process (tests) measure
-once. MINIVLLM_RETIME_KERNELS=1 drops the kept reading for this one.
+Measured on each of a machine's first READINGS starts (~0.1-0.2 s on a quiet CPU, ~1 s on a saturated one,
+and a 128 MiB buffer's worth of peak RSS), before the engine serves, and kept at each rate's best in the cache
+folder beside the kernel choices, keyed like them by the CPU (model, capability, threads) or the GPU and
+torch's version; later starts read it. Several readings at different times, because one taken in a busy
+moment would otherwise stand for good (a 2-core box kept 20 GB/s where it streams 30-33, and the dashboard
+drew its memory floor 1.5x too slow); a reading at every start would cost every start that peak (the
+embedded model's start peaked at 607 MiB instead of 475). Engines built one after another in a process
+(tests) measure once. MINIVLLM_RETIME_KERNELS=1 starts the readings afresh.
 
 Methods: bandwidth is a full read of a buffer past most L3 caches (a sum over 128 MiB on a CPU, a
 device-to-device copy counted as read + write on a GPU). Peak is a square fp32 matmul (bf16 on a GPU)
@@ -33,6 +35,7 @@ log = logging.getLogger(__name__)
 BUFFER_BYTES = 128 * 2**20
 MATMUL_SIZE = {"cpu": 512, "cuda": 4096}
 REPEATS = 3
+READINGS = 3  # starts that measure before the kept best stands
 REMEASURE_ENV = "MINIVLLM_RETIME_KERNELS"
 
 
@@ -46,19 +49,20 @@ _in_process: dict[str, MachineRates] = {}
 
 
 def machine_rates(device: torch.device | str) -> MachineRates:
-    """This machine's rates: this process's reading, else one measured now and raised to the best kept before."""
+    """This machine's rates: this process's, else the kept best once it has READINGS readings, else one
+    measured now and raised to the kept best."""
     device = torch.device(device)
     key = _machine_key(device)
     if key in _in_process and not env_flag(REMEASURE_ENV):
         return _in_process[key]
-    kept = None if env_flag(REMEASURE_ENV) else _read(key)
-    rates = _best(measure(device), kept)
-    if rates != kept:
+    kept, readings = (None, 0) if env_flag(REMEASURE_ENV) else _read(key)
+    if kept is None or readings < READINGS:
+        kept, readings = _best(measure(device), kept), readings + 1
         entries = read_json_entries(_path())
-        entries[key] = {"bandwidth_gbs": rates.bandwidth_gbs, "peak_gflops": rates.peak_gflops}
+        entries[key] = {"bandwidth_gbs": kept.bandwidth_gbs, "peak_gflops": kept.peak_gflops, "readings": readings}
         write_json_atomic(_path(), entries)
-    _in_process[key] = rates
-    return rates
+    _in_process[key] = kept
+    return kept
 
 
 def _best(now: MachineRates, kept: MachineRates | None) -> MachineRates:
@@ -112,10 +116,12 @@ def _machine_key(device: torch.device) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def _read(key: str) -> MachineRates | None:
+def _read(key: str) -> tuple[MachineRates | None, int]:
+    """The kept rates and how many readings they are the best of (an entry from before counting: one)."""
     entry = read_json_entries(_path()).get(key)
     try:
         rates = MachineRates(float(entry["bandwidth_gbs"]), float(entry["peak_gflops"]))
-    except (KeyError, TypeError, ValueError):
-        return None
-    return rates if rates.bandwidth_gbs > 0 and rates.peak_gflops > 0 else None
+        readings = int(entry.get("readings", 1))
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None, 0
+    return (rates, readings) if rates.bandwidth_gbs > 0 and rates.peak_gflops > 0 else (None, 0)

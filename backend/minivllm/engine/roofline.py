@@ -12,8 +12,8 @@ embedded model's start peaked at 607 MiB instead of 475). Engines built one afte
 Methods: bandwidth is a full read of a buffer past most L3 caches (a sum over 128 MiB on a CPU, a
 device-to-device copy counted as read + write on a GPU). Peak is a square fp32 matmul (bf16 on a GPU)
 through torch's BLAS: our int8-dot kernels can beat it on a CPU with VNNI, so the compute floor it gives
-is an estimate, not a bound. Each rate is the best of a few runs: a floor is the optimistic bound, and
-a reading is kept for good, so a busy moment's slower runs should not set it.
+is an estimate, not a bound. Each rate is the best of a few runs and of the kept readings: a floor is the
+optimistic bound, so a busy moment's slower runs should not set it.
 """
 
 from __future__ import annotations

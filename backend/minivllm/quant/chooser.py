@@ -130,10 +130,12 @@ def _time_group(members: list[QuantLinear], buckets) -> dict[int, dict[str, floa
         x = torch.randn(rows, members[0].in_features, device=device, dtype=dtype)
         timed = [n for n in names if n in alive]
         timings[rows] = _time_in_turns(sample, timed, x)
-        if _too_slow(timings[rows]):  # a cut lasts for every larger bucket: confirmed by a second timing
+        slow = _too_slow(timings[rows])
+        if slow:  # a cut lasts for every larger bucket: confirmed by a second timing
             again = _time_in_turns(sample, timed, x)
             timings[rows] = {n: min(ms, again[n]) for n, ms in timings[rows].items()}
-        alive = set(timings[rows]) - _too_slow(timings[rows])
+            slow = _too_slow(timings[rows])
+        alive = set(timings[rows]) - slow
     return timings
 
 
